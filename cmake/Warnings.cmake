@@ -1,0 +1,5 @@
+# Warnings for the project's own targets (not for dependencies' headers).
+function(tparity_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow -Wconversion
+                                            -Wno-sign-conversion)
+endfunction()

@@ -1,0 +1,92 @@
+// Legs and gates: which implementation is compared with which, and what bound each comparison must meet.
+//
+// The float64 legs prove the semantics: hand64 against torch64 must agree to rel_l2 <= 1e-10, far
+// below any float32 effect and far above float64 rounding (~1e-16 per op).
+// The float32 legs are judged against LibTorch's own float32 error, measured on the same inputs:
+//   rel_l2(hand32, torch64) <= factor * rel_l2(torch32, torch64) + floor
+// with factor 2 and floor 4u, u = 2^-24 the float32 unit roundoff. The floor exists because
+// torch32's error can be (near) zero for a component (exact products of small integers, zeros,
+// results that need one rounding), while an equally good float32 implementation that rounds in a
+// different order still carries a few roundings per element; rel_l2 of k independent roundings of
+// relative size <= u is at most k*u, and 4 covers the reassociations the hand core is allowed
+// (the q scale, the bias add, the final division of the softmax, the head average).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tparity/compare/metrics.hpp"
+#include "tparity/harness/hand.hpp"
+
+namespace tparity {
+
+struct GatePolicy {
+  double semantic_rel = 1e-10;
+  double numeric_factor = 2.0;
+  double numeric_floor = 4.0 * 0x1.0p-24;
+};
+
+enum class LegRole {
+  Semantic,  // rel_l2 <= policy.semantic_rel
+  Numeric,   // rel_l2 <= factor * rel_l2(noise leg) + floor
+  Noise,     // the reference's own error: reported, defines Numeric bounds
+  Report,    // reported only (the seeds' figure)
+};
+
+struct LegSpec {
+  std::string name;  // "hand32_vs_torch64"
+  std::string a, b;  // implementation keys; b is the reference
+  LegRole role;
+  std::string noise;  // for Numeric: the name of the Noise leg that sets the bound
+};
+
+// hand64_vs_torch64 (semantic), hand32_vs_torch64 (numeric), torch32_vs_torch64 (noise),
+// hand32_vs_torch32 (report).
+std::vector<LegSpec> standard_legs();
+
+struct Leg {
+  std::string name;
+  LegRole role;
+  Metrics m;
+  double bound = 0;  // 0 for Noise/Report legs
+  bool pass = true;
+};
+
+struct ComponentReport {
+  std::string name;
+  Shape shape;
+  std::vector<Leg> legs;  // in the order of the LegSpecs, absent ones skipped
+  bool pass = true;
+  const Leg* leg(const std::string& n) const;
+};
+
+struct CaseReport {
+  std::string name;
+  std::string description;
+  nlohmann::json config;
+  uint64_t seed = 0;
+  bool has_seed = false;
+  bool pass = true;
+  std::vector<ComponentReport> components;
+  std::vector<std::string> failures;  // one line each: case, component, leg, figure, bound
+  std::vector<std::string> notes;     // what was verified or skipped on the way (reference checks)
+  void fail(const std::string& line) {
+    pass = false;
+    failures.push_back(line);
+  }
+};
+
+using Implementations = std::map<std::string, const Components*>;
+
+// Compares every named component across the legs and decides pass/fail. Every implementation in
+// `required` must have every component (else the case fails); otherwise a leg whose two
+// implementations do not both have the component is skipped. A Numeric leg whose noise leg is
+// missing fails: there is nothing to judge it by.
+void compare_components(CaseReport& report, const std::vector<std::string>& names, const Implementations& impls,
+                        const std::vector<LegSpec>& legs, const GatePolicy& policy,
+                        const std::vector<std::string>& required);
+
+}  // namespace tparity

@@ -1,0 +1,103 @@
+// Scaled dot-product attention and multi-head attention with torch 1.13's semantics.
+#pragma once
+
+#include <cstdint>
+
+#include "tparity/core/observer.hpp"
+#include "tparity/core/tensor.hpp"
+
+namespace tparity {
+
+// ---- the steps, each on G independent (batch x head) groups, gemma.cpp style -------------------
+
+// QDotK, einsum 'GLE,GSE->GLS': scores[g,i,j] = q[g,i,:] . k[g,j,:]
+template <class T>
+void qdotk(T* scores, const T* q, const T* k, int64_t G, int64_t L, int64_t S, int64_t E);
+
+// WeightedSumV, einsum 'GLS,GSV->GLV': out[g,i,:] = sum_j w[g,i,j] * v[g,j,:]
+template <class T>
+void weighted_sum_v(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_t S, int64_t Ev);
+
+// ---- scaled dot-product attention ----------------------------------------------------------------
+// mirrors seed 004's DotProductAttention: softmax(q @ k^T / sqrt(E) + mask) @ v, the scale applied to
+// the scores. q is (..., L, E), k is (..., S, E), v is (..., S, Ev) with the same leading dims;
+// L != S and Ev != E are allowed. mask: absent, or (L, S) bool (true = masked out) or float (added).
+// Returns (..., L, Ev).
+// Components: scores (..., L, S) scaled and masked, attn_weights (..., L, S), output (..., L, Ev).
+template <class T>
+Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                       const Mask<T>& mask = {}, Observer<T>* obs = nullptr);
+
+// ---- multi-head attention -------------------------------------------------------------------------
+// Constructor arguments of torch.nn.MultiheadAttention (dropout is always 0).
+struct MhaConfig {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 1;
+  bool bias = true;
+  bool add_bias_kv = false;
+  bool add_zero_attn = false;
+  int64_t kdim = 0;  // 0: embed_dim
+  int64_t vdim = 0;  // 0: embed_dim
+  bool batch_first = false;
+
+  int64_t key_dim() const { return kdim ? kdim : embed_dim; }
+  int64_t value_dim() const { return vdim ? vdim : embed_dim; }
+  int64_t head_dim() const { return embed_dim / num_heads; }
+  // torch's _qkv_same_embed_dim: one packed in_proj_weight, else q/k/v_proj_weight.
+  bool packed() const { return key_dim() == embed_dim && value_dim() == embed_dim; }
+};
+
+// Non-tensor arguments of MultiheadAttention.forward().
+struct MhaForward {
+  bool need_weights = true;
+  bool average_attn_weights = true;
+};
+
+// The parameters, by their state_dict names. An empty tensor is an absent parameter.
+template <class T>
+struct MhaWeights {
+  Tensor<T> in_proj_weight;                              // (3E, E), when packed
+  Tensor<T> q_proj_weight, k_proj_weight, v_proj_weight;  // (E, E), (E, kdim), (E, vdim) otherwise
+  Tensor<T> in_proj_bias;                                 // (3E), when bias
+  Tensor<T> bias_k, bias_v;                               // (1, 1, E), when add_bias_kv
+  Tensor<T> out_proj_weight;                              // (E, E)  "out_proj.weight"
+  Tensor<T> out_proj_bias;                                // (E)     "out_proj.bias", when bias
+};
+
+// forward()'s tensor arguments, laid out as the module takes them: batched (L, B, E) sequence-first
+// or (B, L, E) batch_first; unbatched (L, E).
+//   attn_mask: (L, S) or (B*num_heads, L, S); bool (true = masked out) or float (added).
+//   key_padding_mask: (B, S), or (S) unbatched; bool (true = ignored) or float (added).
+template <class T>
+struct MhaInputs {
+  Tensor<T> query, key, value;
+  Mask<T> attn_mask, key_padding_mask;
+};
+
+template <class T>
+struct MhaOutputs {
+  Tensor<T> output;        // as the module returns it: (L, B, E), (B, L, E) or (L, E)
+  Tensor<T> attn_weights;  // (B, L, S) averaged or (B, H, L, S) per head; batch dim dropped when
+                           // unbatched; empty when need_weights is false
+};
+
+// mirrors torch.nn.functional.multi_head_attention_forward, torch 1.13 (eval, dropout 0):
+// q/k/v projections (packed [q; k; v] or separate), bias_k/bias_v appended to the keys and values,
+// heads split as (E) -> (H, E/H), a zero key/value appended per head (add_zero_attn), scores
+// q / sqrt(E/H) . k plus the merged masks (the 1.13 merge: key_padding_mask ORed into a bool
+// attn_mask, filled as -inf into a float one), softmax, weighted sum of v, heads concatenated,
+// out_proj. S below is the key length after bias_kv and zero_attn.
+// Components, batched and batch-first whatever the call's layout (B = 1 for unbatched input):
+//   q, k, v (B, H, L|S, E/H) projected, per head, q not yet scaled
+//   scores (B, H, L, S) scaled and masked, before softmax
+//   attn_weights (B, H, L, S) per head
+//   attn_weights_avg (B, L, S) only when the call returns averaged weights
+//   context (B, L, E) heads concatenated, before out_proj
+//   output (B, L, E)
+// Throws ShapeError when a tensor's shape contradicts the config, std::invalid_argument for mask
+// combinations torch 1.13 rejects (a float key_padding_mask with a float attn_mask).
+template <class T>
+MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
+                          const MhaInputs<T>& in, Observer<T>* obs = nullptr);
+
+}  // namespace tparity

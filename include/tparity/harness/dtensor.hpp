@@ -1,0 +1,64 @@
+// A dtype-tagged tensor for data that crosses a boundary (fixtures, cases, the torch runner):
+// values are held as double, which represents every float32 and bool exactly.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tparity/core/tensor.hpp"
+
+namespace tparity {
+
+enum class DType { Float32, Float64, Bool };
+
+std::string dtype_name(DType d);  // "float32" | "float64" | "bool"
+DType dtype_from_name(const std::string& name);  // throws std::invalid_argument
+
+struct DTensor {
+  DType dtype = DType::Float64;
+  Shape shape;
+  std::vector<double> data;
+
+  int64_t numel() const { return int64_t(data.size()); }
+};
+
+using TensorMap = std::map<std::string, DTensor>;
+
+// Bad input at the file, field or option boundary. The message names the thing, what was expected
+// and what came; the CLI prints it as one line and exits with code 2.
+struct InputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+Tensor<T> to_tensor(const DTensor& t) {
+  Tensor<T> out;
+  out.shape = t.shape;
+  out.data.reserve(t.data.size());
+  for (double x : t.data) out.data.push_back(static_cast<T>(x));
+  return out;
+}
+
+template <class T>
+DTensor to_dtensor(const Tensor<T>& t) {
+  DTensor out;
+  out.dtype = sizeof(T) == sizeof(float) ? DType::Float32 : DType::Float64;
+  out.shape = t.shape;
+  out.data.assign(t.data.begin(), t.data.end());
+  return out;
+}
+
+// A mask input: bool dtype -> boolean mask, float dtype -> additive mask, null -> absent.
+template <class T>
+Mask<T> to_mask(const DTensor* t) {
+  if (!t) return Mask<T>::none();
+  if (t->dtype == DType::Bool) return Mask<T>::of_bool(to_tensor<uint8_t>(*t));
+  return Mask<T>::of_float(to_tensor<T>(*t));
+}
+
+// Round every value to float32 (for weights and inputs that both precisions must share).
+double round_to_float(double x);
+
+}  // namespace tparity

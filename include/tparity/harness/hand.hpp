@@ -1,0 +1,33 @@
+// Runs the handwritten core on a problem, in float32 or float64, and collects its components.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tparity/harness/problem.hpp"
+
+namespace tparity {
+
+struct Component {
+  std::string name;
+  Tensor<double> value;  // canonical layout (see the op's contract), widened to double
+};
+using Components = std::vector<Component>;  // in dataflow order
+
+const Tensor<double>* find(const Components& c, const std::string& name);
+
+// What one implementation produced for a problem.
+struct RunResult {
+  Components components;  // empty when not collected
+  TensorMap outputs;      // "output" and, when the call returns them, "attn_weights", as the module
+                          // lays them out, in the run's dtype
+};
+
+// dtype: Float32 or Float64. Throws InputError (prefixed with `where`) when the problem's tensors
+// contradict its config.
+RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where);
+
+// Components of a module in dataflow order (names only): what the comparator lists.
+std::vector<std::string> component_names(const Problem& p);
+
+}  // namespace tparity

@@ -1,0 +1,41 @@
+// The LibTorch reference runner. This header is torch-free so that the CLI and tests compile fast;
+// only src/torch/reference.cpp includes <torch/torch.h>.
+//
+// For a problem it does two things, in float32 or float64:
+//  1. runs LibTorch's own module (torch::nn::MultiheadAttention, torch::nn::TransformerEncoderLayer)
+//     loaded with the problem's state dict, where the 1.13 C++ module can express the config;
+//  2. rebuilds every component with torch functional ops from the same parameters, mirroring the
+//     module's forward op by op,
+// and checks that (2) reproduces (1), so the per-component reference is itself verified. Where the C++
+// module cannot express the config (norm_first, layer_norm_eps != 1e-5, 3-D attn_mask, float
+// key_padding_mask), (2) still runs, and a fixture exported from Python PyTorch is what verifies it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tparity/harness/hand.hpp"
+
+namespace tparity {
+
+bool torch_available();
+std::string torch_version();  // "1.13.1" or "none"
+std::string torch_blas();     // the BLAS LibTorch calls, as far as it can be told
+
+// Empty when torch::nn's C++ module can run this problem; otherwise why not.
+std::string module_limitation(const Problem& p);
+
+struct TorchRun {
+  RunResult result;          // components of the decomposition; outputs of the module when it ran,
+                             // else of the decomposition, laid out as the problem's module returns them
+  bool module_ran = false;
+  bool verified = false;     // the decomposition reproduced the module's outputs
+  std::vector<std::string> notes;  // adaptations made and what was verified, one line each
+  std::string failure;       // non-empty when the decomposition disagrees with the module
+};
+
+// Throws InputError (prefixed with `where`) when LibTorch rejects the problem's tensors, and
+// std::runtime_error when built without LibTorch.
+TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const std::string& where);
+
+}  // namespace tparity

@@ -1,0 +1,98 @@
+// tparity run: the default cases (or a chosen few, with sizes overridden), every component, four legs.
+#include <fmt/format.h>
+
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "common.hpp"
+#include "tparity/compare/evaluate.hpp"
+#include "tparity/harness/cases.hpp"
+
+namespace tparity::cli {
+
+namespace {
+
+struct RunOptions {
+  std::vector<std::string> cases;
+  std::optional<int64_t> batch, seq, kv_seq, dim, value_dim, heads, ffn;
+  std::optional<std::string> bias, activation, mask;
+  std::optional<uint64_t> seed;
+  bool random_params = false;
+  int64_t max_elements = int64_t(1) << 28;
+  Format format = Format::Table;
+};
+
+// The largest tensor a case materialises: the (B, H, L, S) scores, or the (B, T, ffn) hidden layer.
+int64_t largest_tensor(const CaseSpec& s) {
+  const long double B = s.batch ? s.batch : 1, L = s.seq, S = s.kv_seq ? s.kv_seq : s.seq;
+  long double n = B * s.heads * L * S;
+  n = std::max(n, B * L * std::max<int64_t>({s.dim, s.ffn, s.value_dim}));
+  return n > (long double)std::numeric_limits<int64_t>::max() ? std::numeric_limits<int64_t>::max() : int64_t(n);
+}
+
+int run(const RunOptions& o) {
+  std::vector<CaseSpec> all = default_cases(), chosen;
+  if (o.cases.empty()) chosen = all;
+  for (const std::string& name : o.cases) {
+    bool found = false;
+    for (const CaseSpec& c : all)
+      if (c.name == name) chosen.push_back(c), found = true;
+    if (!found) {
+      std::string names;
+      for (const CaseSpec& c : all) names += (names.empty() ? "" : ", ") + c.name;
+      throw InputError(fmt::format("option --case: expected one of {}, got \"{}\"", names, name));
+    }
+  }
+  std::vector<CaseReport> reports;
+  for (CaseSpec s : chosen) {
+    if (o.batch) s.batch = *o.batch;
+    if (o.seq) s.seq = *o.seq;
+    if (o.kv_seq) s.kv_seq = *o.kv_seq;
+    if (o.dim) s.dim = *o.dim;
+    if (o.value_dim) s.value_dim = *o.value_dim;
+    if (o.heads) s.heads = *o.heads;
+    if (o.ffn) s.ffn = *o.ffn;
+    if (o.bias) s.bias = *o.bias == "on";
+    if (o.activation) s.activation = *o.activation == "gelu" ? Activation::Gelu : Activation::Relu;
+    if (o.mask) s.mask = mask_kind_from_name(*o.mask);
+    if (o.seed) s.seed = *o.seed;
+    if (o.random_params) s.random_params = true;
+    if (largest_tensor(s) > o.max_elements)
+      throw InputError(fmt::format("case {}: its largest tensor has {} elements, above --max-elements {} "
+                                   "(raise the cap if the machine has the memory: each element costs 8 bytes per copy)",
+                                   s.name, largest_tensor(s), o.max_elements));
+    reports.push_back(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
+  }
+  return emit(reports, o.format);
+}
+
+}  // namespace
+
+void register_run(CLI::App& app, Action& action) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* cmd = app.add_subcommand("run", "Run the default cases (or --case NAME ...): every component, hand vs LibTorch, float64 and float32");
+  std::string names;
+  for (const CaseSpec& c : default_cases()) names += (names.empty() ? "" : ", ") + c.name;
+  cmd->add_option("--case", o->cases, "Cases to run (default: all): " + names);
+  const auto size = CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2);
+  cmd->add_option("--batch", o->batch, "Batch size B; 0 = unbatched input")->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max() / 2));
+  cmd->add_option("--seq", o->seq, "Query sequence length L (T)")->check(size);
+  cmd->add_option("--kv-seq", o->kv_seq, "Key/value sequence length S (attention cases; S != L means cross-attention)")->check(size);
+  cmd->add_option("--dim", o->dim, "Embedding dimension E (d_model)")->check(size);
+  cmd->add_option("--value-dim", o->value_dim, "sdpa: value feature size Ev")->check(size);
+  cmd->add_option("--heads", o->heads, "Number of heads")->check(size);
+  cmd->add_option("--ffn", o->ffn, "Encoder dim_feedforward")->check(size);
+  cmd->add_option("--bias", o->bias, "MultiheadAttention bias")->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--activation", o->activation, "Encoder activation")->check(CLI::IsMember({"relu", "gelu"}));
+  cmd->add_option("--mask", o->mask, "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding)")
+      ->check(CLI::IsMember({"none", "causal", "random", "padding"}));
+  cmd->add_option("--seed", o->seed, "Seed of weights and inputs (default: each case's own)");
+  cmd->add_flag("--random-params", o->random_params, "Draw biases and LayerNorm affine at random instead of torch's constant init");
+  cmd->add_option("--max-elements", o->max_elements, "Refuse cases whose largest tensor exceeds this many elements")
+      ->check(size)->capture_default_str();
+  add_format_option(*cmd, o->format);
+  cmd->callback([o, &action] { action = [o] { return run(*o); }; });
+}
+
+}  // namespace tparity::cli

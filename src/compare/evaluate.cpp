@@ -1,0 +1,111 @@
+#include "tparity/compare/evaluate.hpp"
+
+#include <fmt/format.h>
+
+#include "tparity/torch/reference.hpp"
+
+namespace tparity {
+
+namespace {
+
+Components outputs_as_components(const TensorMap& outs) {
+  Components c;
+  for (const char* n : {"output", "attn_weights"})
+    if (auto it = outs.find(n); it != outs.end()) c.push_back({n, to_tensor<double>(it->second)});
+  return c;
+}
+
+void add_reference_notes(CaseReport& r, const TorchRun& run, const char* label) {
+  for (const std::string& n : run.notes) r.notes.push_back(fmt::format("{}: {}", label, n));
+  if (!run.failure.empty()) r.fail(fmt::format("case {}: reference {}: {}", r.name, label, run.failure));
+}
+
+}  // namespace
+
+CaseReport evaluate_problem(const Problem& p, const std::string& description, std::optional<uint64_t> seed,
+                            const GatePolicy& policy) {
+  CaseReport r;
+  r.name = p.name;
+  r.description = description;
+  r.config = config_json(p);
+  r.has_seed = seed.has_value();
+  r.seed = seed.value_or(0);
+  const std::string where = "case " + p.name;
+  const RunResult h64 = run_hand(p, DType::Float64, true, where);
+  const RunResult h32 = run_hand(p, DType::Float32, true, where);
+  const TorchRun t64 = run_torch(p, DType::Float64, true, where);
+  const TorchRun t32 = run_torch(p, DType::Float32, true, where);
+  add_reference_notes(r, t64, "torch64");
+  add_reference_notes(r, t32, "torch32");
+  const Implementations impls{{"hand64", &h64.components}, {"hand32", &h32.components},
+                              {"torch64", &t64.result.components}, {"torch32", &t32.result.components}};
+  compare_components(r, component_names(p), impls, standard_legs(), policy, {"hand64", "hand32", "torch64", "torch32"});
+  return r;
+}
+
+std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where, const GatePolicy& policy) {
+  CaseReport r;
+  r.name = p.name;
+  r.description = summary(p) + " [fixture " + where + "]";
+  r.config = config_json(p);
+
+  // Components only when LibTorch is there to compare them with.
+  const RunResult h64 = run_hand(p, DType::Float64, torch_available(), where);
+  const RunResult h32 = run_hand(p, DType::Float32, torch_available(), where);
+  const Components hand64 = outputs_as_components(h64.outputs), hand32 = outputs_as_components(h32.outputs);
+
+  // The stored outputs: Python PyTorch's.
+  Components torch64, torch32, lt64, lt32;
+  const bool stored64 = !p.outputs.empty() && p.outputs.at("output").dtype == DType::Float64;
+  if (stored64) torch64 = outputs_as_components(p.outputs);
+  else if (!p.outputs.empty()) torch32 = outputs_as_components(p.outputs);
+  if (!p.outputs_float32.empty()) torch32 = outputs_as_components(p.outputs_float32);
+  if (p.outputs.empty() && p.outputs_float32.empty())
+    throw InputError(where + ": outputs: missing (check compares against the outputs PyTorch stored in the fixture)");
+
+  std::vector<CaseReport> reports;
+  std::vector<LegSpec> legs = standard_legs();
+  if (torch_available()) {
+    const TorchRun t64 = run_torch(p, DType::Float64, true, where);
+    const TorchRun t32 = run_torch(p, DType::Float32, true, where);
+    add_reference_notes(r, t64, "libtorch64");
+    add_reference_notes(r, t32, "libtorch32");
+    lt64 = outputs_as_components(t64.result.outputs);
+    lt32 = outputs_as_components(t32.result.outputs);
+    if (torch64.empty()) {
+      torch64 = lt64;
+      r.notes.push_back("torch64 is LibTorch's (the fixture stores no float64 outputs)");
+    }
+    if (torch32.empty()) {
+      torch32 = lt32;
+      r.notes.push_back("torch32 is LibTorch's (the fixture stores no float32 outputs)");
+    }
+    legs.push_back({"libtorch64_vs_torch64", "libtorch64", "torch64", LegRole::Semantic, ""});
+    legs.push_back({"libtorch32_vs_torch32", "libtorch32", "torch32", LegRole::Report, ""});
+
+    // Every component, against the LibTorch decomposition (verified just above by its outputs).
+    CaseReport cr;
+    cr.name = p.name + "/components";
+    cr.description = "every component against the LibTorch decomposition, which the fixture's leg libtorch64_vs_torch64 verifies";
+    cr.config = r.config;
+    const Implementations impls{{"hand64", &h64.components}, {"hand32", &h32.components},
+                                {"torch64", &t64.result.components}, {"torch32", &t32.result.components}};
+    compare_components(cr, component_names(p), impls, standard_legs(), policy, {"hand64", "hand32", "torch64", "torch32"});
+    reports.push_back(std::move(cr));
+  }
+  if (torch64.empty())
+    throw InputError(where + ": outputs: the fixture stores no float64 outputs and tparity was built without LibTorch, "
+                             "so the float64 semantics cannot be checked (export the fixture in float64)");
+  if (torch32.empty())
+    throw InputError(where + ": outputs_float32: missing, and tparity was built without LibTorch, so there is no "
+                             "float32 error to judge the hand core's float32 run by");
+  const Implementations impls{{"hand64", &hand64}, {"hand32", &hand32}, {"torch64", &torch64},
+                              {"torch32", &torch32}, {"libtorch64", &lt64}, {"libtorch32", &lt32}};
+  std::vector<std::string> names{"output"};
+  if (p.module == ModuleKind::MultiheadAttention && p.forward.need_weights) names.push_back("attn_weights");
+  compare_components(r, names, impls, legs, policy, {"hand64", "hand32", "torch64", "torch32"});
+  reports.insert(reports.begin(), std::move(r));
+  return reports;
+}
+
+}  // namespace tparity

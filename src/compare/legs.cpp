@@ -1,0 +1,93 @@
+#include "tparity/compare/legs.hpp"
+
+#include <fmt/format.h>
+
+namespace tparity {
+
+std::vector<LegSpec> standard_legs() {
+  return {
+      {"hand64_vs_torch64", "hand64", "torch64", LegRole::Semantic, ""},
+      {"hand32_vs_torch64", "hand32", "torch64", LegRole::Numeric, "torch32_vs_torch64"},
+      {"torch32_vs_torch64", "torch32", "torch64", LegRole::Noise, ""},
+      {"hand32_vs_torch32", "hand32", "torch32", LegRole::Report, ""},
+  };
+}
+
+const Leg* ComponentReport::leg(const std::string& n) const {
+  for (const Leg& l : legs)
+    if (l.name == n) return &l;
+  return nullptr;
+}
+
+namespace {
+
+std::string index_str(const std::vector<int64_t>& idx) {
+  std::string s = "[";
+  for (size_t i = 0; i < idx.size(); ++i) s += (i ? "," : "") + std::to_string(idx[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void compare_components(CaseReport& report, const std::vector<std::string>& names, const Implementations& impls,
+                        const std::vector<LegSpec>& legs, const GatePolicy& policy,
+                        const std::vector<std::string>& required) {
+  auto get = [&](const std::string& impl, const std::string& comp) -> const Tensor<double>* {
+    auto it = impls.find(impl);
+    return it == impls.end() || !it->second ? nullptr : find(*it->second, comp);
+  };
+  for (const std::string& name : names) {
+    ComponentReport cr;
+    cr.name = name;
+    for (const std::string& impl : required)
+      if (!get(impl, name)) report.fail(fmt::format("case {}: component {}: missing from {}", report.name, name, impl));
+    // Measure every leg first: a Numeric leg's bound comes from its Noise leg.
+    std::vector<const LegSpec*> specs;
+    for (const LegSpec& spec : legs) {
+      const Tensor<double>* a = get(spec.a, name);
+      const Tensor<double>* b = get(spec.b, name);
+      if (!a || !b) continue;
+      if (cr.shape.empty()) cr.shape = b->shape;
+      cr.legs.push_back(Leg{spec.name, spec.role, measure(*a, *b), 0, true});
+      specs.push_back(&spec);
+    }
+    for (size_t i = 0; i < cr.legs.size(); ++i) {
+      Leg& leg = cr.legs[i];
+      const LegSpec& spec = *specs[i];
+      const std::string where = fmt::format("case {}: component {}: leg {}", report.name, name, spec.name);
+      if (!leg.m.comparable()) {
+        leg.pass = false;
+        report.fail(fmt::format("{}: shape {}", where, leg.m.shape_mismatch));
+      } else if (spec.role == LegRole::Semantic || spec.role == LegRole::Numeric) {
+        const Leg* noise = spec.role == LegRole::Numeric ? cr.leg(spec.noise) : nullptr;
+        if (spec.role == LegRole::Semantic) {
+          leg.bound = policy.semantic_rel;
+        } else if (!noise || !noise->m.comparable()) {
+          leg.pass = false;
+          report.fail(fmt::format("{}: no {} leg to judge it by", where, spec.noise));
+        } else {
+          leg.bound = policy.numeric_factor * noise->m.rel_l2 + policy.numeric_floor;
+        }
+        if (leg.m.nonfinite_mismatch) {
+          leg.pass = false;
+          report.fail(fmt::format("{}: {} non-finite value(s) differ, first at {}", where, leg.m.nonfinite_mismatch,
+                                  index_str(leg.m.first_mismatch_index)));
+        } else if (leg.pass && !(leg.m.rel_l2 <= leg.bound)) {
+          leg.pass = false;
+          const std::string how = spec.role == LegRole::Semantic
+                                      ? "semantic bound"
+                                      : fmt::format("{:g} x {} {:.3g} + floor {:.3g}", policy.numeric_factor,
+                                                    spec.noise, noise->m.rel_l2, policy.numeric_floor);
+          report.fail(fmt::format("{}: rel_l2 {:.3g} > bound {:.3g} ({}); max_abs {:.3g} at {}", where, leg.m.rel_l2,
+                                  leg.bound, how, leg.m.max_abs, index_str(leg.m.max_abs_index)));
+        }
+      }
+      cr.pass = cr.pass && leg.pass;
+    }
+    if (cr.legs.empty()) continue;
+    report.pass = report.pass && cr.pass;
+    report.components.push_back(std::move(cr));
+  }
+}
+
+}  // namespace tparity

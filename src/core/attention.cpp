@@ -1,0 +1,326 @@
+#include "tparity/core/attention.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "tparity/core/ops.hpp"
+#include "layout.hpp"
+
+namespace tparity {
+
+namespace {
+
+[[noreturn]] void shape_error(const std::string& tensor, const std::string& expected, const Shape& got) {
+  throw ShapeError(tensor + ": expected " + expected + ", got shape " + to_string(got));
+}
+
+std::string dims(std::initializer_list<int64_t> d) { return "shape " + to_string(Shape(d)); }
+
+// (B, L, H*D) -> (B, H, L, D)
+template <class T>
+Tensor<T> split_heads(const Tensor<T>& x, int64_t H) {
+  const int64_t B = x.size(0), L = x.size(1), D = x.size(2) / H;
+  Tensor<T> y({B, H, L, D});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          y.data[size_t(((b * H + h) * L + l) * D + d)] = x.data[size_t((b * L + l) * H * D + h * D + d)];
+  return y;
+}
+
+// (B, H, L, D) -> (B, L, H*D)
+template <class T>
+Tensor<T> merge_heads(const Tensor<T>& x) {
+  const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
+  Tensor<T> y({B, L, H * D});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t d = 0; d < D; ++d)
+          y.data[size_t((b * L + l) * H * D + h * D + d)] = x.data[size_t(((b * H + h) * L + l) * D + d)];
+  return y;
+}
+
+// x (B, S, E) -> (B, S+1, E) with row S = row (1, 1, E)
+template <class T>
+Tensor<T> append_row(const Tensor<T>& x, const Tensor<T>& row) {
+  const int64_t B = x.size(0), S = x.size(1), E = x.size(2);
+  Tensor<T> y({B, S + 1, E});
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t e = 0; e < E; ++e) y.data[size_t((b * (S + 1) + s) * E + e)] = x.data[size_t((b * S + s) * E + e)];
+    for (int64_t e = 0; e < E; ++e) y.data[size_t((b * (S + 1) + S) * E + e)] = row.data[size_t(e)];
+  }
+  return y;
+}
+
+// x (B, H, S, D) -> (B, H, S+1, D) with a zero row appended
+template <class T>
+Tensor<T> append_zero_row(const Tensor<T>& x) {
+  const int64_t G = x.size(0) * x.size(1), S = x.size(2), D = x.size(3);
+  Tensor<T> y({x.size(0), x.size(1), S + 1, D});
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t d = 0; d < D; ++d) y.data[size_t((g * (S + 1) + s) * D + d)] = x.data[size_t((g * S + s) * D + d)];
+  return y;
+}
+
+// torch 1.13's merge of attn_mask and key_padding_mask into one additive mask, read lazily.
+// Coordinates are those of the padded keys: columns >= S0 (bias_kv, zero_attn) are unmasked, as the
+// zero padding torch appends to both masks leaves them.
+template <class T>
+class MergedMask {
+ public:
+  MergedMask(const Mask<T>& attn, const Mask<T>& kpm, int64_t H, int64_t L, int64_t S0)
+      : attn_(attn), kpm_(kpm), H_(H), L_(L), S0_(S0), attn3d_(attn.present() && attn.shape().size() == 3) {
+    if (kpm.present() && !kpm.is_bool() && attn.present() && !attn.is_bool())
+      throw std::invalid_argument(
+          "key_padding_mask: a float key_padding_mask cannot be combined with a float attn_mask "
+          "(torch 1.13 rejects it: masked_fill needs a bool mask)");
+  }
+  bool any() const { return attn_.present() || kpm_.present(); }
+
+  // The value added to score (b, h, i, j).
+  T value(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    constexpr T ninf = -std::numeric_limits<T>::infinity();
+    if (j >= S0_) return T(0);
+    const int64_t ai = attn_.present() ? ((attn3d_ ? (b * H_ + h) * L_ : 0) + i) * S0_ + j : 0;
+    const int64_t ki = b * S0_ + j;
+    if (!kpm_.present()) return attn_.is_bool() ? (attn_.bools.data[size_t(ai)] ? ninf : T(0)) : attn_.floats.data[size_t(ai)];
+    if (!attn_.present()) return kpm_.is_bool() ? (kpm_.bools.data[size_t(ki)] ? ninf : T(0)) : kpm_.floats.data[size_t(ki)];
+    if (attn_.is_bool()) {  // attn_mask.logical_or(key_padding_mask): a nonzero float key counts as true
+      const bool k = kpm_.is_bool() ? kpm_.bools.data[size_t(ki)] != 0 : kpm_.floats.data[size_t(ki)] != T(0);
+      return (attn_.bools.data[size_t(ai)] || k) ? ninf : T(0);
+    }
+    // attn_mask.masked_fill(key_padding_mask, -inf)
+    return kpm_.bools.data[size_t(ki)] ? ninf : attn_.floats.data[size_t(ai)];
+  }
+
+ private:
+  const Mask<T>& attn_;
+  const Mask<T>& kpm_;
+  int64_t H_, L_, S0_;
+  bool attn3d_;
+};
+
+}  // namespace
+
+template <class T>
+void qdotk(T* scores, const T* q, const T* k, int64_t G, int64_t L, int64_t S, int64_t E) {
+  // q is (G, L, E), k is (G, S, E); scores will be (G, L, S)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < S; ++j)
+        scores[(g * L + i) * S + j] = dot(q + (g * L + i) * E, k + (g * S + j) * E, E);
+}
+
+template <class T>
+void weighted_sum_v(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_t S, int64_t Ev) {
+  // w is (G, L, S), v is (G, S, Ev); out will be (G, L, Ev)
+  // Per output element a sequential sum over j, as a GEMM micro-kernel's k-loop does.
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < L; ++i) {
+      T* o = out + (g * L + i) * Ev;
+      for (int64_t e = 0; e < Ev; ++e) o[e] = T(0);
+      for (int64_t j = 0; j < S; ++j) {
+        const T wij = w[(g * L + i) * S + j];
+        const T* vr = v + (g * S + j) * Ev;
+        for (int64_t e = 0; e < Ev; ++e) o[e] += wij * vr[e];
+      }
+    }
+}
+
+template <class T>
+Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Mask<T>& mask,
+                       Observer<T>* obs) {
+  if (q.dim() < 2) shape_error("query", "at least 2 dims (..., L, E)", q.shape);
+  if (k.dim() != q.dim()) shape_error("key", std::to_string(q.dim()) + " dims like query", k.shape);
+  if (v.dim() != q.dim()) shape_error("value", std::to_string(q.dim()) + " dims like query", v.shape);
+  const int64_t L = q.size(-2), E = q.size(-1), S = k.size(-2), Ev = v.size(-1);
+  for (int64_t d = 0; d + 2 < q.dim(); ++d) {
+    if (k.shape[size_t(d)] != q.shape[size_t(d)]) shape_error("key", "leading dims equal to query's", k.shape);
+    if (v.shape[size_t(d)] != q.shape[size_t(d)]) shape_error("value", "leading dims equal to query's", v.shape);
+  }
+  if (k.size(-1) != E) shape_error("key", "last dim " + std::to_string(E) + " (query's E)", k.shape);
+  if (v.size(-2) != S) shape_error("value", "dim -2 equal to key's S = " + std::to_string(S), v.shape);
+  if (mask.present() && mask.shape() != Shape{L, S}) shape_error("attn_mask", dims({L, S}), mask.shape());
+  const int64_t G = q.numel() / (L * E);
+
+  Shape lead(q.shape.begin(), q.shape.end() - 2);
+  Shape sshape = lead, oshape = lead;
+  sshape.insert(sshape.end(), {L, S});
+  oshape.insert(oshape.end(), {L, Ev});
+
+  Tensor<T> scores(sshape);
+  qdotk(scores.ptr(), q.ptr(), k.ptr(), G, L, S, E);
+  const T scale = std::sqrt(T(E));
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < S; ++j) {
+        T& s = scores.data[size_t((g * L + i) * S + j)];
+        s = s / scale;
+        if (mask.present()) s = s + (mask.is_bool() ? (mask.bools.data[size_t(i * S + j)] ? ninf : T(0)) : mask.floats.data[size_t(i * S + j)]);
+      }
+  if (obs) obs->on("scores", scores);
+  Tensor<T>& weights = scores;  // softmax in place
+  softmax_forward(weights.ptr(), weights.ptr(), G * L, S);
+  if (obs) obs->on("attn_weights", weights);
+  Tensor<T> out(oshape);
+  weighted_sum_v(out.ptr(), weights.ptr(), v.ptr(), G, L, S, Ev);
+  if (obs) obs->on("output", out);
+  return out;
+}
+
+template <class T>
+MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
+                          const MhaInputs<T>& in, Observer<T>* obs) {
+  const int64_t E = cfg.embed_dim, H = cfg.num_heads;
+  if (E <= 0 || H <= 0) throw ShapeError("config: embed_dim and num_heads must be positive, got embed_dim=" + std::to_string(E) + ", num_heads=" + std::to_string(H));
+  if (E % H != 0) throw ShapeError("config: embed_dim " + std::to_string(E) + " is not divisible by num_heads " + std::to_string(H));
+  const int64_t D = E / H, KD = cfg.key_dim(), VD = cfg.value_dim();
+
+  // ---- layout: everything below is batched and batch-first -------------------------------------
+  const bool batched = in.query.dim() == 3;
+  if (in.query.dim() != 2 && in.query.dim() != 3) shape_error("query", "2 dims (L, E) or 3 dims", in.query.shape);
+  if (in.key.dim() != in.query.dim()) shape_error("key", std::to_string(in.query.dim()) + " dims like query", in.key.shape);
+  if (in.value.dim() != in.query.dim()) shape_error("value", std::to_string(in.query.dim()) + " dims like query", in.value.shape);
+  auto canon = [&](const Tensor<T>& x) { return detail::to_batch_first(x, batched, cfg.batch_first); };
+  const Tensor<T> query = canon(in.query), key = canon(in.key), value = canon(in.value);
+  const int64_t B = query.size(0), L = query.size(1), S0 = key.size(1);
+  const std::string layout = batched ? (cfg.batch_first ? "(B, L, ·)" : "(L, B, ·)") : "(L, ·)";
+  if (query.size(2) != E) shape_error("query", "last dim embed_dim = " + std::to_string(E) + " in layout " + layout, in.query.shape);
+  if (key.size(2) != KD) shape_error("key", "last dim kdim = " + std::to_string(KD), in.key.shape);
+  if (value.size(2) != VD) shape_error("value", "last dim vdim = " + std::to_string(VD), in.value.shape);
+  if (key.size(0) != B) shape_error("key", "batch " + std::to_string(B) + " like query in layout " + layout, in.key.shape);
+  if (value.size(0) != B || value.size(1) != S0) shape_error("value", "the same batch and sequence as key " + to_string(in.key.shape), in.value.shape);
+
+  // ---- masks: shapes as torch 1.13's _mha_shape_check and multi_head_attention_forward --------
+  if (in.attn_mask.present()) {
+    const Shape& ms = in.attn_mask.shape();
+    const int64_t G0 = batched ? B * H : H;
+    if (ms.size() == 2) {
+      if (ms != Shape{L, S0}) shape_error("attn_mask", dims({L, S0}) + " (L, S) or " + dims({G0, L, S0}), ms);
+    } else if (ms.size() == 3) {
+      if (ms != Shape{G0, L, S0}) shape_error("attn_mask", dims({G0, L, S0}) + (batched ? " (B*num_heads, L, S)" : " (num_heads, L, S)") + " or " + dims({L, S0}), ms);
+    } else {
+      shape_error("attn_mask", "2 or 3 dims", ms);
+    }
+  }
+  if (in.key_padding_mask.present()) {
+    const Shape want = batched ? Shape{B, S0} : Shape{S0};
+    if (in.key_padding_mask.shape() != want) shape_error("key_padding_mask", "shape " + to_string(want) + (batched ? " (B, S)" : " (S)"), in.key_padding_mask.shape());
+  }
+
+  // ---- weights -----------------------------------------------------------------------------------
+  auto need = [](const Tensor<T>& t, const std::string& name, const Shape& s) {
+    if (t.shape != s) throw ShapeError("state_dict." + name + ": expected shape " + to_string(s) + ", got " + (t.empty() ? std::string("none") : to_string(t.shape)));
+  };
+  if (cfg.packed()) need(w.in_proj_weight, "in_proj_weight", {3 * E, E});
+  else {
+    need(w.q_proj_weight, "q_proj_weight", {E, E});
+    need(w.k_proj_weight, "k_proj_weight", {E, KD});
+    need(w.v_proj_weight, "v_proj_weight", {E, VD});
+  }
+  if (cfg.bias) {
+    need(w.in_proj_bias, "in_proj_bias", {3 * E});
+    need(w.out_proj_bias, "out_proj.bias", {E});
+  }
+  if (cfg.add_bias_kv) {
+    need(w.bias_k, "bias_k", {1, 1, E});
+    need(w.bias_v, "bias_v", {1, 1, E});
+  }
+  need(w.out_proj_weight, "out_proj.weight", {E, E});
+
+  // ---- projections: q (B, L, E), k (B, S0, E), v (B, S0, E) --------------------------------------
+  const T* Wq = cfg.packed() ? w.in_proj_weight.ptr() : w.q_proj_weight.ptr();
+  const T* Wk = cfg.packed() ? w.in_proj_weight.ptr() + E * E : w.k_proj_weight.ptr();
+  const T* Wv = cfg.packed() ? w.in_proj_weight.ptr() + 2 * E * E : w.v_proj_weight.ptr();
+  const T* bq = cfg.bias ? w.in_proj_bias.ptr() : nullptr;
+  const T* bk = cfg.bias ? w.in_proj_bias.ptr() + E : nullptr;
+  const T* bv = cfg.bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
+  Tensor<T> q({B, L, E}), k({B, S0, E}), v({B, S0, E});
+  linear_forward(q.ptr(), query.ptr(), Wq, bq, B * L, E, E);
+  linear_forward(k.ptr(), key.ptr(), Wk, bk, B * S0, KD, E);
+  linear_forward(v.ptr(), value.ptr(), Wv, bv, B * S0, VD, E);
+  if (cfg.add_bias_kv) {
+    k = append_row(k, w.bias_k);
+    v = append_row(v, w.bias_v);
+  }
+
+  // ---- heads: (B, H, L|S, D); zero_attn appends a zero key and value per head -------------------
+  Tensor<T> qh = split_heads(q, H), kh = split_heads(k, H), vh = split_heads(v, H);
+  if (cfg.add_zero_attn) {
+    kh = append_zero_row(kh);
+    vh = append_zero_row(vh);
+  }
+  const int64_t S = kh.size(2);
+  if (obs) {
+    obs->on("q", qh);
+    obs->on("k", kh);
+    obs->on("v", vh);
+  }
+
+  // ---- scores (B, H, L, S) = q / sqrt(D) . k + mask ----------------------------------------------
+  const T root = std::sqrt(T(D));
+  for (T& x : qh.data) x = x / root;  // torch 1.13: q_scaled = q / math.sqrt(E)
+  Tensor<T> scores({B, H, L, S});
+  qdotk(scores.ptr(), qh.ptr(), kh.ptr(), B * H, L, S, D);
+  const MergedMask<T> mask(in.attn_mask, in.key_padding_mask, H, L, S0);
+  if (mask.any())
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < L; ++i)
+          for (int64_t j = 0; j < S; ++j) {
+            T& s = scores.data[size_t(((b * H + h) * L + i) * S + j)];
+            s = mask.value(b, h, i, j) + s;
+          }
+  if (obs) obs->on("scores", scores);
+
+  // ---- weights, context, output ------------------------------------------------------------------
+  Tensor<T>& weights = scores;  // softmax in place
+  softmax_forward(weights.ptr(), weights.ptr(), B * H * L, S);
+  if (obs) obs->on("attn_weights", weights);
+  Tensor<T> ctx_heads({B, H, L, D});
+  weighted_sum_v(ctx_heads.ptr(), weights.ptr(), vh.ptr(), B * H, L, S, D);
+  const Tensor<T> context = merge_heads(ctx_heads);
+  if (obs) obs->on("context", context);
+  Tensor<T> out({B, L, E});
+  linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), cfg.bias ? w.out_proj_bias.ptr() : nullptr, B * L, E, E);
+  if (obs) obs->on("output", out);
+
+  MhaOutputs<T> result;
+  result.output = detail::from_batch_first(std::move(out), batched, cfg.batch_first);
+  if (fwd.need_weights) {
+    if (fwd.average_attn_weights) {
+      // torch: attn_output_weights.sum(dim=1) / num_heads
+      Tensor<T> avg({B, L, S});
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t x = 0; x < L * S; ++x) {
+          T acc = T(0);
+          for (int64_t h = 0; h < H; ++h) acc += weights.data[size_t((b * H + h) * L * S + x)];
+          avg.data[size_t(b * L * S + x)] = acc / T(H);
+        }
+      if (obs) obs->on("attn_weights_avg", avg);
+      result.attn_weights = batched ? std::move(avg) : Tensor<T>({L, S}, std::move(avg.data));
+    } else {
+      result.attn_weights = batched ? std::move(weights) : Tensor<T>({H, L, S}, std::move(weights.data));
+    }
+  }
+  return result;
+}
+
+#define TPARITY_INSTANTIATE(T)                                                                       \
+  template void qdotk<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);               \
+  template void weighted_sum_v<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);      \
+  template Tensor<T> sdpa_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,          \
+                                     const Mask<T>&, Observer<T>*);                                 \
+  template MhaOutputs<T> mha_forward<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&, \
+                                        const MhaInputs<T>&, Observer<T>*);
+TPARITY_INSTANTIATE(float)
+TPARITY_INSTANTIATE(double)
+#undef TPARITY_INSTANTIATE
+
+}  // namespace tparity

@@ -1,0 +1,35 @@
+// Layout moves shared by the core's ops (internal to src/core).
+#pragma once
+
+#include "tparity/core/tensor.hpp"
+
+namespace tparity::detail {
+
+// (A, B, E) -> (B, A, E): sequence-first <-> batch-first.
+template <class T>
+Tensor<T> swap01(const Tensor<T>& x) {
+  const int64_t A = x.size(0), B = x.size(1), E = x.size(2);
+  Tensor<T> y({B, A, E});
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t e = 0; e < E; ++e)
+        y.data[size_t((b * A + a) * E + e)] = x.data[size_t((a * B + b) * E + e)];
+  return y;
+}
+
+// Batched, batch-first view of a module input: (L, E) -> (1, L, E); (L, B, E) -> (B, L, E) unless
+// batch_first already.
+template <class T>
+Tensor<T> to_batch_first(const Tensor<T>& x, bool batched, bool batch_first) {
+  if (!batched) return Tensor<T>({1, x.size(0), x.size(1)}, x.data);
+  return batch_first ? x : swap01(x);
+}
+
+// The inverse of to_batch_first for an output (B, L, E).
+template <class T>
+Tensor<T> from_batch_first(Tensor<T> x, bool batched, bool batch_first) {
+  if (!batched) return Tensor<T>({x.size(1), x.size(2)}, std::move(x.data));
+  return batch_first ? x : swap01(x);
+}
+
+}  // namespace tparity::detail

@@ -1,0 +1,415 @@
+// The LibTorch reference: torch::nn modules and their op-by-op functional decomposition.
+#include "tparity/torch/reference.hpp"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "tparity/compare/metrics.hpp"
+
+namespace tparity {
+
+namespace F = torch::nn::functional;
+using TT = torch::Tensor;
+
+bool torch_available() { return true; }
+
+std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+std::string torch_blas() {
+  // Debian's LibTorch is built against the generic libblas.so.3; which library that is depends on the
+  // alternatives system (OpenBLAS once libopenblas0-pthread is installed).
+  const std::string cfg = at::show_config();
+  const auto pos = cfg.find("BLAS_INFO=");
+  std::string info = pos == std::string::npos ? "unknown" : cfg.substr(pos + 10, cfg.find(',', pos) - pos - 10);
+  return info;
+}
+
+namespace {
+
+torch::ScalarType scalar_type(DType d) { return d == DType::Float32 ? torch::kFloat : torch::kDouble; }
+
+// Float data in the run's dtype; bool stays bool.
+TT to_torch(const DTensor& t, DType dtype) {
+  std::vector<double> copy = t.data;
+  TT x = torch::from_blob(copy.data(), t.shape, torch::kDouble).clone();
+  return t.dtype == DType::Bool ? x.to(torch::kBool) : x.to(scalar_type(dtype));
+}
+
+Tensor<double> to_hand(const TT& x) {
+  TT c = x.detach().to(torch::kDouble).contiguous();
+  Tensor<double> out;
+  out.shape.assign(c.sizes().begin(), c.sizes().end());
+  out.data.assign(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  return out;
+}
+
+DTensor to_dtensor(const TT& x, DType dtype) {
+  Tensor<double> h = to_hand(x);
+  return DTensor{dtype, h.shape, std::move(h.data)};
+}
+
+// Collects components under a prefix, like PrefixObserver does for the hand core.
+struct Sink {
+  Components* out = nullptr;
+  std::string prefix, rename_from, rename_to;
+  void put(const std::string& name, const TT& x) const {
+    if (!out) return;
+    out->push_back({!rename_from.empty() && name == rename_from ? rename_to : prefix + name, to_hand(x)});
+  }
+};
+
+TT param(const Problem& p, const std::string& name, DType dtype) {
+  auto it = p.state_dict.find(name);
+  return it == p.state_dict.end() ? TT() : to_torch(it->second, dtype);
+}
+
+TT input(const Problem& p, const std::string& name, DType dtype) {
+  const DTensor* t = p.input(name);
+  return t ? to_torch(*t, dtype) : TT();
+}
+
+// A bool attention mask as the additive float mask Python's multi_head_attention_forward builds
+// from it (-inf where true).
+TT bool_to_additive(const TT& m, torch::ScalarType st) {
+  return torch::zeros(m.sizes(), torch::TensorOptions().dtype(st))
+      .masked_fill(m, -std::numeric_limits<double>::infinity());
+}
+
+struct MhaParams {
+  TT in_proj_weight, in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v,
+      out_proj_weight, out_proj_bias;
+};
+
+MhaParams mha_params(const Problem& p, const std::string& prefix, DType dtype) {
+  return {param(p, prefix + "in_proj_weight", dtype),  param(p, prefix + "in_proj_bias", dtype),
+          param(p, prefix + "q_proj_weight", dtype),   param(p, prefix + "k_proj_weight", dtype),
+          param(p, prefix + "v_proj_weight", dtype),   param(p, prefix + "bias_k", dtype),
+          param(p, prefix + "bias_v", dtype),          param(p, prefix + "out_proj.weight", dtype),
+          param(p, prefix + "out_proj.bias", dtype)};
+}
+
+struct MhaResult {
+  TT output;   // (L, B, E)
+  TT weights;  // (B, L, S) averaged, (B, H, L, S) per head, or undefined
+};
+
+// mirrors torch::nn::functional::detail::multi_head_attention_forward (torch 1.13, C++), op by op, on
+// sequence-first batched tensors: query (L, B, E), key (S, B, kdim), value (S, B, vdim).
+// attn_mask: undefined, (L, S) or (B*H, L, S), bool or float; key_padding_mask: undefined or (B, S).
+// Masks follow Python's 1.13 semantics (a bool attn_mask is -inf where true; a float key padding mask
+// is added; a bool attn_mask ORs a float key padding mask's nonzeros), which on everything the C++
+// module accepts after the runner's adaptation is what the C++ module computes.
+MhaResult mha_decomposed(const MhaConfig& c, const MhaForward& fwd, const MhaParams& w, const TT& query,
+                         const TT& key, const TT& value, TT attn_mask, TT kpm, const Sink& sink) {
+  const int64_t L = query.size(0), B = query.size(1), E = c.embed_dim, H = c.num_heads, D = E / H;
+  const double scaling = 1 / std::sqrt(double(D));
+  const auto ninf = -std::numeric_limits<double>::infinity();
+  TT q, k, v;
+  if (c.packed()) {
+    const TT& W = w.in_proj_weight;
+    const TT& b = w.in_proj_bias;
+    auto bslice = [&](int64_t from, int64_t to) { return b.defined() ? b.slice(0, from, to) : TT(); };
+    if (torch::equal(query, key) && torch::equal(key, value)) {  // self-attention
+      auto chunks = F::linear(query, W, b).chunk(3, -1);
+      q = chunks[0], k = chunks[1], v = chunks[2];
+    } else if (torch::equal(key, value)) {  // encoder-decoder attention
+      q = F::linear(query, W.slice(0, 0, E), bslice(0, E));
+      auto chunks = F::linear(key, W.slice(0, E), bslice(E, 3 * E)).chunk(2, -1);
+      k = chunks[0], v = chunks[1];
+    } else {
+      q = F::linear(query, W.slice(0, 0, E), bslice(0, E));
+      k = F::linear(key, W.slice(0, E, 2 * E), bslice(E, 2 * E));
+      v = F::linear(value, W.slice(0, 2 * E), bslice(2 * E, 3 * E));
+    }
+  } else {
+    const TT& b = w.in_proj_bias;
+    q = F::linear(query, w.q_proj_weight, b.defined() ? b.slice(0, 0, E) : TT());
+    k = F::linear(key, w.k_proj_weight, b.defined() ? b.slice(0, E, 2 * E) : TT());
+    v = F::linear(value, w.v_proj_weight, b.defined() ? b.slice(0, 2 * E) : TT());
+  }
+  // Component q: (L, B, E) -> (B, H, L, D), before scaling.
+  sink.put("q", q.contiguous().view({L, B * H, D}).transpose(0, 1).reshape({B, H, L, D}));
+  q = q * scaling;
+  if (c.add_bias_kv) {
+    k = torch::cat({k, w.bias_k.repeat({1, B, 1})});
+    v = torch::cat({v, w.bias_v.repeat({1, B, 1})});
+    if (attn_mask.defined()) attn_mask = F::pad(attn_mask, F::PadFuncOptions({0, 1}));
+    if (kpm.defined()) kpm = F::pad(kpm, F::PadFuncOptions({0, 1}));
+  }
+  q = q.contiguous().view({L, B * H, D}).transpose(0, 1);
+  k = k.contiguous().view({-1, B * H, D}).transpose(0, 1);
+  v = v.contiguous().view({-1, B * H, D}).transpose(0, 1);
+  if (c.add_zero_attn) {
+    k = torch::cat({k, torch::zeros({B * H, 1, D}, k.options())}, 1);
+    v = torch::cat({v, torch::zeros({B * H, 1, D}, v.options())}, 1);
+    if (attn_mask.defined()) attn_mask = F::pad(attn_mask, F::PadFuncOptions({0, 1}));
+    if (kpm.defined()) kpm = F::pad(kpm, F::PadFuncOptions({0, 1}));
+  }
+  const int64_t S = k.size(1);
+  sink.put("k", k.reshape({B, H, S, D}));
+  sink.put("v", v.reshape({B, H, S, D}));
+
+  TT scores = torch::bmm(q, k.transpose(1, 2));
+  if (attn_mask.defined() && attn_mask.scalar_type() == torch::kBool && kpm.defined() && kpm.scalar_type() != torch::kBool)
+    kpm = kpm != 0;  // Python: attn_mask.logical_or(key_padding_mask)
+  if (attn_mask.defined()) {
+    if (attn_mask.scalar_type() == torch::kBool) attn_mask = bool_to_additive(attn_mask, scores.scalar_type());
+    scores += attn_mask.dim() == 2 ? attn_mask.unsqueeze(0) : attn_mask;
+  }
+  if (kpm.defined()) {
+    scores = scores.view({B, H, L, S});
+    if (kpm.scalar_type() == torch::kBool) scores = scores.masked_fill(kpm.unsqueeze(1).unsqueeze(2), ninf);
+    else scores = scores + kpm.view({B, 1, 1, S});
+    scores = scores.view({B * H, L, S});
+  }
+  sink.put("scores", scores.view({B, H, L, S}));
+  TT weights = F::softmax(scores, F::SoftmaxFuncOptions(-1));
+  sink.put("attn_weights", weights.view({B, H, L, S}));
+  TT context = torch::bmm(weights, v).transpose(0, 1).contiguous().view({L, B, E});
+  sink.put("context", context.transpose(0, 1));
+  TT output = F::linear(context, w.out_proj_weight, w.out_proj_bias);
+  sink.put("output", output.transpose(0, 1));
+  MhaResult r{output, TT()};
+  if (fwd.need_weights) {
+    r.weights = weights.view({B, H, L, S});
+    if (fwd.average_attn_weights) {
+      r.weights = r.weights.sum(1) / H;
+      sink.put("attn_weights_avg", r.weights);
+    }
+  }
+  return r;
+}
+
+// What the C++ modules of torch 1.13 cannot run (they are sequence-first and batched only, but those
+// are exact layout changes the runner makes).
+std::string mha_limitation(const Problem& p, const std::string& attn, const std::string& kpm) {
+  const DTensor* a = p.input(attn);
+  const DTensor* k = p.input(kpm);
+  if (a && a->shape.size() == 3)
+    return attn + " is 3-D: the 1.13 C++ module only broadcasts a 2-D (L, S) mask (attn_mask_.unsqueeze(0) then +=)";
+  if (k && k->dtype != DType::Bool) return kpm + " is float: the 1.13 C++ module only takes a bool key padding mask (masked_fill)";
+  return "";
+}
+
+}  // namespace
+
+std::string module_limitation(const Problem& p) {
+  switch (p.module) {
+    case ModuleKind::MultiheadAttention:
+      if (p.mha.key_dim() != p.mha.value_dim())
+        return "kdim != vdim: the 1.13 C++ module asserts key.sizes() == value.sizes()";
+      return mha_limitation(p, "attn_mask", "key_padding_mask");
+    case ModuleKind::TransformerEncoderLayer:
+      if (p.encoder.norm_first) return "norm_first: the 1.13 C++ TransformerEncoderLayer has no norm_first option";
+      if (p.encoder.layer_norm_eps != 1e-5)
+        return "layer_norm_eps != 1e-5: the 1.13 C++ TransformerEncoderLayer has no layer_norm_eps option";
+      return mha_limitation(p, "src_mask", "src_key_padding_mask");
+    case ModuleKind::ScaledDotProductAttention: return "";
+  }
+  return "";
+}
+
+namespace {
+
+void load_state(torch::nn::Module& m, const Problem& p, DType dtype, const std::string& where) {
+  torch::NoGradGuard guard;
+  std::set<std::string> names;
+  for (auto& kv : m.named_parameters()) {
+    names.insert(kv.key());
+    auto it = p.state_dict.find(kv.key());
+    if (it == p.state_dict.end())
+      throw InputError(where + ": state_dict." + kv.key() + ": LibTorch's module has this parameter, the state dict has not");
+    kv.value().copy_(to_torch(it->second, dtype));
+  }
+  for (const auto& [name, t] : p.state_dict)
+    if (!names.count(name)) throw InputError(where + ": state_dict." + name + ": LibTorch's module has no such parameter");
+}
+
+// (L, B, E) <-> the problem's layout.
+TT seq_first(const TT& x, bool batched, bool batch_first) {
+  if (!batched) return x.unsqueeze(1);
+  return batch_first ? x.transpose(0, 1) : x;
+}
+TT from_seq_first(const TT& x, bool batched, bool batch_first) {
+  if (!batched) return x.squeeze(1);
+  return batch_first ? x.transpose(0, 1) : x;
+}
+
+void verify(TorchRun& run, const char* what, const TT& module_out, const TT& decomposed) {
+  const Metrics m = measure(to_hand(decomposed), to_hand(module_out));
+  if (!m.clean() || m.l2 != 0)
+    run.failure += std::string(run.failure.empty() ? "" : "; ") + "the functional decomposition's " + what +
+                   " differs from the module's: rel_l2 " + std::to_string(m.rel_l2) + ", max_abs " +
+                   std::to_string(m.max_abs) + ", non-finite mismatches " + std::to_string(m.nonfinite_mismatch);
+}
+
+TorchRun run_mha(const Problem& p, DType dtype, bool collect) {
+  TorchRun run;
+  const MhaConfig& c = p.mha;
+  const bool batched = p.input("query")->shape.size() == 3;
+  const TT query = seq_first(input(p, "query", dtype), batched, c.batch_first);
+  const TT key = seq_first(input(p, "key", dtype), batched, c.batch_first);
+  const TT value = seq_first(input(p, "value", dtype), batched, c.batch_first);
+  const TT attn = input(p, "attn_mask", dtype);
+  TT kpm = input(p, "key_padding_mask", dtype);
+  if (kpm.defined() && !batched) kpm = kpm.unsqueeze(0);
+
+  Sink sink{collect ? &run.result.components : nullptr, "", "", ""};
+  const MhaResult ref = mha_decomposed(c, p.forward, mha_params(p, "", dtype), query, key, value, attn, kpm, sink);
+  TT out = ref.output, weights = ref.weights;
+
+  if (module_limitation(p).empty()) {
+    torch::nn::MultiheadAttention m(torch::nn::MultiheadAttentionOptions(c.embed_dim, c.num_heads)
+                                        .dropout(0.0)
+                                        .bias(c.bias)
+                                        .add_bias_kv(c.add_bias_kv)
+                                        .add_zero_attn(c.add_zero_attn)
+                                        .kdim(c.key_dim())
+                                        .vdim(c.value_dim()));
+    m->to(scalar_type(dtype));
+    m->eval();
+    load_state(*m, p, dtype, "LibTorch");
+    // The 1.13 C++ module adds a bool attn_mask as 0/1 (attn_output_weights += attn_mask_); give it
+    // the additive mask Python's semantics build from it.
+    TT mod_attn = attn.defined() && attn.scalar_type() == torch::kBool ? bool_to_additive(attn, scalar_type(dtype)) : attn;
+    if (attn.defined() && attn.scalar_type() == torch::kBool)
+      run.notes.push_back("bool attn_mask passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask as 0/1)");
+    torch::NoGradGuard guard;
+    auto [mout, mweights] = m->forward(query, key, value, kpm, p.forward.need_weights, mod_attn, p.forward.average_attn_weights);
+    run.module_ran = true;
+    verify(run, "output", mout, ref.output);
+    if (p.forward.need_weights) verify(run, "attn_weights", mweights, ref.weights);
+    run.verified = run.failure.empty();
+    if (run.verified)
+      run.notes.push_back(std::string("decomposition reproduces torch::nn::MultiheadAttention bit for bit (") +
+                          dtype_name(dtype) + ")");
+    out = mout, weights = mweights;
+  } else {
+    run.notes.push_back("no LibTorch module run: " + module_limitation(p));
+  }
+  run.result.outputs["output"] = to_dtensor(from_seq_first(out, batched, c.batch_first), dtype);
+  if (p.forward.need_weights) run.result.outputs["attn_weights"] = to_dtensor(batched ? weights : weights.squeeze(0), dtype);
+  return run;
+}
+
+TorchRun run_encoder(const Problem& p, DType dtype, bool collect) {
+  TorchRun run;
+  const EncoderConfig& c = p.encoder;
+  const bool batched = p.input("src")->shape.size() == 3;
+  const TT src = seq_first(input(p, "src", dtype), batched, c.batch_first);
+  const TT mask = input(p, "src_mask", dtype);
+  TT kpm = input(p, "src_key_padding_mask", dtype);
+  if (kpm.defined() && !batched) kpm = kpm.unsqueeze(0);
+
+  // mirrors TransformerEncoderLayerImpl::forward (C++, 1.13) and, for norm_first, Python's
+  // TransformerEncoderLayer.forward: x = x + sa(norm1(x)); x = x + ff(norm2(x)).
+  Components* comps = collect ? &run.result.components : nullptr;
+  const Sink top{comps, "", "", ""};
+  const Sink sa_sink{comps, "sa.", "output", "sa_output"};
+  const MhaParams ap = mha_params(p, "self_attn.", dtype);
+  MhaConfig acfg = c.self_attn();
+  auto sa = [&](const TT& x) {
+    return mha_decomposed(acfg, MhaForward{false, true}, ap, x, x, x, mask, kpm, sa_sink).output;
+  };
+  auto norm = [&](const TT& x, const char* n) {
+    return F::layer_norm(x, F::LayerNormFuncOptions({c.d_model})
+                                .weight(param(p, std::string(n) + ".weight", dtype))
+                                .bias(param(p, std::string(n) + ".bias", dtype))
+                                .eps(c.layer_norm_eps));
+  };
+  auto ff = [&](const TT& x) {
+    TT h = F::linear(x, param(p, "linear1.weight", dtype), param(p, "linear1.bias", dtype));
+    h = c.activation == Activation::Gelu ? F::gelu(h) : F::relu(h);
+    top.put("ffn_hidden", h.transpose(0, 1));
+    TT o = F::linear(h, param(p, "linear2.weight", dtype), param(p, "linear2.bias", dtype));
+    top.put("ffn_output", o.transpose(0, 1));
+    return o;
+  };
+  TT x = src;
+  if (c.norm_first) {
+    const TT n1 = norm(x, "norm1");
+    top.put("norm1", n1.transpose(0, 1));
+    x = x + sa(n1);
+    const TT n2 = norm(x, "norm2");
+    top.put("norm2", n2.transpose(0, 1));
+    x = x + ff(n2);
+  } else {
+    x = norm(x + sa(x), "norm1");
+    top.put("norm1", x.transpose(0, 1));
+    x = norm(x + ff(x), "norm2");
+  }
+  top.put("output", x.transpose(0, 1));
+  TT out = x;
+
+  if (module_limitation(p).empty()) {
+    auto opts = torch::nn::TransformerEncoderLayerOptions(c.d_model, c.nhead).dim_feedforward(c.dim_feedforward).dropout(0.0);
+    if (c.activation == Activation::Gelu) opts.activation(torch::kGELU);
+    else opts.activation(torch::kReLU);
+    torch::nn::TransformerEncoderLayer m(opts);
+    m->to(scalar_type(dtype));
+    m->eval();
+    load_state(*m, p, dtype, "LibTorch");
+    TT mod_mask = mask.defined() && mask.scalar_type() == torch::kBool ? bool_to_additive(mask, scalar_type(dtype)) : mask;
+    if (mask.defined() && mask.scalar_type() == torch::kBool)
+      run.notes.push_back("bool src_mask passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask as 0/1)");
+    torch::NoGradGuard guard;
+    const TT mout = m->forward(src, mod_mask, kpm);
+    run.module_ran = true;
+    verify(run, "output", mout, x);
+    run.verified = run.failure.empty();
+    if (run.verified)
+      run.notes.push_back(std::string("decomposition reproduces torch::nn::TransformerEncoderLayer bit for bit (") +
+                          dtype_name(dtype) + ")");
+    out = mout;
+  } else {
+    run.notes.push_back("no LibTorch module run: " + module_limitation(p));
+  }
+  run.result.outputs["output"] = to_dtensor(from_seq_first(out, batched, c.batch_first), dtype);
+  return run;
+}
+
+TorchRun run_sdpa(const Problem& p, DType dtype, bool collect) {
+  TorchRun run;
+  const TT q = input(p, "query", dtype), k = input(p, "key", dtype), v = input(p, "value", dtype);
+  TT mask = input(p, "attn_mask", dtype);
+  if (mask.defined() && mask.scalar_type() == torch::kBool) mask = bool_to_additive(mask, scalar_type(dtype));
+  const Sink sink{collect ? &run.result.components : nullptr, "", "", ""};
+  // seed 004's DotProductAttention: queries @ keys.transpose / sqrt(d), softmax, @ values
+  TT scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  if (mask.defined()) scores = scores + mask;
+  sink.put("scores", scores);
+  const TT weights = torch::softmax(scores, -1);
+  sink.put("attn_weights", weights);
+  const TT out = torch::matmul(weights, v);
+  sink.put("output", out);
+  run.notes.push_back("reference: seed 004's DotProductAttention built from torch ops (torch.nn has no SDPA module in 1.13)");
+  run.result.outputs["output"] = to_dtensor(out, dtype);
+  return run;
+}
+
+}  // namespace
+
+TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const std::string& where) {
+  try {
+    switch (p.module) {
+      case ModuleKind::MultiheadAttention: return run_mha(p, dtype, collect_components);
+      case ModuleKind::TransformerEncoderLayer: return run_encoder(p, dtype, collect_components);
+      case ModuleKind::ScaledDotProductAttention: return run_sdpa(p, dtype, collect_components);
+    }
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg = msg.substr(0, nl);
+    throw InputError(where + ": LibTorch rejected the problem: " + msg);
+  } catch (const InputError& e) {
+    throw InputError(where + ": " + e.what());
+  }
+  return {};
+}
+
+}  // namespace tparity

@@ -1,0 +1,16 @@
+// The reference runner when tparity is built with -DTPARITY_WITH_TORCH=OFF.
+#include <stdexcept>
+
+#include "tparity/torch/reference.hpp"
+
+namespace tparity {
+
+bool torch_available() { return false; }
+std::string torch_version() { return "none"; }
+std::string torch_blas() { return "none"; }
+std::string module_limitation(const Problem&) { return "tparity was built without LibTorch (-DTPARITY_WITH_TORCH=OFF)"; }
+TorchRun run_torch(const Problem&, DType, bool, const std::string& where) {
+  throw std::runtime_error(where + ": tparity was built without LibTorch (-DTPARITY_WITH_TORCH=OFF)");
+}
+
+}  // namespace tparity
