@@ -25,7 +25,8 @@ int check(const CheckOptions& o) {
 
 void register_check(CLI::App& app, Action& action) {
   auto o = std::make_shared<CheckOptions>();
-  CLI::App* cmd = app.add_subcommand("check", "Compare the hand core (and LibTorch) with the outputs stored in fixtures");
+  CLI::App* cmd =
+      app.add_subcommand("check", "Compare the hand core (and LibTorch) with the outputs stored in fixtures");
   cmd->add_option("--fixture", o->fixtures, "Fixture file(s), format v1")->required();
   add_format_option(*cmd, o->format);
   cmd->callback([o, &action] { action = [o] { return check(*o); }; });

@@ -17,8 +17,8 @@ struct EvalOptions {
 
 int eval(const EvalOptions& o) {
   const Problem p = read_fixture(o.fixture);
-  const RunResult r = o.impl == "hand" ? run_hand(p, o.dtype, false, o.fixture)
-                                       : run_torch(p, o.dtype, false, o.fixture).result;
+  const RunResult r =
+      o.impl == "hand" ? run_hand(p, o.dtype, false, o.fixture) : run_torch(p, o.dtype, false, o.fixture).result;
   nlohmann::json outs = nlohmann::json::object();
   for (const auto& [name, t] : r.outputs) outs[name] = tensor_to_json(t);
   write_json_file(o.out, {{"outputs", std::move(outs)}});
@@ -29,12 +29,15 @@ int eval(const EvalOptions& o) {
 
 void register_eval(CLI::App& app, Action& action) {
   auto o = std::make_shared<EvalOptions>();
-  CLI::App* cmd = app.add_subcommand("eval", "Run one implementation on a fixture's weights and inputs and write its outputs");
+  CLI::App* cmd =
+      app.add_subcommand("eval", "Run one implementation on a fixture's weights and inputs and write its outputs");
   cmd->add_option("--fixture", o->fixture, "Fixture file (format v1)")->required();
   cmd->add_option("--impl", o->impl, "hand (the handwritten core) or torch (LibTorch)")
-      ->check(CLI::IsMember({"hand", "torch"}))->capture_default_str();
+      ->check(CLI::IsMember({"hand", "torch"}))
+      ->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "float32 or float64")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, DType>{{"float32", DType::Float32}, {"float64", DType::Float64}}))
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, DType>{{"float32", DType::Float32}, {"float64", DType::Float64}}))
       ->default_str("float32");
   cmd->add_option("--out", o->out, "Where to write {\"outputs\": {\"output\": T, \"attn_weights\": T}}")->required();
   cmd->callback([o, &action] { action = [o] { return eval(*o); }; });

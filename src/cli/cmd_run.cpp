@@ -23,12 +23,12 @@ struct RunOptions {
   Format format = Format::Table;
 };
 
-// The largest tensor a case materialises: the (B, H, L, S) scores, or the (B, T, ffn) hidden layer.
-int64_t largest_tensor(const CaseSpec& s) {
+// Elements of the largest tensor a case materialises: the (B, H, L, S) scores, the (B, T, ffn)
+// hidden layer, the weights. Long double: the product of four user-given sizes may overflow int64.
+long double largest_tensor(const CaseSpec& s) {
   const long double B = s.batch ? s.batch : 1, L = s.seq, S = s.kv_seq ? s.kv_seq : s.seq;
-  long double n = B * s.heads * L * S;
-  n = std::max(n, B * L * std::max<int64_t>({s.dim, s.ffn, s.value_dim}));
-  return n > (long double)std::numeric_limits<int64_t>::max() ? std::numeric_limits<int64_t>::max() : int64_t(n);
+  const long double widest = std::max<int64_t>({s.dim, s.ffn, s.value_dim});
+  return std::max({B * s.heads * L * S, B * std::max(L, S) * widest, 3.0L * widest * widest});
 }
 
 int run(const RunOptions& o) {
@@ -58,10 +58,12 @@ int run(const RunOptions& o) {
     if (o.mask) s.mask = mask_kind_from_name(*o.mask);
     if (o.seed) s.seed = *o.seed;
     if (o.random_params) s.random_params = true;
-    if (largest_tensor(s) > o.max_elements)
-      throw InputError(fmt::format("case {}: its largest tensor has {} elements, above --max-elements {} "
-                                   "(raise the cap if the machine has the memory: each element costs 8 bytes per copy)",
-                                   s.name, largest_tensor(s), o.max_elements));
+    if (largest_tensor(s) > (long double)o.max_elements)
+      throw InputError(
+          fmt::format("case {}: sizes (batch {}, seq {}, kv-seq {}, dim {}, heads {}, ffn {}) give a tensor of "
+                      "{:.3g} elements, above --max-elements {} (each element costs 8 bytes per copy)",
+                      s.name, s.batch, s.seq, s.kv_seq ? s.kv_seq : s.seq, s.dim, s.heads, s.ffn,
+                      double(largest_tensor(s)), o.max_elements));
     reports.push_back(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
   }
   return emit(reports, o.format);
@@ -71,26 +73,32 @@ int run(const RunOptions& o) {
 
 void register_run(CLI::App& app, Action& action) {
   auto o = std::make_shared<RunOptions>();
-  CLI::App* cmd = app.add_subcommand("run", "Run the default cases (or --case NAME ...): every component, hand vs LibTorch, float64 and float32");
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Run the default cases (or --case NAME ...): every component, hand vs LibTorch, float64 and float32");
   std::string names;
   for (const CaseSpec& c : default_cases()) names += (names.empty() ? "" : ", ") + c.name;
   cmd->add_option("--case", o->cases, "Cases to run (default: all): " + names);
   const auto size = CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2);
-  cmd->add_option("--batch", o->batch, "Batch size B; 0 = unbatched input")->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max() / 2));
+  cmd->add_option("--batch", o->batch, "Batch size B; 0 = unbatched input")
+      ->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max() / 2));
   cmd->add_option("--seq", o->seq, "Query sequence length L (T)")->check(size);
-  cmd->add_option("--kv-seq", o->kv_seq, "Key/value sequence length S (attention cases; S != L means cross-attention)")->check(size);
+  cmd->add_option("--kv-seq", o->kv_seq, "Key/value sequence length S (attention cases; S != L means cross-attention)")
+      ->check(size);
   cmd->add_option("--dim", o->dim, "Embedding dimension E (d_model)")->check(size);
   cmd->add_option("--value-dim", o->value_dim, "sdpa: value feature size Ev")->check(size);
   cmd->add_option("--heads", o->heads, "Number of heads")->check(size);
   cmd->add_option("--ffn", o->ffn, "Encoder dim_feedforward")->check(size);
   cmd->add_option("--bias", o->bias, "MultiheadAttention bias")->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--activation", o->activation, "Encoder activation")->check(CLI::IsMember({"relu", "gelu"}));
-  cmd->add_option("--mask", o->mask, "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding)")
+  cmd->add_option("--mask", o->mask,
+                  "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding)")
       ->check(CLI::IsMember({"none", "causal", "random", "padding"}));
   cmd->add_option("--seed", o->seed, "Seed of weights and inputs (default: each case's own)");
-  cmd->add_flag("--random-params", o->random_params, "Draw biases and LayerNorm affine at random instead of torch's constant init");
+  cmd->add_flag("--random-params", o->random_params,
+                "Draw biases and LayerNorm affine at random instead of torch's constant init");
   cmd->add_option("--max-elements", o->max_elements, "Refuse cases whose largest tensor exceeds this many elements")
-      ->check(size)->capture_default_str();
+      ->check(size)
+      ->capture_default_str();
   add_format_option(*cmd, o->format);
   cmd->callback([o, &action] { action = [o] { return run(*o); }; });
 }

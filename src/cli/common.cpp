@@ -11,7 +11,8 @@ namespace tparity::cli {
 
 void add_format_option(CLI::App& cmd, Format& format) {
   cmd.add_option("--format", format, "Output: table (human) or json (one document)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, Format>{{"table", Format::Table}, {"json", Format::Json}}))
+      ->transform(
+          CLI::CheckedTransformer(std::map<std::string, Format>{{"table", Format::Table}, {"json", Format::Json}}))
       ->default_str("table");
 }
 
@@ -22,7 +23,10 @@ int emit(const std::vector<CaseReport>& reports, Format format) {
     std::fputs((to_json(reports).dump(2) + "\n").c_str(), stdout);
   } else {
     for (const CaseReport& r : reports) std::fputs((render_table(r) + "\n").c_str(), stdout);
-    std::fputs(fmt::format("{} case(s): {} passed, {} failed\n", reports.size(), reports.size() - size_t(failed), failed).c_str(), stdout);
+    std::fputs(
+        fmt::format("{} case(s): {} passed, {} failed\n", reports.size(), reports.size() - size_t(failed), failed)
+            .c_str(),
+        stdout);
   }
   return failed ? kFail : kPass;
 }

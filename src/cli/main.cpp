@@ -18,6 +18,16 @@ int main(int argc, char** argv) {
   cli::register_run(app, action);
   cli::register_eval(app, action);
   cli::register_check(app, action);
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string sub = argv[1];
+    bool known = false;
+    for (const CLI::App* s : app.get_subcommands({})) known = known || s->get_name() == sub;
+    if (!known) {
+      std::fprintf(stderr, "tparity: unknown subcommand \"%s\": expected run, eval or check (see tparity --help)\n",
+                   sub.c_str());
+      return cli::kBadInput;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

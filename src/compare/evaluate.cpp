@@ -37,8 +37,10 @@ CaseReport evaluate_problem(const Problem& p, const std::string& description, st
   const TorchRun t32 = run_torch(p, DType::Float32, true, where);
   add_reference_notes(r, t64, "torch64");
   add_reference_notes(r, t32, "torch32");
-  const Implementations impls{{"hand64", &h64.components}, {"hand32", &h32.components},
-                              {"torch64", &t64.result.components}, {"torch32", &t32.result.components}};
+  const Implementations impls{{"hand64", &h64.components},
+                              {"hand32", &h32.components},
+                              {"torch64", &t64.result.components},
+                              {"torch32", &t32.result.components}};
   compare_components(r, component_names(p), impls, standard_legs(), policy, {"hand64", "hand32", "torch64", "torch32"});
   return r;
 }
@@ -57,8 +59,10 @@ std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where
   // The stored outputs: Python PyTorch's.
   Components torch64, torch32, lt64, lt32;
   const bool stored64 = !p.outputs.empty() && p.outputs.at("output").dtype == DType::Float64;
-  if (stored64) torch64 = outputs_as_components(p.outputs);
-  else if (!p.outputs.empty()) torch32 = outputs_as_components(p.outputs);
+  if (stored64)
+    torch64 = outputs_as_components(p.outputs);
+  else if (!p.outputs.empty())
+    torch32 = outputs_as_components(p.outputs);
   if (!p.outputs_float32.empty()) torch32 = outputs_as_components(p.outputs_float32);
   if (p.outputs.empty() && p.outputs_float32.empty())
     throw InputError(where + ": outputs: missing (check compares against the outputs PyTorch stored in the fixture)");
@@ -86,20 +90,26 @@ std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where
     // Every component, against the LibTorch decomposition (verified just above by its outputs).
     CaseReport cr;
     cr.name = p.name + "/components";
-    cr.description = "every component against the LibTorch decomposition, which the fixture's leg libtorch64_vs_torch64 verifies";
+    cr.description =
+        "every component against the LibTorch decomposition, which the fixture's leg libtorch64_vs_torch64 verifies";
     cr.config = r.config;
-    const Implementations impls{{"hand64", &h64.components}, {"hand32", &h32.components},
-                                {"torch64", &t64.result.components}, {"torch32", &t32.result.components}};
-    compare_components(cr, component_names(p), impls, standard_legs(), policy, {"hand64", "hand32", "torch64", "torch32"});
+    const Implementations impls{{"hand64", &h64.components},
+                                {"hand32", &h32.components},
+                                {"torch64", &t64.result.components},
+                                {"torch32", &t32.result.components}};
+    compare_components(cr, component_names(p), impls, standard_legs(), policy,
+                       {"hand64", "hand32", "torch64", "torch32"});
     reports.push_back(std::move(cr));
   }
   if (torch64.empty())
-    throw InputError(where + ": outputs: the fixture stores no float64 outputs and tparity was built without LibTorch, "
-                             "so the float64 semantics cannot be checked (export the fixture in float64)");
+    throw InputError(where +
+                     ": outputs: the fixture stores no float64 outputs and tparity was built without LibTorch, "
+                     "so the float64 semantics cannot be checked (export the fixture in float64)");
   if (torch32.empty())
-    throw InputError(where + ": outputs_float32: missing, and tparity was built without LibTorch, so there is no "
-                             "float32 error to judge the hand core's float32 run by");
-  const Implementations impls{{"hand64", &hand64}, {"hand32", &hand32}, {"torch64", &torch64},
+    throw InputError(where +
+                     ": outputs_float32: missing, and tparity was built without LibTorch, so there is no "
+                     "float32 error to judge the hand core's float32 run by");
+  const Implementations impls{{"hand64", &hand64},   {"hand32", &hand32},   {"torch64", &torch64},
                               {"torch32", &torch32}, {"libtorch64", &lt64}, {"libtorch32", &lt32}};
   std::vector<std::string> names{"output"};
   if (p.module == ModuleKind::MultiheadAttention && p.forward.need_weights) names.push_back("attn_weights");

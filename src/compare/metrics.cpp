@@ -29,9 +29,12 @@ Metrics measure(const Tensor<double>& a, const Tensor<double>& b) {
     const double x = a.data[size_t(i)], y = b.data[size_t(i)];
     const bool fx = std::isfinite(x), fy = std::isfinite(y);
     if (!fx || !fy) {
-      if (std::isnan(x) && std::isnan(y)) ++m.nan_matched;
-      else if (std::isinf(x) && x == y) ++m.inf_matched;
-      else if (m.nonfinite_mismatch++ == 0) m.first_mismatch_index = unravel(i, a.shape);
+      if (std::isnan(x) && std::isnan(y))
+        ++m.nan_matched;
+      else if (std::isinf(x) && x == y)
+        ++m.inf_matched;
+      else if (m.nonfinite_mismatch++ == 0)
+        m.first_mismatch_index = unravel(i, a.shape);
       continue;
     }
     const double d = std::fabs(x - y);

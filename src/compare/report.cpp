@@ -8,10 +8,14 @@ namespace tparity {
 
 std::string role_name(LegRole r) {
   switch (r) {
-    case LegRole::Semantic: return "semantic";
-    case LegRole::Numeric: return "numeric";
-    case LegRole::Noise: return "noise";
-    case LegRole::Report: return "report";
+    case LegRole::Semantic:
+      return "semantic";
+    case LegRole::Numeric:
+      return "numeric";
+    case LegRole::Noise:
+      return "noise";
+    case LegRole::Report:
+      return "report";
   }
   return "?";
 }
@@ -86,15 +90,20 @@ std::string render_table(const CaseReport& r) {
         inf = std::max(inf, l->m.inf_matched);
         switch (role) {
           case LegRole::Semantic:
-          case LegRole::Numeric: row += fmt::format(" {:>9} {:>9}", sci(l->m.rel_l2), sci(l->bound)); break;
-          case LegRole::Noise: row += fmt::format(" {:>9}", sci(l->m.rel_l2)); break;
+          case LegRole::Numeric:
+            row += fmt::format(" {:>9} {:>9}", sci(l->m.rel_l2), sci(l->bound));
+            break;
+          case LegRole::Noise:
+            row += fmt::format(" {:>9}", sci(l->m.rel_l2));
+            break;
           case LegRole::Report:
             row += fmt::format(" {:>9} {:>9} {:>9}", sci(l->m.l2), sci(l->m.rel_l2), sci(l->m.max_abs));
             break;
         }
       }
       row += fmt::format("  {:<7}", c.pass ? "PASS" : "FAIL");
-      if (nan || inf) row += fmt::format("  {}{}", nan ? fmt::format("nan {} ", nan) : "", inf ? fmt::format("inf {}", inf) : "");
+      if (nan || inf)
+        row += fmt::format("  {}{}", nan ? fmt::format("nan {} ", nan) : "", inf ? fmt::format("inf {}", inf) : "");
       out += row + "\n";
     }
   }
@@ -126,8 +135,8 @@ nlohmann::json to_json(const CaseReport& r) {
     }
     comps.push_back({{"name", c.name}, {"shape", c.shape}, {"pass", c.pass}, {"legs", std::move(legs)}});
   }
-  nlohmann::json j = {{"name", r.name},       {"description", r.description}, {"config", r.config},
-                      {"pass", r.pass},       {"components", std::move(comps)}, {"failures", r.failures},
+  nlohmann::json j = {{"name", r.name},  {"description", r.description},   {"config", r.config},
+                      {"pass", r.pass},  {"components", std::move(comps)}, {"failures", r.failures},
                       {"notes", r.notes}};
   j["seed"] = r.has_seed ? nlohmann::json(r.seed) : nlohmann::json(nullptr);
   return j;

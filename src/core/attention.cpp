@@ -4,8 +4,8 @@
 #include <limits>
 #include <string>
 
-#include "tparity/core/ops.hpp"
 #include "layout.hpp"
+#include "tparity/core/ops.hpp"
 
 namespace tparity {
 
@@ -88,8 +88,10 @@ class MergedMask {
     if (j >= S0_) return T(0);
     const int64_t ai = attn_.present() ? ((attn3d_ ? (b * H_ + h) * L_ : 0) + i) * S0_ + j : 0;
     const int64_t ki = b * S0_ + j;
-    if (!kpm_.present()) return attn_.is_bool() ? (attn_.bools.data[size_t(ai)] ? ninf : T(0)) : attn_.floats.data[size_t(ai)];
-    if (!attn_.present()) return kpm_.is_bool() ? (kpm_.bools.data[size_t(ki)] ? ninf : T(0)) : kpm_.floats.data[size_t(ki)];
+    if (!kpm_.present())
+      return attn_.is_bool() ? (attn_.bools.data[size_t(ai)] ? ninf : T(0)) : attn_.floats.data[size_t(ai)];
+    if (!attn_.present())
+      return kpm_.is_bool() ? (kpm_.bools.data[size_t(ki)] ? ninf : T(0)) : kpm_.floats.data[size_t(ki)];
     if (attn_.is_bool()) {  // attn_mask.logical_or(key_padding_mask): a nonzero float key counts as true
       const bool k = kpm_.is_bool() ? kpm_.bools.data[size_t(ki)] != 0 : kpm_.floats.data[size_t(ki)] != T(0);
       return (attn_.bools.data[size_t(ai)] || k) ? ninf : T(0);
@@ -112,8 +114,7 @@ void qdotk(T* scores, const T* q, const T* k, int64_t G, int64_t L, int64_t S, i
   // q is (G, L, E), k is (G, S, E); scores will be (G, L, S)
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i = 0; i < L; ++i)
-      for (int64_t j = 0; j < S; ++j)
-        scores[(g * L + i) * S + j] = dot(q + (g * L + i) * E, k + (g * S + j) * E, E);
+      for (int64_t j = 0; j < S; ++j) scores[(g * L + i) * S + j] = dot(q + (g * L + i) * E, k + (g * S + j) * E, E);
 }
 
 template <class T>
@@ -162,7 +163,9 @@ Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
       for (int64_t j = 0; j < S; ++j) {
         T& s = scores.data[size_t((g * L + i) * S + j)];
         s = s / scale;
-        if (mask.present()) s = s + (mask.is_bool() ? (mask.bools.data[size_t(i * S + j)] ? ninf : T(0)) : mask.floats.data[size_t(i * S + j)]);
+        if (mask.present())
+          s = s + (mask.is_bool() ? (mask.bools.data[size_t(i * S + j)] ? ninf : T(0))
+                                  : mask.floats.data[size_t(i * S + j)]);
       }
   if (obs) obs->on("scores", scores);
   Tensor<T>& weights = scores;  // softmax in place
@@ -175,27 +178,35 @@ Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
 }
 
 template <class T>
-MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
-                          const MhaInputs<T>& in, Observer<T>* obs) {
+MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputs<T>& in,
+                          Observer<T>* obs) {
   const int64_t E = cfg.embed_dim, H = cfg.num_heads;
-  if (E <= 0 || H <= 0) throw ShapeError("config: embed_dim and num_heads must be positive, got embed_dim=" + std::to_string(E) + ", num_heads=" + std::to_string(H));
-  if (E % H != 0) throw ShapeError("config: embed_dim " + std::to_string(E) + " is not divisible by num_heads " + std::to_string(H));
+  if (E <= 0 || H <= 0)
+    throw ShapeError("config: embed_dim and num_heads must be positive, got embed_dim=" + std::to_string(E) +
+                     ", num_heads=" + std::to_string(H));
+  if (E % H != 0)
+    throw ShapeError("config: embed_dim " + std::to_string(E) + " is not divisible by num_heads " + std::to_string(H));
   const int64_t D = E / H, KD = cfg.key_dim(), VD = cfg.value_dim();
 
   // ---- layout: everything below is batched and batch-first -------------------------------------
   const bool batched = in.query.dim() == 3;
   if (in.query.dim() != 2 && in.query.dim() != 3) shape_error("query", "2 dims (L, E) or 3 dims", in.query.shape);
-  if (in.key.dim() != in.query.dim()) shape_error("key", std::to_string(in.query.dim()) + " dims like query", in.key.shape);
-  if (in.value.dim() != in.query.dim()) shape_error("value", std::to_string(in.query.dim()) + " dims like query", in.value.shape);
+  if (in.key.dim() != in.query.dim())
+    shape_error("key", std::to_string(in.query.dim()) + " dims like query", in.key.shape);
+  if (in.value.dim() != in.query.dim())
+    shape_error("value", std::to_string(in.query.dim()) + " dims like query", in.value.shape);
   auto canon = [&](const Tensor<T>& x) { return detail::to_batch_first(x, batched, cfg.batch_first); };
   const Tensor<T> query = canon(in.query), key = canon(in.key), value = canon(in.value);
   const int64_t B = query.size(0), L = query.size(1), S0 = key.size(1);
   const std::string layout = batched ? (cfg.batch_first ? "(B, L, ·)" : "(L, B, ·)") : "(L, ·)";
-  if (query.size(2) != E) shape_error("query", "last dim embed_dim = " + std::to_string(E) + " in layout " + layout, in.query.shape);
+  if (query.size(2) != E)
+    shape_error("query", "last dim embed_dim = " + std::to_string(E) + " in layout " + layout, in.query.shape);
   if (key.size(2) != KD) shape_error("key", "last dim kdim = " + std::to_string(KD), in.key.shape);
   if (value.size(2) != VD) shape_error("value", "last dim vdim = " + std::to_string(VD), in.value.shape);
-  if (key.size(0) != B) shape_error("key", "batch " + std::to_string(B) + " like query in layout " + layout, in.key.shape);
-  if (value.size(0) != B || value.size(1) != S0) shape_error("value", "the same batch and sequence as key " + to_string(in.key.shape), in.value.shape);
+  if (key.size(0) != B)
+    shape_error("key", "batch " + std::to_string(B) + " like query in layout " + layout, in.key.shape);
+  if (value.size(0) != B || value.size(1) != S0)
+    shape_error("value", "the same batch and sequence as key " + to_string(in.key.shape), in.value.shape);
 
   // ---- masks: shapes as torch 1.13's _mha_shape_check and multi_head_attention_forward --------
   if (in.attn_mask.present()) {
@@ -204,21 +215,29 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
     if (ms.size() == 2) {
       if (ms != Shape{L, S0}) shape_error("attn_mask", dims({L, S0}) + " (L, S) or " + dims({G0, L, S0}), ms);
     } else if (ms.size() == 3) {
-      if (ms != Shape{G0, L, S0}) shape_error("attn_mask", dims({G0, L, S0}) + (batched ? " (B*num_heads, L, S)" : " (num_heads, L, S)") + " or " + dims({L, S0}), ms);
+      if (ms != Shape{G0, L, S0})
+        shape_error(
+            "attn_mask",
+            dims({G0, L, S0}) + (batched ? " (B*num_heads, L, S)" : " (num_heads, L, S)") + " or " + dims({L, S0}), ms);
     } else {
       shape_error("attn_mask", "2 or 3 dims", ms);
     }
   }
   if (in.key_padding_mask.present()) {
     const Shape want = batched ? Shape{B, S0} : Shape{S0};
-    if (in.key_padding_mask.shape() != want) shape_error("key_padding_mask", "shape " + to_string(want) + (batched ? " (B, S)" : " (S)"), in.key_padding_mask.shape());
+    if (in.key_padding_mask.shape() != want)
+      shape_error("key_padding_mask", "shape " + to_string(want) + (batched ? " (B, S)" : " (S)"),
+                  in.key_padding_mask.shape());
   }
 
   // ---- weights -----------------------------------------------------------------------------------
   auto need = [](const Tensor<T>& t, const std::string& name, const Shape& s) {
-    if (t.shape != s) throw ShapeError("state_dict." + name + ": expected shape " + to_string(s) + ", got " + (t.empty() ? std::string("none") : to_string(t.shape)));
+    if (t.shape != s)
+      throw ShapeError("state_dict." + name + ": expected shape " + to_string(s) + ", got " +
+                       (t.empty() ? std::string("none") : to_string(t.shape)));
   };
-  if (cfg.packed()) need(w.in_proj_weight, "in_proj_weight", {3 * E, E});
+  if (cfg.packed())
+    need(w.in_proj_weight, "in_proj_weight", {3 * E, E});
   else {
     need(w.q_proj_weight, "q_proj_weight", {E, E});
     need(w.k_proj_weight, "k_proj_weight", {E, KD});
@@ -288,7 +307,8 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   const Tensor<T> context = merge_heads(ctx_heads);
   if (obs) obs->on("context", context);
   Tensor<T> out({B, L, E});
-  linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), cfg.bias ? w.out_proj_bias.ptr() : nullptr, B * L, E, E);
+  linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), cfg.bias ? w.out_proj_bias.ptr() : nullptr, B * L,
+                 E, E);
   if (obs) obs->on("output", out);
 
   MhaOutputs<T> result;
@@ -312,12 +332,12 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   return result;
 }
 
-#define TPARITY_INSTANTIATE(T)                                                                       \
-  template void qdotk<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);               \
-  template void weighted_sum_v<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);      \
-  template Tensor<T> sdpa_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,          \
-                                     const Mask<T>&, Observer<T>*);                                 \
-  template MhaOutputs<T> mha_forward<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&, \
+#define TPARITY_INSTANTIATE(T)                                                                             \
+  template void qdotk<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                      \
+  template void weighted_sum_v<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);             \
+  template Tensor<T> sdpa_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Mask<T>&, \
+                                     Observer<T>*);                                                        \
+  template MhaOutputs<T> mha_forward<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,         \
                                         const MhaInputs<T>&, Observer<T>*);
 TPARITY_INSTANTIATE(float)
 TPARITY_INSTANTIATE(double)

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "tparity/core/ops.hpp"
 #include "layout.hpp"
+#include "tparity/core/ops.hpp"
 
 namespace tparity {
 
@@ -19,14 +19,15 @@ void need(const Tensor<T>& t, const std::string& name, const Shape& s) {
 }  // namespace
 
 template <class T>
-Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T>& w,
-                                const EncoderInputs<T>& in, Observer<T>* obs) {
+Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T>& w, const EncoderInputs<T>& in,
+                                Observer<T>* obs) {
   const int64_t d = cfg.d_model, F = cfg.dim_feedforward;
   if (F <= 0) throw ShapeError("config: dim_feedforward must be positive, got " + std::to_string(F));
   if (in.src.dim() != 2 && in.src.dim() != 3)
     throw ShapeError("src: expected 2 dims (T, d_model) or 3 dims, got shape " + to_string(in.src.shape));
   if (in.src.size(-1) != d)
-    throw ShapeError("src: expected last dim d_model = " + std::to_string(d) + ", got shape " + to_string(in.src.shape));
+    throw ShapeError("src: expected last dim d_model = " + std::to_string(d) + ", got shape " +
+                     to_string(in.src.shape));
   need(w.linear1_weight, "linear1.weight", {F, d});
   need(w.linear1_bias, "linear1.bias", {F});
   need(w.linear2_weight, "linear2.weight", {d, F});
@@ -58,9 +59,7 @@ Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T
     ain.query = inp;
     ain.key = inp;
     ain.value = inp;
-    return mha_forward(acfg, MhaForward{false, true}, w.self_attn, ain,
-                       PrefixObserver<T>::wrap(obs, sa_obs))
-        .output;
+    return mha_forward(acfg, MhaForward{false, true}, w.self_attn, ain, PrefixObserver<T>::wrap(obs, sa_obs)).output;
   };
   const T eps = T(cfg.layer_norm_eps);
   auto layer_norm = [&](const Tensor<T>& inp, const Tensor<T>& g, const Tensor<T>& b) {
@@ -71,8 +70,10 @@ Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T
   auto feed_forward = [&](const Tensor<T>& inp) {
     Tensor<T> hidden(Shape{inp.size(0), inp.size(1), F});
     linear_forward(hidden.ptr(), inp.ptr(), w.linear1_weight.ptr(), w.linear1_bias.ptr(), N, d, F);
-    if (cfg.activation == Activation::Relu) relu_forward(hidden.ptr(), hidden.ptr(), hidden.numel());
-    else gelu_forward(hidden.ptr(), hidden.ptr(), hidden.numel());
+    if (cfg.activation == Activation::Relu)
+      relu_forward(hidden.ptr(), hidden.ptr(), hidden.numel());
+    else
+      gelu_forward(hidden.ptr(), hidden.ptr(), hidden.numel());
     if (obs) obs->on("ffn_hidden", hidden);
     Tensor<T> out(inp.shape);
     linear_forward(out.ptr(), hidden.ptr(), w.linear2_weight.ptr(), w.linear2_bias.ptr(), N, F, d);

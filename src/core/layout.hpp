@@ -12,8 +12,7 @@ Tensor<T> swap01(const Tensor<T>& x) {
   Tensor<T> y({B, A, E});
   for (int64_t a = 0; a < A; ++a)
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t e = 0; e < E; ++e)
-        y.data[size_t((b * A + a) * E + e)] = x.data[size_t((a * B + b) * E + e)];
+      for (int64_t e = 0; e < E; ++e) y.data[size_t((b * A + a) * E + e)] = x.data[size_t((a * B + b) * E + e)];
   return y;
 }
 

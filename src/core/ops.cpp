@@ -27,8 +27,7 @@ T sum(const T* x, int64_t n) {
 }
 
 template <class T>
-void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
-                    int64_t OC) {
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC) {
   // inp is (N, C), weight is (OC, C), bias is (OC)
   // out will be (N, OC)
   for (int64_t n = 0; n < N; ++n) {
@@ -57,8 +56,7 @@ void softmax_forward(T* out, const T* inp, int64_t N, int64_t C) {
 }
 
 template <class T>
-void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N,
-                       int64_t C) {
+void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N, int64_t C) {
   // inp is (N, C), weight and bias are (C)
   // out will be (N, C)
   // Two passes (mean, then the mean of squared deviations): no cancellation between E[x^2] and
@@ -72,8 +70,7 @@ void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T e
       const T d = x[c] - mean;
       acc[c & 7] += d * d;
     }
-    const T var =
-        (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) / T(C);
+    const T var = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) / T(C);
     const T rstd = T(1) / std::sqrt(var + eps);
     for (int64_t c = 0; c < C; ++c) {
       T v = (x[c] - mean) * rstd;
@@ -104,14 +101,14 @@ void add_forward(T* out, const T* a, const T* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-#define TPARITY_INSTANTIATE(T)                                                                \
-  template T dot<T>(const T*, const T*, int64_t);                                             \
-  template T sum<T>(const T*, int64_t);                                                       \
+#define TPARITY_INSTANTIATE(T)                                                                  \
+  template T dot<T>(const T*, const T*, int64_t);                                               \
+  template T sum<T>(const T*, int64_t);                                                         \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
-  template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                           \
-  template void layernorm_forward<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t);  \
-  template void relu_forward<T>(T*, const T*, int64_t);                                       \
-  template void gelu_forward<T>(T*, const T*, int64_t);                                       \
+  template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                             \
+  template void layernorm_forward<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t);    \
+  template void relu_forward<T>(T*, const T*, int64_t);                                         \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                         \
   template void add_forward<T>(T*, const T*, const T*, int64_t);
 TPARITY_INSTANTIATE(float)
 TPARITY_INSTANTIATE(double)

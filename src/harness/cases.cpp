@@ -5,14 +5,20 @@
 #include <cmath>
 #include <limits>
 
+#include "tparity/harness/rng.hpp"
+
 namespace tparity {
 
 std::string mask_kind_name(MaskKind m) {
   switch (m) {
-    case MaskKind::None: return "none";
-    case MaskKind::Causal: return "causal";
-    case MaskKind::Random: return "random";
-    case MaskKind::Padding: return "padding";
+    case MaskKind::None:
+      return "none";
+    case MaskKind::Causal:
+      return "causal";
+    case MaskKind::Random:
+      return "random";
+    case MaskKind::Padding:
+      return "padding";
   }
   return "?";
 }
@@ -59,41 +65,6 @@ std::vector<CaseSpec> default_cases() {
 
 namespace {
 
-// xoshiro256** seeded through splitmix64: the same stream on every platform, unlike
-// std::normal_distribution, whose algorithm the standard leaves to the library.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) {
-    for (uint64_t& s : s_) {
-      seed += 0x9e3779b97f4a7c15ULL;
-      uint64_t z = seed;
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-      s = z ^ (z >> 31);
-    }
-  }
-  uint64_t next() {
-    const uint64_t result = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return result;
-  }
-  double uniform() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
-  double normal() {  // Box-Muller
-    const double u1 = 1.0 - uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-
- private:
-  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t s_[4];
-};
-
 DTensor uniform(Rng& rng, Shape shape, double bound) {
   DTensor t{DType::Float64, shape, {}};
   t.data.resize(size_t(numel(shape)));
@@ -120,7 +91,8 @@ double linear_bound(int64_t fan_in) { return 1.0 / std::sqrt(double(fan_in)); }
 void mha_params(Rng& rng, const MhaConfig& c, bool random_params, const std::string& prefix, TensorMap& sd) {
   const int64_t E = c.embed_dim;
   // in_proj: xavier_uniform_ on the (3E, E) matrix, or on each (E, kdim|vdim) matrix.
-  if (c.packed()) sd[prefix + "in_proj_weight"] = uniform(rng, {3 * E, E}, std::sqrt(6.0 / double(E + 3 * E)));
+  if (c.packed())
+    sd[prefix + "in_proj_weight"] = uniform(rng, {3 * E, E}, std::sqrt(6.0 / double(E + 3 * E)));
   else {
     sd[prefix + "q_proj_weight"] = uniform(rng, {E, E}, std::sqrt(6.0 / double(2 * E)));
     sd[prefix + "k_proj_weight"] = uniform(rng, {E, c.key_dim()}, std::sqrt(6.0 / double(E + c.key_dim())));
@@ -141,7 +113,8 @@ void mha_params(Rng& rng, const MhaConfig& c, bool random_params, const std::str
 void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::string& attn_name,
                const std::string& kpm_name, TensorMap& in) {
   switch (s.mask) {
-    case MaskKind::None: break;
+    case MaskKind::None:
+      break;
     case MaskKind::Causal: {  // the seeds' float mask: torch.triu(-inf * ones(L, S), 1)
       DTensor m = constant({L, S}, 0.0);
       for (int64_t i = 0; i < L; ++i)
@@ -157,7 +130,8 @@ void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::str
       break;
     }
     case MaskKind::Padding: {  // bool key padding: element b ignores its last (b * 3) % ceil(S/2) keys
-      if (kpm_name.empty()) throw InputError("option --mask: padding needs a key_padding_mask; " + module_name(s.module) + " has none");
+      if (kpm_name.empty())
+        throw InputError("option --mask: padding needs a key_padding_mask; " + module_name(s.module) + " has none");
       const int64_t B = s.batch ? s.batch : 1;
       DTensor m{DType::Bool, s.batch ? Shape{B, S} : Shape{S}, std::vector<double>(size_t(B * S), 0.0)};
       for (int64_t b = 0; b < B; ++b) {
@@ -178,7 +152,8 @@ Problem make_problem(const CaseSpec& s) {
   auto positive = [&](const char* what, int64_t v) {
     if (v <= 0) throw InputError(fmt::format("case {}: {} must be positive, got {}", s.name, what, v));
   };
-  if (s.batch < 0) throw InputError(fmt::format("case {}: batch must be >= 0 (0 = unbatched), got {}", s.name, s.batch));
+  if (s.batch < 0)
+    throw InputError(fmt::format("case {}: batch must be >= 0 (0 = unbatched), got {}", s.name, s.batch));
   positive("seq", s.seq);
   positive("dim", s.dim);
   positive("heads", s.heads);
@@ -210,7 +185,8 @@ Problem make_problem(const CaseSpec& s) {
       positive("ffn", s.ffn);
       if (s.dim % s.heads)
         throw InputError(fmt::format("case {}: heads {} does not divide dim {}", s.name, s.heads, s.dim));
-      if (!self) throw InputError(fmt::format("case {}: kv-seq does not apply to a self-attention encoder layer", s.name));
+      if (!self)
+        throw InputError(fmt::format("case {}: kv-seq does not apply to a self-attention encoder layer", s.name));
       EncoderConfig& c = p.encoder;
       c.d_model = s.dim;
       c.nhead = s.heads;

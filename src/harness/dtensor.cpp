@@ -4,9 +4,12 @@ namespace tparity {
 
 std::string dtype_name(DType d) {
   switch (d) {
-    case DType::Float32: return "float32";
-    case DType::Float64: return "float64";
-    case DType::Bool: return "bool";
+    case DType::Float32:
+      return "float32";
+    case DType::Float64:
+      return "float64";
+    case DType::Bool:
+      return "bool";
   }
   return "?";
 }

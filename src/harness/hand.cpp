@@ -57,8 +57,8 @@ RunResult run(const Problem& p, bool collect) {
   Observer<T>* obs = collect ? &collector : nullptr;
   switch (p.module) {
     case ModuleKind::MultiheadAttention: {
-      MhaInputs<T> in{input<T>(p, "query"), input<T>(p, "key"), input<T>(p, "value"),
-                      to_mask<T>(p.input("attn_mask")), to_mask<T>(p.input("key_padding_mask"))};
+      MhaInputs<T> in{input<T>(p, "query"), input<T>(p, "key"), input<T>(p, "value"), to_mask<T>(p.input("attn_mask")),
+                      to_mask<T>(p.input("key_padding_mask"))};
       MhaOutputs<T> out = mha_forward(p.mha, p.forward, mha_weights<T>(p, ""), in, obs);
       r.outputs["output"] = to_dtensor(out.output);
       if (p.forward.need_weights) r.outputs["attn_weights"] = to_dtensor(out.attn_weights);
@@ -113,7 +113,8 @@ std::vector<std::string> component_names(const Problem& p) {
       return n;
     }
     case ModuleKind::TransformerEncoderLayer: {
-      const std::vector<std::string> sa{"sa.q", "sa.k", "sa.v", "sa.scores", "sa.attn_weights", "sa.context", "sa_output"};
+      const std::vector<std::string> sa{"sa.q",       "sa.k",     "sa.v", "sa.scores", "sa.attn_weights",
+                                        "sa.context", "sa_output"};
       std::vector<std::string> n;
       if (p.encoder.norm_first) {
         n.push_back("norm1");
@@ -126,7 +127,8 @@ std::vector<std::string> component_names(const Problem& p) {
       n.insert(n.end(), {"ffn_hidden", "ffn_output", "output"});
       return n;
     }
-    case ModuleKind::ScaledDotProductAttention: return {"scores", "attn_weights", "output"};
+    case ModuleKind::ScaledDotProductAttention:
+      return {"scores", "attn_weights", "output"};
   }
   return {};
 }

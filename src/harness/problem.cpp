@@ -8,19 +8,21 @@ namespace tparity {
 
 std::string module_name(ModuleKind m) {
   switch (m) {
-    case ModuleKind::MultiheadAttention: return "MultiheadAttention";
-    case ModuleKind::TransformerEncoderLayer: return "TransformerEncoderLayer";
-    case ModuleKind::ScaledDotProductAttention: return "ScaledDotProductAttention";
+    case ModuleKind::MultiheadAttention:
+      return "MultiheadAttention";
+    case ModuleKind::TransformerEncoderLayer:
+      return "TransformerEncoderLayer";
+    case ModuleKind::ScaledDotProductAttention:
+      return "ScaledDotProductAttention";
   }
   return "?";
 }
 
 ModuleKind module_from_name(const std::string& name) {
-  for (ModuleKind m : {ModuleKind::MultiheadAttention, ModuleKind::TransformerEncoderLayer,
-                       ModuleKind::ScaledDotProductAttention})
+  for (ModuleKind m :
+       {ModuleKind::MultiheadAttention, ModuleKind::TransformerEncoderLayer, ModuleKind::ScaledDotProductAttention})
     if (module_name(m) == name) return m;
-  throw std::invalid_argument("expected \"MultiheadAttention\" or \"TransformerEncoderLayer\", got \"" +
-                              name + "\"");
+  throw std::invalid_argument("expected \"MultiheadAttention\" or \"TransformerEncoderLayer\", got \"" + name + "\"");
 }
 
 namespace {
@@ -50,7 +52,9 @@ void mha_state(const MhaConfig& c, const std::string& prefix, std::vector<std::p
 std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p) {
   std::vector<std::pair<std::string, Shape>> out;
   switch (p.module) {
-    case ModuleKind::MultiheadAttention: mha_state(p.mha, "", out); break;
+    case ModuleKind::MultiheadAttention:
+      mha_state(p.mha, "", out);
+      break;
     case ModuleKind::TransformerEncoderLayer: {
       const EncoderConfig& c = p.encoder;
       mha_state(c.self_attn(), "self_attn.", out);
@@ -64,7 +68,8 @@ std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p)
       }
       break;
     }
-    case ModuleKind::ScaledDotProductAttention: break;  // no parameters
+    case ModuleKind::ScaledDotProductAttention:
+      break;  // no parameters
   }
   return out;
 }
@@ -72,8 +77,11 @@ std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p)
 std::vector<InputSpec> expected_inputs(ModuleKind m) {
   switch (m) {
     case ModuleKind::MultiheadAttention:
-      return {{"query", true, false}, {"key", true, false}, {"value", true, false},
-              {"attn_mask", false, true}, {"key_padding_mask", false, true}};
+      return {{"query", true, false},
+              {"key", true, false},
+              {"value", true, false},
+              {"attn_mask", false, true},
+              {"key_padding_mask", false, true}};
     case ModuleKind::TransformerEncoderLayer:
       return {{"src", true, false}, {"src_mask", false, true}, {"src_key_padding_mask", false, true}};
     case ModuleKind::ScaledDotProductAttention:
@@ -94,7 +102,8 @@ void validate(const Problem& p, const std::string& where) {
       positive("kdim", p.mha.key_dim());
       positive("vdim", p.mha.value_dim());
       if (p.mha.embed_dim % p.mha.num_heads)
-        fail(fmt::format("config.num_heads: expected a divisor of embed_dim {}, got {}", p.mha.embed_dim, p.mha.num_heads));
+        fail(fmt::format("config.num_heads: expected a divisor of embed_dim {}, got {}", p.mha.embed_dim,
+                         p.mha.num_heads));
       break;
     case ModuleKind::TransformerEncoderLayer:
       positive("d_model", p.encoder.d_model);
@@ -105,20 +114,25 @@ void validate(const Problem& p, const std::string& where) {
       if (!(p.encoder.layer_norm_eps > 0))
         fail(fmt::format("config.layer_norm_eps: expected a positive number, got {}", p.encoder.layer_norm_eps));
       break;
-    case ModuleKind::ScaledDotProductAttention: break;
+    case ModuleKind::ScaledDotProductAttention:
+      break;
   }
 
   std::set<std::string> seen;
   for (const auto& [name, shape] : expected_state_dict(p)) {
     seen.insert(name);
     auto it = p.state_dict.find(name);
-    if (it == p.state_dict.end()) fail(fmt::format("state_dict.{}: missing (expected shape {})", name, to_string(shape)));
-    if (it->second.dtype == DType::Bool) fail(fmt::format("state_dict.{}: expected a float32 or float64 tensor, got bool", name));
+    if (it == p.state_dict.end())
+      fail(fmt::format("state_dict.{}: missing (expected shape {})", name, to_string(shape)));
+    if (it->second.dtype == DType::Bool)
+      fail(fmt::format("state_dict.{}: expected a float32 or float64 tensor, got bool", name));
     if (it->second.shape != shape)
-      fail(fmt::format("state_dict.{}: expected shape {}, got {}", name, to_string(shape), to_string(it->second.shape)));
+      fail(
+          fmt::format("state_dict.{}: expected shape {}, got {}", name, to_string(shape), to_string(it->second.shape)));
   }
   for (const auto& [name, t] : p.state_dict)
-    if (!seen.count(name)) fail(fmt::format("state_dict.{}: unexpected entry for {} with this config", name, module_name(p.module)));
+    if (!seen.count(name))
+      fail(fmt::format("state_dict.{}: unexpected entry for {} with this config", name, module_name(p.module)));
 
   seen.clear();
   for (const InputSpec& s : expected_inputs(p.module)) {
@@ -128,7 +142,8 @@ void validate(const Problem& p, const std::string& where) {
       if (s.required) fail(fmt::format("inputs.{}: missing", s.name));
       continue;
     }
-    if (!s.is_mask && t->dtype == DType::Bool) fail(fmt::format("inputs.{}: expected a float32 or float64 tensor, got bool", s.name));
+    if (!s.is_mask && t->dtype == DType::Bool)
+      fail(fmt::format("inputs.{}: expected a float32 or float64 tensor, got bool", s.name));
   }
   for (const auto& [name, t] : p.inputs)
     if (!seen.count(name)) fail(fmt::format("inputs.{}: not an argument of {}.forward()", name, module_name(p.module)));
@@ -139,25 +154,34 @@ nlohmann::json config_json(const Problem& p) {
   switch (p.module) {
     case ModuleKind::MultiheadAttention: {
       const MhaConfig& c = p.mha;
-      j = {{"embed_dim", c.embed_dim}, {"num_heads", c.num_heads}, {"bias", c.bias},
+      j = {{"embed_dim", c.embed_dim},     {"num_heads", c.num_heads},         {"bias", c.bias},
            {"add_bias_kv", c.add_bias_kv}, {"add_zero_attn", c.add_zero_attn}, {"kdim", c.key_dim()},
-           {"vdim", c.value_dim()}, {"batch_first", c.batch_first}};
+           {"vdim", c.value_dim()},        {"batch_first", c.batch_first}};
       break;
     }
     case ModuleKind::TransformerEncoderLayer: {
       const EncoderConfig& c = p.encoder;
-      j = {{"d_model", c.d_model}, {"nhead", c.nhead}, {"dim_feedforward", c.dim_feedforward},
+      j = {{"d_model", c.d_model},
+           {"nhead", c.nhead},
+           {"dim_feedforward", c.dim_feedforward},
            {"activation", c.activation == Activation::Gelu ? "gelu" : "relu"},
-           {"layer_norm_eps", c.layer_norm_eps}, {"batch_first", c.batch_first}, {"norm_first", c.norm_first}};
+           {"layer_norm_eps", c.layer_norm_eps},
+           {"batch_first", c.batch_first},
+           {"norm_first", c.norm_first}};
       break;
     }
-    case ModuleKind::ScaledDotProductAttention: j = nlohmann::json::object(); break;
+    case ModuleKind::ScaledDotProductAttention:
+      j = nlohmann::json::object();
+      break;
   }
   return j;
 }
 
 std::string summary(const Problem& p) {
-  auto shape_of = [&](const char* n) { const DTensor* t = p.input(n); return t ? to_string(t->shape) : std::string("-"); };
+  auto shape_of = [&](const char* n) {
+    const DTensor* t = p.input(n);
+    return t ? to_string(t->shape) : std::string("-");
+  };
   auto mask_of = [&](const char* n) -> std::string {
     const DTensor* t = p.input(n);
     return t ? fmt::format(" {}={}{}", n, dtype_name(t->dtype), to_string(t->shape)) : "";
@@ -165,24 +189,28 @@ std::string summary(const Problem& p) {
   switch (p.module) {
     case ModuleKind::MultiheadAttention: {
       const MhaConfig& c = p.mha;
-      std::string s = fmt::format("MultiheadAttention E={} heads={} bias={}", c.embed_dim, c.num_heads, c.bias ? "on" : "off");
+      std::string s =
+          fmt::format("MultiheadAttention E={} heads={} bias={}", c.embed_dim, c.num_heads, c.bias ? "on" : "off");
       if (!c.packed()) s += fmt::format(" kdim={} vdim={}", c.key_dim(), c.value_dim());
       if (c.add_bias_kv) s += " add_bias_kv";
       if (c.add_zero_attn) s += " add_zero_attn";
       s += c.batch_first ? " batch_first" : " seq_first";
       s += fmt::format(" query={} key={}", shape_of("query"), shape_of("key"));
       return s + mask_of("attn_mask") + mask_of("key_padding_mask") +
-             (p.forward.need_weights ? (p.forward.average_attn_weights ? "" : " per-head weights") : " need_weights=False");
+             (p.forward.need_weights ? (p.forward.average_attn_weights ? "" : " per-head weights")
+                                     : " need_weights=False");
     }
     case ModuleKind::TransformerEncoderLayer: {
       const EncoderConfig& c = p.encoder;
       return fmt::format("TransformerEncoderLayer d={} heads={} ffn={} {} eps={:g}{}{} src={}", c.d_model, c.nhead,
                          c.dim_feedforward, c.activation == Activation::Gelu ? "gelu" : "relu", c.layer_norm_eps,
-                         c.norm_first ? " norm_first" : "", c.batch_first ? " batch_first" : " seq_first", shape_of("src")) +
+                         c.norm_first ? " norm_first" : "", c.batch_first ? " batch_first" : " seq_first",
+                         shape_of("src")) +
              mask_of("src_mask") + mask_of("src_key_padding_mask");
     }
     case ModuleKind::ScaledDotProductAttention:
-      return fmt::format("scaled dot-product attention q={} k={} v={}", shape_of("query"), shape_of("key"), shape_of("value")) +
+      return fmt::format("scaled dot-product attention q={} k={} v={}", shape_of("query"), shape_of("key"),
+                         shape_of("value")) +
              mask_of("attn_mask");
   }
   return "";

@@ -82,15 +82,15 @@ TT bool_to_additive(const TT& m, torch::ScalarType st) {
 }
 
 struct MhaParams {
-  TT in_proj_weight, in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v,
-      out_proj_weight, out_proj_bias;
+  TT in_proj_weight, in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v, out_proj_weight,
+      out_proj_bias;
 };
 
 MhaParams mha_params(const Problem& p, const std::string& prefix, DType dtype) {
-  return {param(p, prefix + "in_proj_weight", dtype),  param(p, prefix + "in_proj_bias", dtype),
-          param(p, prefix + "q_proj_weight", dtype),   param(p, prefix + "k_proj_weight", dtype),
-          param(p, prefix + "v_proj_weight", dtype),   param(p, prefix + "bias_k", dtype),
-          param(p, prefix + "bias_v", dtype),          param(p, prefix + "out_proj.weight", dtype),
+  return {param(p, prefix + "in_proj_weight", dtype), param(p, prefix + "in_proj_bias", dtype),
+          param(p, prefix + "q_proj_weight", dtype),  param(p, prefix + "k_proj_weight", dtype),
+          param(p, prefix + "v_proj_weight", dtype),  param(p, prefix + "bias_k", dtype),
+          param(p, prefix + "bias_v", dtype),         param(p, prefix + "out_proj.weight", dtype),
           param(p, prefix + "out_proj.bias", dtype)};
 }
 
@@ -105,8 +105,8 @@ struct MhaResult {
 // Masks follow Python's 1.13 semantics (a bool attn_mask is -inf where true; a float key padding mask
 // is added; a bool attn_mask ORs a float key padding mask's nonzeros), which on everything the C++
 // module accepts after the runner's adaptation is what the C++ module computes.
-MhaResult mha_decomposed(const MhaConfig& c, const MhaForward& fwd, const MhaParams& w, const TT& query,
-                         const TT& key, const TT& value, TT attn_mask, TT kpm, const Sink& sink) {
+MhaResult mha_decomposed(const MhaConfig& c, const MhaForward& fwd, const MhaParams& w, const TT& query, const TT& key,
+                         const TT& value, TT attn_mask, TT kpm, const Sink& sink) {
   const int64_t L = query.size(0), B = query.size(1), E = c.embed_dim, H = c.num_heads, D = E / H;
   const double scaling = 1 / std::sqrt(double(D));
   const auto ninf = -std::numeric_limits<double>::infinity();
@@ -156,7 +156,8 @@ MhaResult mha_decomposed(const MhaConfig& c, const MhaForward& fwd, const MhaPar
   sink.put("v", v.reshape({B, H, S, D}));
 
   TT scores = torch::bmm(q, k.transpose(1, 2));
-  if (attn_mask.defined() && attn_mask.scalar_type() == torch::kBool && kpm.defined() && kpm.scalar_type() != torch::kBool)
+  if (attn_mask.defined() && attn_mask.scalar_type() == torch::kBool && kpm.defined() &&
+      kpm.scalar_type() != torch::kBool)
     kpm = kpm != 0;  // Python: attn_mask.logical_or(key_padding_mask)
   if (attn_mask.defined()) {
     if (attn_mask.scalar_type() == torch::kBool) attn_mask = bool_to_additive(attn_mask, scores.scalar_type());
@@ -164,8 +165,10 @@ MhaResult mha_decomposed(const MhaConfig& c, const MhaForward& fwd, const MhaPar
   }
   if (kpm.defined()) {
     scores = scores.view({B, H, L, S});
-    if (kpm.scalar_type() == torch::kBool) scores = scores.masked_fill(kpm.unsqueeze(1).unsqueeze(2), ninf);
-    else scores = scores + kpm.view({B, 1, 1, S});
+    if (kpm.scalar_type() == torch::kBool)
+      scores = scores.masked_fill(kpm.unsqueeze(1).unsqueeze(2), ninf);
+    else
+      scores = scores + kpm.view({B, 1, 1, S});
     scores = scores.view({B * H, L, S});
   }
   sink.put("scores", scores.view({B, H, L, S}));
@@ -193,7 +196,8 @@ std::string mha_limitation(const Problem& p, const std::string& attn, const std:
   const DTensor* k = p.input(kpm);
   if (a && a->shape.size() == 3)
     return attn + " is 3-D: the 1.13 C++ module only broadcasts a 2-D (L, S) mask (attn_mask_.unsqueeze(0) then +=)";
-  if (k && k->dtype != DType::Bool) return kpm + " is float: the 1.13 C++ module only takes a bool key padding mask (masked_fill)";
+  if (k && k->dtype != DType::Bool)
+    return kpm + " is float: the 1.13 C++ module only takes a bool key padding mask (masked_fill)";
   return "";
 }
 
@@ -210,7 +214,8 @@ std::string module_limitation(const Problem& p) {
       if (p.encoder.layer_norm_eps != 1e-5)
         return "layer_norm_eps != 1e-5: the 1.13 C++ TransformerEncoderLayer has no layer_norm_eps option";
       return mha_limitation(p, "src_mask", "src_key_padding_mask");
-    case ModuleKind::ScaledDotProductAttention: return "";
+    case ModuleKind::ScaledDotProductAttention:
+      return "";
   }
   return "";
 }
@@ -224,11 +229,13 @@ void load_state(torch::nn::Module& m, const Problem& p, DType dtype, const std::
     names.insert(kv.key());
     auto it = p.state_dict.find(kv.key());
     if (it == p.state_dict.end())
-      throw InputError(where + ": state_dict." + kv.key() + ": LibTorch's module has this parameter, the state dict has not");
+      throw InputError(where + ": state_dict." + kv.key() +
+                       ": LibTorch's module has this parameter, the state dict has not");
     kv.value().copy_(to_torch(it->second, dtype));
   }
   for (const auto& [name, t] : p.state_dict)
-    if (!names.count(name)) throw InputError(where + ": state_dict." + name + ": LibTorch's module has no such parameter");
+    if (!names.count(name))
+      throw InputError(where + ": state_dict." + name + ": LibTorch's module has no such parameter");
 }
 
 // (L, B, E) <-> the problem's layout.
@@ -277,11 +284,15 @@ TorchRun run_mha(const Problem& p, DType dtype, bool collect) {
     load_state(*m, p, dtype, "LibTorch");
     // The 1.13 C++ module adds a bool attn_mask as 0/1 (attn_output_weights += attn_mask_); give it
     // the additive mask Python's semantics build from it.
-    TT mod_attn = attn.defined() && attn.scalar_type() == torch::kBool ? bool_to_additive(attn, scalar_type(dtype)) : attn;
+    TT mod_attn =
+        attn.defined() && attn.scalar_type() == torch::kBool ? bool_to_additive(attn, scalar_type(dtype)) : attn;
     if (attn.defined() && attn.scalar_type() == torch::kBool)
-      run.notes.push_back("bool attn_mask passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask as 0/1)");
+      run.notes.push_back(
+          "bool attn_mask passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask "
+          "as 0/1)");
     torch::NoGradGuard guard;
-    auto [mout, mweights] = m->forward(query, key, value, kpm, p.forward.need_weights, mod_attn, p.forward.average_attn_weights);
+    auto [mout, mweights] =
+        m->forward(query, key, value, kpm, p.forward.need_weights, mod_attn, p.forward.average_attn_weights);
     run.module_ran = true;
     verify(run, "output", mout, ref.output);
     if (p.forward.need_weights) verify(run, "attn_weights", mweights, ref.weights);
@@ -294,7 +305,8 @@ TorchRun run_mha(const Problem& p, DType dtype, bool collect) {
     run.notes.push_back("no LibTorch module run: " + module_limitation(p));
   }
   run.result.outputs["output"] = to_dtensor(from_seq_first(out, batched, c.batch_first), dtype);
-  if (p.forward.need_weights) run.result.outputs["attn_weights"] = to_dtensor(batched ? weights : weights.squeeze(0), dtype);
+  if (p.forward.need_weights)
+    run.result.outputs["attn_weights"] = to_dtensor(batched ? weights : weights.squeeze(0), dtype);
   return run;
 }
 
@@ -348,16 +360,22 @@ TorchRun run_encoder(const Problem& p, DType dtype, bool collect) {
   TT out = x;
 
   if (module_limitation(p).empty()) {
-    auto opts = torch::nn::TransformerEncoderLayerOptions(c.d_model, c.nhead).dim_feedforward(c.dim_feedforward).dropout(0.0);
-    if (c.activation == Activation::Gelu) opts.activation(torch::kGELU);
-    else opts.activation(torch::kReLU);
+    auto opts =
+        torch::nn::TransformerEncoderLayerOptions(c.d_model, c.nhead).dim_feedforward(c.dim_feedforward).dropout(0.0);
+    if (c.activation == Activation::Gelu)
+      opts.activation(torch::kGELU);
+    else
+      opts.activation(torch::kReLU);
     torch::nn::TransformerEncoderLayer m(opts);
     m->to(scalar_type(dtype));
     m->eval();
     load_state(*m, p, dtype, "LibTorch");
-    TT mod_mask = mask.defined() && mask.scalar_type() == torch::kBool ? bool_to_additive(mask, scalar_type(dtype)) : mask;
+    TT mod_mask =
+        mask.defined() && mask.scalar_type() == torch::kBool ? bool_to_additive(mask, scalar_type(dtype)) : mask;
     if (mask.defined() && mask.scalar_type() == torch::kBool)
-      run.notes.push_back("bool src_mask passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask as 0/1)");
+      run.notes.push_back(
+          "bool src_mask passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask as "
+          "0/1)");
     torch::NoGradGuard guard;
     const TT mout = m->forward(src, mod_mask, kpm);
     run.module_ran = true;
@@ -388,7 +406,8 @@ TorchRun run_sdpa(const Problem& p, DType dtype, bool collect) {
   sink.put("attn_weights", weights);
   const TT out = torch::matmul(weights, v);
   sink.put("output", out);
-  run.notes.push_back("reference: seed 004's DotProductAttention built from torch ops (torch.nn has no SDPA module in 1.13)");
+  run.notes.push_back(
+      "reference: seed 004's DotProductAttention built from torch ops (torch.nn has no SDPA module in 1.13)");
   run.result.outputs["output"] = to_dtensor(out, dtype);
   return run;
 }
@@ -398,9 +417,12 @@ TorchRun run_sdpa(const Problem& p, DType dtype, bool collect) {
 TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const std::string& where) {
   try {
     switch (p.module) {
-      case ModuleKind::MultiheadAttention: return run_mha(p, dtype, collect_components);
-      case ModuleKind::TransformerEncoderLayer: return run_encoder(p, dtype, collect_components);
-      case ModuleKind::ScaledDotProductAttention: return run_sdpa(p, dtype, collect_components);
+      case ModuleKind::MultiheadAttention:
+        return run_mha(p, dtype, collect_components);
+      case ModuleKind::TransformerEncoderLayer:
+        return run_encoder(p, dtype, collect_components);
+      case ModuleKind::ScaledDotProductAttention:
+        return run_sdpa(p, dtype, collect_components);
     }
   } catch (const c10::Error& e) {
     std::string msg = e.what_without_backtrace();

@@ -8,7 +8,9 @@ namespace tparity {
 bool torch_available() { return false; }
 std::string torch_version() { return "none"; }
 std::string torch_blas() { return "none"; }
-std::string module_limitation(const Problem&) { return "tparity was built without LibTorch (-DTPARITY_WITH_TORCH=OFF)"; }
+std::string module_limitation(const Problem&) {
+  return "tparity was built without LibTorch (-DTPARITY_WITH_TORCH=OFF)";
+}
 TorchRun run_torch(const Problem&, DType, bool, const std::string& where) {
   throw std::runtime_error(where + ": tparity was built without LibTorch (-DTPARITY_WITH_TORCH=OFF)");
 }

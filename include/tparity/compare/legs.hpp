@@ -13,10 +13,9 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tparity/compare/metrics.hpp"
 #include "tparity/harness/hand.hpp"

@@ -1,10 +1,9 @@
 // The report model rendered two ways: a human table per case, and one JSON document.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tparity/compare/legs.hpp"
 

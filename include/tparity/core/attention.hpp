@@ -25,8 +25,8 @@ void weighted_sum_v(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_
 // Returns (..., L, Ev).
 // Components: scores (..., L, S) scaled and masked, attn_weights (..., L, S), output (..., L, Ev).
 template <class T>
-Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
-                       const Mask<T>& mask = {}, Observer<T>* obs = nullptr);
+Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Mask<T>& mask = {},
+                       Observer<T>* obs = nullptr);
 
 // ---- multi-head attention -------------------------------------------------------------------------
 // Constructor arguments of torch.nn.MultiheadAttention (dropout is always 0).
@@ -56,7 +56,7 @@ struct MhaForward {
 // The parameters, by their state_dict names. An empty tensor is an absent parameter.
 template <class T>
 struct MhaWeights {
-  Tensor<T> in_proj_weight;                              // (3E, E), when packed
+  Tensor<T> in_proj_weight;                               // (3E, E), when packed
   Tensor<T> q_proj_weight, k_proj_weight, v_proj_weight;  // (E, E), (E, kdim), (E, vdim) otherwise
   Tensor<T> in_proj_bias;                                 // (3E), when bias
   Tensor<T> bias_k, bias_v;                               // (1, 1, E), when add_bias_kv
@@ -97,7 +97,7 @@ struct MhaOutputs {
 // Throws ShapeError when a tensor's shape contradicts the config, std::invalid_argument for mask
 // combinations torch 1.13 rejects (a float key_padding_mask with a float attn_mask).
 template <class T>
-MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
-                          const MhaInputs<T>& in, Observer<T>* obs = nullptr);
+MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputs<T>& in,
+                          Observer<T>* obs = nullptr);
 
 }  // namespace tparity

@@ -60,7 +60,7 @@ struct EncoderInputs {
 //              ffn_hidden ffn_output output
 // ffn_hidden is after the activation.
 template <class T>
-Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T>& w,
-                                const EncoderInputs<T>& in, Observer<T>* obs = nullptr);
+Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T>& w, const EncoderInputs<T>& in,
+                                Observer<T>* obs = nullptr);
 
 }  // namespace tparity

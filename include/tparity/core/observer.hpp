@@ -24,19 +24,13 @@ class Observer {
 template <class T>
 class PrefixObserver final : public Observer<T> {
  public:
-  PrefixObserver(Observer<T>* parent, std::string prefix, std::string rename_from = {},
-                 std::string rename_to = {})
-      : parent_(parent),
-        prefix_(std::move(prefix)),
-        from_(std::move(rename_from)),
-        to_(std::move(rename_to)) {}
+  PrefixObserver(Observer<T>* parent, std::string prefix, std::string rename_from = {}, std::string rename_to = {})
+      : parent_(parent), prefix_(std::move(prefix)), from_(std::move(rename_from)), to_(std::move(rename_to)) {}
   void on(const std::string& name, const Tensor<T>& value) override {
     parent_->on(!from_.empty() && name == from_ ? to_ : prefix_ + name, value);
   }
   // Null in, null out: keeps the no-observer path free.
-  static Observer<T>* wrap(Observer<T>* parent, PrefixObserver& self) {
-    return parent ? &self : nullptr;
-  }
+  static Observer<T>* wrap(Observer<T>* parent, PrefixObserver& self) { return parent ? &self : nullptr; }
 
  private:
   Observer<T>* parent_;

@@ -21,8 +21,7 @@ T sum(const T* x, int64_t n);
 // inp is (N, C), weight is (OC, C), bias is (OC) or null
 // out will be (N, OC); out must not alias inp
 template <class T>
-void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
-                    int64_t OC);
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC);
 
 // mirrors torch.softmax(x, dim=-1): max-subtracted, rows of length C.
 // inp is (N, C); out will be (N, C); out may alias inp.
@@ -34,8 +33,7 @@ void softmax_forward(T* out, const T* inp, int64_t N, int64_t C);
 // inp is (N, C), weight and bias are (C) or null (no affine)
 // out will be (N, C); out may alias inp
 template <class T>
-void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N,
-                       int64_t C);
+void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N, int64_t C);
 
 // mirrors torch.relu. out may alias inp.
 template <class T>

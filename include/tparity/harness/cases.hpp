@@ -13,25 +13,25 @@ namespace tparity {
 
 enum class MaskKind { None, Causal, Random, Padding };
 
-std::string mask_kind_name(MaskKind m);           // none | causal | random | padding
+std::string mask_kind_name(MaskKind m);            // none | causal | random | padding
 MaskKind mask_kind_from_name(const std::string&);  // throws std::invalid_argument
 
 struct CaseSpec {
   std::string name;
   ModuleKind module = ModuleKind::MultiheadAttention;
-  int64_t batch = 1;       // 0: unbatched input
-  int64_t seq = 1;         // L (query length) or T
-  int64_t kv_seq = 0;      // S for attention; 0: self-attention (S = L, key = value = query)
-  int64_t dim = 1;         // E / d_model (sdpa: q and k feature size)
-  int64_t value_dim = 0;   // sdpa only: v's feature size; 0: dim
+  int64_t batch = 1;      // 0: unbatched input
+  int64_t seq = 1;        // L (query length) or T
+  int64_t kv_seq = 0;     // S for attention; 0: self-attention (S = L, key = value = query)
+  int64_t dim = 1;        // E / d_model (sdpa: q and k feature size)
+  int64_t value_dim = 0;  // sdpa only: v's feature size; 0: dim
   int64_t heads = 1;
-  int64_t ffn = 0;         // encoder dim_feedforward
-  bool bias = true;        // MultiheadAttention bias (the encoder's attention always has bias)
+  int64_t ffn = 0;   // encoder dim_feedforward
+  bool bias = true;  // MultiheadAttention bias (the encoder's attention always has bias)
   Activation activation = Activation::Relu;
   MaskKind mask = MaskKind::None;
-  bool zero_ffn_bias = false;   // the seeds' block zeroes linear1.bias and linear2.bias
-  bool random_params = false;   // draw the parameters torch initialises to constants (biases,
-                                // LayerNorm affine) at random, so their semantics are exercised
+  bool zero_ffn_bias = false;  // the seeds' block zeroes linear1.bias and linear2.bias
+  bool random_params = false;  // draw the parameters torch initialises to constants (biases,
+                               // LayerNorm affine) at random, so their semantics are exercised
   uint64_t seed = 0;
 
   std::string describe() const;  // "MultiheadAttention B=50 T=100 d=64 heads=4 bias=off mask=causal"

@@ -13,7 +13,7 @@ namespace tparity {
 
 enum class DType { Float32, Float64, Bool };
 
-std::string dtype_name(DType d);  // "float32" | "float64" | "bool"
+std::string dtype_name(DType d);                 // "float32" | "float64" | "bool"
 DType dtype_from_name(const std::string& name);  // throws std::invalid_argument
 
 struct DTensor {

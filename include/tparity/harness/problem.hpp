@@ -3,11 +3,10 @@
 // fixtures are problems on disk; the hand core and the torch runner both consume them.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tparity/core/encoder.hpp"
 #include "tparity/harness/dtensor.hpp"
@@ -16,15 +15,15 @@ namespace tparity {
 
 enum class ModuleKind { MultiheadAttention, TransformerEncoderLayer, ScaledDotProductAttention };
 
-std::string module_name(ModuleKind m);  // torch's class name; "ScaledDotProductAttention" for sdpa
+std::string module_name(ModuleKind m);                 // torch's class name; "ScaledDotProductAttention" for sdpa
 ModuleKind module_from_name(const std::string& name);  // throws std::invalid_argument
 
 struct Problem {
   std::string name;
   std::string description;
   ModuleKind module = ModuleKind::MultiheadAttention;
-  MhaConfig mha;      // MultiheadAttention
-  MhaForward forward;  // MultiheadAttention
+  MhaConfig mha;          // MultiheadAttention
+  MhaForward forward;     // MultiheadAttention
   EncoderConfig encoder;  // TransformerEncoderLayer
   TensorMap state_dict;
   TensorMap inputs;

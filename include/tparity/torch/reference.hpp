@@ -26,12 +26,12 @@ std::string torch_blas();     // the BLAS LibTorch calls, as far as it can be to
 std::string module_limitation(const Problem& p);
 
 struct TorchRun {
-  RunResult result;          // components of the decomposition; outputs of the module when it ran,
-                             // else of the decomposition, laid out as the problem's module returns them
+  RunResult result;  // components of the decomposition; outputs of the module when it ran,
+                     // else of the decomposition, laid out as the problem's module returns them
   bool module_ran = false;
-  bool verified = false;     // the decomposition reproduced the module's outputs
+  bool verified = false;           // the decomposition reproduced the module's outputs
   std::vector<std::string> notes;  // adaptations made and what was verified, one line each
-  std::string failure;       // non-empty when the decomposition disagrees with the module
+  std::string failure;             // non-empty when the decomposition disagrees with the module
 };
 
 // Throws InputError (prefixed with `where`) when LibTorch rejects the problem's tensors, and

@@ -1,0 +1,356 @@
+// Attention against hand-worked answers and the invariants any correct implementation has.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "tparity/core/attention.hpp"
+#include "tparity/core/ops.hpp"
+#include "tparity/harness/rng.hpp"
+
+using namespace tparity;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+Tensor<double> randn(Rng& rng, Shape s, double scale = 1.0) {
+  Tensor<double> t(std::move(s));
+  for (double& x : t.data) x = scale * rng.normal();
+  return t;
+}
+
+MhaWeights<double> random_weights(const MhaConfig& c, Rng& rng) {
+  const int64_t E = c.embed_dim;
+  MhaWeights<double> w;
+  if (c.packed())
+    w.in_proj_weight = randn(rng, {3 * E, E}, 0.3);
+  else {
+    w.q_proj_weight = randn(rng, {E, E}, 0.3);
+    w.k_proj_weight = randn(rng, {E, c.key_dim()}, 0.3);
+    w.v_proj_weight = randn(rng, {E, c.value_dim()}, 0.3);
+  }
+  if (c.bias) {
+    w.in_proj_bias = randn(rng, {3 * E}, 0.1);
+    w.out_proj_bias = randn(rng, {E}, 0.1);
+  }
+  if (c.add_bias_kv) {
+    w.bias_k = randn(rng, {1, 1, E});
+    w.bias_v = randn(rng, {1, 1, E});
+  }
+  w.out_proj_weight = randn(rng, {E, E}, 0.3);
+  return w;
+}
+
+struct Record final : Observer<double> {
+  std::map<std::string, Tensor<double>> seen;
+  void on(const std::string& name, const Tensor<double>& v) override { seen[name] = v; }
+};
+
+// Row `b` of a (B, ...) tensor as its own tensor without the batch dim.
+Tensor<double> row(const Tensor<double>& t, int64_t b) {
+  Shape s(t.shape.begin() + 1, t.shape.end());
+  const int64_t n = numel(s);
+  return Tensor<double>(s, std::vector<double>(t.data.begin() + b * n, t.data.begin() + (b + 1) * n));
+}
+
+MhaConfig config(int64_t E, int64_t H, bool bias = true) {
+  MhaConfig c;
+  c.embed_dim = E;
+  c.num_heads = H;
+  c.bias = bias;
+  c.batch_first = true;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("sdpa: a hand-worked answer, with and without a mask", "[attention]") {
+  // q = (1, 0), keys (1, 0), (0, 1), (0, 0), values 1, 2, 3; scores (1, 0, 0) / sqrt(2).
+  const Tensor<double> q({1, 2}, {1, 0}), k({3, 2}, {1, 0, 0, 1, 0, 0}), v({3, 1}, {1, 2, 3});
+  const double a = std::exp(1 / std::sqrt(2.0));
+  Tensor<double> out = sdpa_forward(q, k, v);
+  CHECK(out.shape == Shape{1, 1});
+  CHECK(out.data[0] == Approx((a * 1 + 2 + 3) / (a + 2)).epsilon(1e-15));
+
+  // Key 0 masked (bool true = masked out): the other two share the weight, the output is 2.5.
+  out = sdpa_forward(q, k, v, Mask<double>::of_bool(Tensor<uint8_t>({1, 3}, {1, 0, 0})));
+  CHECK(out.data[0] == 2.5);
+  // The same mask as float -inf.
+  out = sdpa_forward(q, k, v, Mask<double>::of_float(Tensor<double>({1, 3}, {-kInf, 0, 0})));
+  CHECK(out.data[0] == 2.5);
+}
+
+TEST_CASE("sdpa: L != S and Ev != E, leading dims carried through", "[attention]") {
+  Rng rng(5);
+  Record rec;
+  const Tensor<double> out =
+      sdpa_forward(randn(rng, {2, 5, 3}), randn(rng, {2, 7, 3}), randn(rng, {2, 7, 4}), {}, &rec);
+  CHECK(out.shape == Shape{2, 5, 4});
+  CHECK(rec.seen.at("scores").shape == Shape{2, 5, 7});
+  CHECK(rec.seen.at("attn_weights").shape == Shape{2, 5, 7});
+  CHECK_THROWS_AS(sdpa_forward(randn(rng, {2, 5, 3}), randn(rng, {2, 7, 4}), randn(rng, {2, 7, 4})), ShapeError);
+  CHECK_THROWS_AS(sdpa_forward(randn(rng, {2, 5, 3}), randn(rng, {2, 7, 3}), randn(rng, {2, 6, 4})), ShapeError);
+}
+
+TEST_CASE("mha: masked keys get exactly zero weight and rows sum to one", "[attention]") {
+  Rng rng(17);
+  const int64_t B = 3, L = 6, E = 8, H = 2;
+  const MhaConfig c = config(E, H);
+  Tensor<uint8_t> am({L, L}), kpm({B, L});
+  for (int64_t i = 0; i < L * L; ++i) am.data[size_t(i)] = (i % L != 0) && rng.coin(0.3);  // key 0 always visible
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = L - b; j < L; ++j) kpm.data[size_t(b * L + j)] = 1;
+  const Tensor<double> x = randn(rng, {B, L, E});
+  const MhaInputs<double> in{x, x, x, Mask<double>::of_bool(am), Mask<double>::of_bool(kpm)};
+  const MhaOutputs<double> out = mha_forward(c, MhaForward{true, false}, random_weights(c, rng), in);
+  REQUIRE(out.attn_weights.shape == Shape{B, H, L, L});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L; ++i) {
+        double s = 0;
+        for (int64_t j = 0; j < L; ++j) {
+          const double wij = out.attn_weights.data[size_t(((b * H + h) * L + i) * L + j)];
+          if (am.data[size_t(i * L + j)] || kpm.data[size_t(b * L + j)]) CHECK(wij == 0.0);
+          s += wij;
+        }
+        CHECK(s == Approx(1.0).epsilon(1e-14));
+      }
+}
+
+TEST_CASE("mha: the batched output equals the stacked single-sample outputs", "[attention]") {
+  Rng rng(23);
+  const int64_t B = 4, L = 5, S = 7, E = 12, H = 3;
+  const MhaConfig c = config(E, H);
+  const MhaWeights<double> w = random_weights(c, rng);
+  const Tensor<double> q = randn(rng, {B, L, E}), kv = randn(rng, {B, S, E});
+  Tensor<uint8_t> kpm({B, S});
+  for (int64_t b = 0; b < B; ++b) kpm.data[size_t(b * S + S - 1 - b)] = 1;
+  const MhaOutputs<double> all =
+      mha_forward(c, MhaForward{}, w, MhaInputs<double>{q, kv, kv, {}, Mask<double>::of_bool(kpm)});
+  for (int64_t b = 0; b < B; ++b) {
+    CAPTURE(b);
+    const Tensor<uint8_t> kb({S}, std::vector<uint8_t>(kpm.data.begin() + b * S, kpm.data.begin() + (b + 1) * S));
+    const MhaOutputs<double> one = mha_forward(
+        c, MhaForward{}, w, MhaInputs<double>{row(q, b), row(kv, b), row(kv, b), {}, Mask<double>::of_bool(kb)});
+    // Each sample's arithmetic is the same sequence of operations batched or not: exact equality.
+    CHECK(one.output.data == row(all.output, b).data);
+    CHECK(one.attn_weights.data == row(all.attn_weights, b).data);
+  }
+}
+
+TEST_CASE("mha: multi-head equals the per-head attentions concatenated, then out_proj", "[attention]") {
+  Rng rng(29);
+  const int64_t B = 2, L = 4, S = 6, E = 12, H = 3, D = E / H;
+  const MhaConfig c = config(E, H);
+  const MhaWeights<double> w = random_weights(c, rng);
+  const Tensor<double> q = randn(rng, {B, L, E}), kv = randn(rng, {B, S, E});
+  const MhaOutputs<double> out = mha_forward(c, MhaForward{}, w, MhaInputs<double>{q, kv, kv, {}, {}});
+
+  // Independent route: per head h, project with rows [h*D, (h+1)*D) of each third of in_proj, run
+  // single-head scaled dot-product attention, and concatenate.
+  Tensor<double> concat({B, L, E});
+  for (int64_t h = 0; h < H; ++h) {
+    Tensor<double> qh({B, L, D}), kh({B, S, D}), vh({B, S, D});
+    const double* W = w.in_proj_weight.ptr();
+    const double* bias = w.in_proj_bias.ptr();
+    linear_forward(qh.ptr(), q.ptr(), W + (0 * E + h * D) * E, bias + 0 * E + h * D, B * L, E, D);
+    linear_forward(kh.ptr(), kv.ptr(), W + (1 * E + h * D) * E, bias + 1 * E + h * D, B * S, E, D);
+    linear_forward(vh.ptr(), kv.ptr(), W + (2 * E + h * D) * E, bias + 2 * E + h * D, B * S, E, D);
+    const Tensor<double> oh = sdpa_forward(qh, kh, vh);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t d = 0; d < D; ++d)
+          concat.data[size_t((b * L + l) * E + h * D + d)] = oh.data[size_t((b * L + l) * D + d)];
+  }
+  Tensor<double> expect({B, L, E});
+  linear_forward(expect.ptr(), concat.ptr(), w.out_proj_weight.ptr(), w.out_proj_bias.ptr(), B * L, E, E);
+  // The routes differ only in where the 1/sqrt(D) scale is applied: a few roundings of 2^-53.
+  for (size_t i = 0; i < expect.data.size(); ++i) CHECK(out.output.data[i] == Approx(expect.data[i]).margin(1e-13));
+}
+
+TEST_CASE("mha: with a causal mask, appending tokens leaves earlier outputs unchanged", "[attention]") {
+  Rng rng(31);
+  const int64_t B = 2, T = 9, extra = 4, E = 8, H = 2;
+  const MhaConfig c = config(E, H);
+  const MhaWeights<double> w = random_weights(c, rng);
+  const Tensor<double> longer = randn(rng, {B, T + extra, E});
+  Tensor<double> shorter({B, T, E});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T * E; ++i)
+      shorter.data[size_t(b * T * E + i)] = longer.data[size_t(b * (T + extra) * E + i)];
+  auto causal = [](int64_t n) {
+    Tensor<double> m({n, n});
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = i + 1; j < n; ++j) m.data[size_t(i * n + j)] = -kInf;
+    return Mask<double>::of_float(m);
+  };
+  const Tensor<double> a =
+      mha_forward(c, MhaForward{}, w, MhaInputs<double>{shorter, shorter, shorter, causal(T), {}}).output;
+  const Tensor<double> b =
+      mha_forward(c, MhaForward{}, w, MhaInputs<double>{longer, longer, longer, causal(T + extra), {}}).output;
+  // Masked keys contribute exp(-inf) = 0 exactly and add zeros to the sums: exact equality.
+  for (int64_t bb = 0; bb < B; ++bb)
+    for (int64_t i = 0; i < T * E; ++i)
+      CHECK(a.data[size_t(bb * T * E + i)] == b.data[size_t(bb * (T + extra) * E + i)]);
+}
+
+TEST_CASE("mha: sequence-first, batch-first and unbatched layouts give the same numbers", "[attention]") {
+  Rng rng(37);
+  const int64_t B = 3, L = 4, E = 8, H = 2;
+  MhaConfig c = config(E, H);
+  const MhaWeights<double> w = random_weights(c, rng);
+  const Tensor<double> x = randn(rng, {B, L, E});
+  Tensor<double> xs({L, B, E});  // (B, L, E) -> (L, B, E)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t e = 0; e < E; ++e) xs.data[size_t((l * B + b) * E + e)] = x.data[size_t((b * L + l) * E + e)];
+  const MhaOutputs<double> bf = mha_forward(c, MhaForward{}, w, MhaInputs<double>{x, x, x, {}, {}});
+  c.batch_first = false;
+  const MhaOutputs<double> sf = mha_forward(c, MhaForward{}, w, MhaInputs<double>{xs, xs, xs, {}, {}});
+  REQUIRE(sf.output.shape == Shape{L, B, E});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t e = 0; e < E; ++e)
+        CHECK(sf.output.data[size_t((l * B + b) * E + e)] == bf.output.data[size_t((b * L + l) * E + e)]);
+  CHECK(sf.attn_weights.data == bf.attn_weights.data);  // weights are (B, L, S) in both layouts
+  const MhaOutputs<double> un =
+      mha_forward(c, MhaForward{}, w, MhaInputs<double>{row(x, 1), row(x, 1), row(x, 1), {}, {}});
+  CHECK(un.output.shape == Shape{L, E});
+  CHECK(un.attn_weights.shape == Shape{L, L});
+  CHECK(un.output.data == row(bf.output, 1).data);
+}
+
+TEST_CASE("mha: averaged weights are the mean of the per-head weights", "[attention]") {
+  Rng rng(41);
+  const MhaConfig c = config(12, 4);
+  const MhaWeights<double> w = random_weights(c, rng);
+  const Tensor<double> x = randn(rng, {2, 5, 12});
+  const MhaInputs<double> in{x, x, x, {}, {}};
+  const Tensor<double> avg = mha_forward(c, MhaForward{true, true}, w, in).attn_weights;
+  const Tensor<double> per = mha_forward(c, MhaForward{true, false}, w, in).attn_weights;
+  REQUIRE(per.shape == Shape{2, 4, 5, 5});
+  REQUIRE(avg.shape == Shape{2, 5, 5});
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < 25; ++i) {
+      double s = 0;
+      for (int64_t h = 0; h < 4; ++h) s += per.data[size_t((b * 4 + h) * 25 + i)];
+      CHECK(avg.data[size_t(b * 25 + i)] == Approx(s / 4).epsilon(1e-15));
+    }
+  CHECK(mha_forward(c, MhaForward{false, true}, w, in).attn_weights.empty());
+}
+
+TEST_CASE("mha: add_bias_kv appends bias_k/bias_v as a key; add_zero_attn a zero key with score 0", "[attention]") {
+  Rng rng(43);
+  MhaConfig c = config(8, 2);
+  c.add_bias_kv = true;
+  c.add_zero_attn = true;
+  const MhaWeights<double> w = random_weights(c, rng);
+  const int64_t B = 2, L = 3, S = 4, D = 4;
+  const Tensor<double> q = randn(rng, {B, L, 8}), kv = randn(rng, {B, S, 8});
+  Record rec;
+  const MhaOutputs<double> out = mha_forward(c, MhaForward{true, false}, w, MhaInputs<double>{q, kv, kv, {}, {}}, &rec);
+  CHECK(out.attn_weights.shape == Shape{B, 2, L, S + 2});
+  const Tensor<double>& k = rec.seen.at("k");
+  const Tensor<double>& v = rec.seen.at("v");
+  const Tensor<double>& scores = rec.seen.at("scores");
+  REQUIRE(k.shape == Shape{B, 2, S + 2, D});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t d = 0; d < D; ++d) {
+        CHECK(k.data[size_t(((b * 2 + h) * (S + 2) + S) * D + d)] == w.bias_k.data[size_t(h * D + d)]);
+        CHECK(v.data[size_t(((b * 2 + h) * (S + 2) + S) * D + d)] == w.bias_v.data[size_t(h * D + d)]);
+        CHECK(k.data[size_t(((b * 2 + h) * (S + 2) + S + 1) * D + d)] == 0.0);
+      }
+      for (int64_t i = 0; i < L; ++i) CHECK(scores.data[size_t(((b * 2 + h) * L + i) * (S + 2) + S + 1)] == 0.0);
+    }
+}
+
+TEST_CASE("mha: a float key padding mask is added; with a bool attn_mask its nonzeros mask (torch 1.13)",
+          "[attention]") {
+  Rng rng(47);
+  const MhaConfig c = config(8, 2);
+  const MhaWeights<double> w = random_weights(c, rng);
+  const int64_t L = 3, S = 5;
+  const Tensor<double> q = randn(rng, {L, 8}), kv = randn(rng, {S, 8});
+  const Tensor<double> pad({S}, {0.5, -1.0, 0.0, 2.0, -0.25});
+  Record plain, padded;
+  mha_forward(c, MhaForward{}, w, MhaInputs<double>{q, kv, kv, {}, {}}, &plain);
+  mha_forward(c, MhaForward{}, w, MhaInputs<double>{q, kv, kv, {}, Mask<double>::of_float(pad)}, &padded);
+  const Tensor<double>& s0 = plain.seen.at("scores");
+  const Tensor<double>& s1 = padded.seen.at("scores");
+  for (int64_t i = 0; i < s0.numel(); ++i) CHECK(s1.data[size_t(i)] == s0.data[size_t(i)] + pad.data[size_t(i % S)]);
+
+  // bool attn_mask with a float key padding mask: attn_mask.logical_or(kpm) in torch 1.13.
+  const Tensor<uint8_t> none({L, S});
+  const MhaOutputs<double> o =
+      mha_forward(c, MhaForward{true, true}, w,
+                  MhaInputs<double>{q, kv, kv, Mask<double>::of_bool(none), Mask<double>::of_float(pad)});
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j < S; ++j)
+      CHECK((o.attn_weights.data[size_t(i * S + j)] == 0.0) == (pad.data[size_t(j)] != 0.0));
+
+  // Two float masks: torch 1.13 raises; so does the core.
+  CHECK_THROWS_AS(mha_forward(c, MhaForward{}, w,
+                              MhaInputs<double>{q, kv, kv, Mask<double>::of_float(Tensor<double>({L, S})),
+                                                Mask<double>::of_float(pad)}),
+                  std::invalid_argument);
+}
+
+TEST_CASE("mha: kdim and vdim use separate projection weights", "[attention]") {
+  Rng rng(53);
+  MhaConfig c = config(8, 2);
+  c.kdim = 5;
+  c.vdim = 7;
+  REQUIRE_FALSE(c.packed());
+  const MhaWeights<double> w = random_weights(c, rng);
+  const MhaOutputs<double> o =
+      mha_forward(c, MhaForward{}, w,
+                  MhaInputs<double>{randn(rng, {2, 3, 8}), randn(rng, {2, 4, 5}), randn(rng, {2, 4, 7}), {}, {}});
+  CHECK(o.output.shape == Shape{2, 3, 8});
+  CHECK(o.attn_weights.shape == Shape{2, 3, 4});
+}
+
+TEST_CASE("mha: shapes that contradict the config are refused, naming the tensor", "[attention]") {
+  Rng rng(59);
+  const MhaConfig c = config(8, 2);
+  const MhaWeights<double> w = random_weights(c, rng);
+  const Tensor<double> x = randn(rng, {2, 3, 8});
+  auto msg = [&](const MhaInputs<double>& in, MhaConfig cc = MhaConfig{}) {
+    try {
+      mha_forward(cc.embed_dim ? cc : c, MhaForward{}, w, in);
+    } catch (const ShapeError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(msg({randn(rng, {2, 3, 6}), x, x, {}, {}}), Catch::StartsWith("query: expected last dim embed_dim = 8"));
+  CHECK_THAT(msg({x, randn(rng, {2, 4, 8}), x, {}, {}}), Catch::StartsWith("value:"));
+  CHECK_THAT(msg({x, x, x, Mask<double>::of_float(Tensor<double>({3, 4})), {}}),
+             Catch::StartsWith("attn_mask: expected shape [3, 3]"));
+  CHECK_THAT(msg({x, x, x, Mask<double>::of_float(Tensor<double>({5, 3, 3})), {}}),
+             Catch::StartsWith("attn_mask: expected shape [4, 3, 3]"));
+  CHECK_THAT(msg({x, x, x, {}, Mask<double>::of_bool(Tensor<uint8_t>({3, 2}))}),
+             Catch::StartsWith("key_padding_mask: expected shape [2, 3]"));
+  CHECK_THAT(msg({randn(rng, {3}), x, x, {}, {}}), Catch::StartsWith("query: expected 2 dims"));
+  MhaConfig bad = c;
+  bad.num_heads = 3;
+  CHECK_THAT(msg({x, x, x, {}, {}}, bad), Catch::Contains("not divisible by num_heads 3"));
+}
+
+TEST_CASE("mha: the observer sees the documented components and changes nothing", "[attention]") {
+  Rng rng(61);
+  const MhaConfig c = config(8, 2);
+  const MhaWeights<double> w = random_weights(c, rng);
+  const Tensor<double> x = randn(rng, {2, 3, 8});
+  Record rec;
+  const MhaOutputs<double> with = mha_forward(c, MhaForward{}, w, MhaInputs<double>{x, x, x, {}, {}}, &rec);
+  const MhaOutputs<double> without = mha_forward(c, MhaForward{}, w, MhaInputs<double>{x, x, x, {}, {}});
+  CHECK(with.output.data == without.output.data);
+  CHECK(rec.seen.at("q").shape == Shape{2, 2, 3, 4});
+  CHECK(rec.seen.at("scores").shape == Shape{2, 2, 3, 3});
+  CHECK(rec.seen.at("attn_weights_avg").data == with.attn_weights.data);
+  CHECK(rec.seen.at("context").shape == Shape{2, 3, 8});
+  CHECK(rec.seen.at("output").data == with.output.data);
+}

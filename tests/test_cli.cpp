@@ -1,0 +1,195 @@
+// The CLI as a user runs it: exit codes (0 pass, 1 fail, 2 bad usage or input), one-line errors,
+// the JSON document's shape, files written whole or not at all.
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+fs::path scratch() {
+  static const fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("tparity_cli_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+Result tparity(const std::string& args) {
+  const fs::path out = scratch() / "stdout", err = scratch() / "stderr";
+  const std::string cmd = std::string(TPARITY_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
+
+bool with_torch() { return tparity("--version").out.find("LibTorch none") == std::string::npos; }
+
+const std::string kFixtures = TPARITY_FIXTURES;
+
+}  // namespace
+
+TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
+  struct Bad {
+    std::string args, mention;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {"", "subcommand"},
+           {"run --seq 0", "--seq"},
+           {"run --dim -4", "--dim"},
+           {"run --batch -1", "--batch"},
+           {"run --heads abc", "--heads"},
+           {"run --mask diagonal", "--mask"},
+           {"run --format xml", "--format"},
+           {"run --case nope", "option --case: expected one of single, batched, multihead, block, sdpa, got \"nope\""},
+           {"run --case multihead --heads 3", "heads 3 does not divide dim 64"},
+           {"run --case sdpa --mask padding", "option --mask: padding needs a key_padding_mask"},
+           {"run --case batched --max-elements 1000", "above --max-elements 1000"},
+           {"run --case batched --seq 4611686018427387903", "seq 4611686018427387903"},
+           {"run --case block --dim 4000000000 --batch 1 --seq 1", "above --max-elements"},
+           {"eval --out x.json", "--fixture"},
+           {"eval --fixture " + kFixtures + "/mha_single.json --out x.json --dtype float16", "--dtype"},
+           {"eval --fixture " + kFixtures + "/mha_single.json --out x.json --impl numpy", "--impl"},
+           {"frobnicate", "frobnicate"},
+       }) {
+    CAPTURE(b.args);
+    const Result r = tparity(b.args);
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains(b.mention));
+  }
+}
+
+TEST_CASE("cli: --help and --version", "[cli]") {
+  CHECK(tparity("--help").code == 0);
+  CHECK_THAT(tparity("run --help").out, Catch::Contains("--kv-seq"));
+  CHECK_THAT(tparity("--version").out, Catch::StartsWith("tparity "));
+}
+
+TEST_CASE("cli: eval writes the outputs the fixture's module returns", "[cli]") {
+  const fs::path out = scratch() / "eval.json";
+  for (const char* fx : {"mha_seq_first_cross_perhead", "mha_no_weights", "encoder_norm_first_gelu"}) {
+    CAPTURE(fx);
+    const std::string fixture = kFixtures + "/" + fx + ".json";
+    const json stored = json::parse(slurp(fixture));
+    fs::remove(out);
+    const Result r = tparity("eval --fixture " + fixture + " --dtype float64 --out " + out.string());
+    REQUIRE(r.code == 0);
+    CHECK(r.err.empty());
+    const json got = json::parse(slurp(out));
+    REQUIRE(got.size() == 1);
+    const json& outs = got.at("outputs");
+    CHECK(outs.size() == stored.at("outputs").size());  // attn_weights only when returned
+    for (auto it = outs.begin(); it != outs.end(); ++it) {
+      const json& want = stored.at("outputs").at(it.key());
+      CHECK(it.value().at("dtype") == "float64");
+      CHECK(it.value().at("shape") == want.at("shape"));
+      double diff2 = 0, ref2 = 0;
+      for (size_t i = 0; i < want.at("data").size(); ++i) {
+        const double a = it.value().at("data")[i].get<double>(), b = want.at("data")[i].get<double>();
+        diff2 += (a - b) * (a - b);
+        ref2 += b * b;
+      }
+      CHECK(std::sqrt(diff2 / ref2) <= 1e-10);  // float64 semantics, as the comparator's gate
+    }
+  }
+  // Defaults: the hand core in float32.
+  REQUIRE(tparity("eval --fixture " + kFixtures + "/mha_no_weights.json --out " + out.string()).code == 0);
+  CHECK(json::parse(slurp(out)).at("outputs").at("output").at("dtype") == "float32");
+}
+
+TEST_CASE("cli: a bad fixture or an unwritable output: exit 2, one line, no file", "[cli]") {
+  const fs::path bad = scratch() / "bad.json", out = scratch() / "never.json";
+  std::ofstream(bad) << slurp(kFixtures + "/mha_no_weights.json").substr(0, 1000);
+  fs::remove(out);
+  Result r = tparity("eval --fixture " + bad.string() + " --out " + out.string());
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains(bad.string() + ": malformed JSON"));
+  CHECK_FALSE(fs::exists(out));
+
+  r = tparity("eval --fixture " + kFixtures + "/mha_no_weights.json --out /nonexistent-dir/r.json");
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains("/nonexistent-dir/r.json: cannot write output"));
+
+  r = tparity("check --fixture " + bad.string());
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+}
+
+TEST_CASE("cli: check passes the committed fixtures and fails a tampered one with exit 1", "[cli]") {
+  Result r = tparity("check --fixture " + kFixtures + "/mha_kdim_vdim.json --fixture " + kFixtures +
+                     "/encoder_unbatched_eps.json");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("=> PASS"));
+  CHECK_THAT(r.out, !Catch::Contains("FAIL"));
+
+  // One stored float64 output moved by 1e-6 relative to the whole tensor: far above float64 noise.
+  json j = json::parse(slurp(kFixtures + "/mha_kdim_vdim.json"));
+  json& data = j["outputs"]["output"]["data"];
+  data[7] = data[7].get<double>() + 1e-5;
+  const fs::path tampered = scratch() / "tampered.json";
+  std::ofstream(tampered) << j.dump();
+  r = tparity("check --fixture " + tampered.string() + " --format json");
+  CHECK(r.code == 1);
+  const json doc = json::parse(r.out);
+  CHECK(doc.at("cases").at(0).at("pass") == false);
+  CHECK_THAT(doc.at("cases").at(0).at("failures").at(0).get<std::string>(),
+             Catch::StartsWith("case mha_kdim_vdim: component output: leg hand64_vs_torch64: rel_l2"));
+}
+
+TEST_CASE("cli: run prints every default case, and its JSON has the documented shape", "[cli][torch]") {
+  if (!with_torch()) {
+    CHECK(tparity("run").code == 2);  // says it was built without LibTorch
+    return;
+  }
+  Result r = tparity("run");
+  CHECK(r.code == 0);
+  for (const char* c : {"case single", "case batched", "case multihead", "case block", "case sdpa"})
+    CHECK_THAT(r.out, Catch::Contains(c));
+  CHECK_THAT(r.out, Catch::Contains("5 case(s): 5 passed, 0 failed"));
+
+  r = tparity("run --case sdpa --case single --format json");
+  REQUIRE(r.code == 0);
+  const json doc = json::parse(r.out);
+  REQUIRE(doc.at("cases").size() == 2);
+  for (const json& c : doc.at("cases")) {
+    for (const char* k : {"name", "config", "seed", "pass", "components"}) CHECK(c.contains(k));
+    for (const json& comp : c.at("components")) {
+      for (const char* k : {"name", "pass", "legs"}) CHECK(comp.contains(k));
+      for (const char* leg : {"hand64_vs_torch64", "hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"})
+        for (const char* k : {"l2", "rel_l2", "max_abs", "max_abs_index"}) CHECK(comp.at("legs").at(leg).contains(k));
+    }
+  }
+  CHECK(doc.at("cases").at(0).at("name") == "sdpa");
+  CHECK(doc.at("cases").at(1).at("seed") == 1);
+
+  // Overrides reach the case: cross-attention with random bool masks and biases.
+  r = tparity(
+      "run --case multihead --batch 3 --seq 7 --kv-seq 11 --dim 24 --heads 6 --bias on --mask random --random-params "
+      "--seed 9");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("B=3 T=7 S=11 d=24 heads=6 bias=on mask=random random_params  (seed 9)"));
+}

@@ -1,0 +1,101 @@
+// The comparator: metrics on worked examples, non-finite handling, and gates that pass and fail.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+
+#include "tparity/compare/legs.hpp"
+#include "tparity/compare/report.hpp"
+
+using namespace tparity;
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+}  // namespace
+
+TEST_CASE("metrics: l2, rel_l2 and max_abs with its multi-index", "[compare]") {
+  // a - b = (0, 3, 0, -4): l2 = 5; ||b|| = sqrt(1 + 4 + 4 + 16) = 5; max_abs 4 at flat 3 = [1, 1].
+  const Tensor<double> a({2, 2}, {1, 5, 2, 0}), b({2, 2}, {1, 2, 2, 4});
+  const Metrics m = measure(a, b);
+  CHECK(m.l2 == 5.0);
+  CHECK(m.rel_l2 == 1.0);
+  CHECK(m.max_abs == 4.0);
+  CHECK(m.max_abs_index == std::vector<int64_t>{1, 1});
+  CHECK(m.count == 4);
+  CHECK(m.clean());
+  CHECK(measure(b, b).rel_l2 == 0.0);
+  CHECK(measure(Tensor<double>({1}, {1}), Tensor<double>({1}, {0})).rel_l2 == kInf);
+  CHECK_FALSE(measure(Tensor<double>({4}), b).comparable());
+}
+
+TEST_CASE("metrics: NaN with NaN and the same infinity agree and are counted; anything else disagrees", "[compare]") {
+  const Tensor<double> a({5}, {kNaN, -kInf, 1.0, kInf, kNaN}), b({5}, {kNaN, -kInf, 1.5, -kInf, 2.0});
+  const Metrics m = measure(a, b);
+  CHECK(m.nan_matched == 1);
+  CHECK(m.inf_matched == 1);
+  CHECK(m.nonfinite_mismatch == 2);
+  CHECK(m.first_mismatch_index == std::vector<int64_t>{3});
+  CHECK(m.l2 == 0.5);  // only position 2 is finite in both
+  CHECK_FALSE(m.clean());
+}
+
+namespace {
+
+// One component "x" in four implementations with chosen errors relative to torch64 = ones.
+CaseReport judge(double hand64_err, double hand32_err, double torch32_err, bool nan_in_hand32 = false) {
+  auto make = [](double err) {
+    Tensor<double> t({100}, 1.0);
+    t.data[7] += err * 10;  // ||t - 1|| = 10 err, ||1|| = 10: rel_l2 = err
+    return Components{{"x", t}};
+  };
+  Components h64 = make(hand64_err), h32 = make(hand32_err), t64 = make(0), t32 = make(torch32_err);
+  if (nan_in_hand32) h32[0].value.data[3] = kNaN;
+  CaseReport r;
+  r.name = "demo";
+  compare_components(r, {"x"}, {{"hand64", &h64}, {"hand32", &h32}, {"torch64", &t64}, {"torch32", &t32}},
+                     standard_legs(), GatePolicy{}, {"hand64", "hand32", "torch64", "torch32"});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("gates: float64 semantic bound, float32 judged by torch32's own error", "[compare]") {
+  const GatePolicy p;
+  CHECK(p.numeric_floor == Approx(4 * 5.960464477539063e-08));
+  CHECK(judge(1e-15, 3e-7, 2e-7).pass);        // 3e-7 <= 2 * 2e-7 + 2.4e-7
+  CHECK_FALSE(judge(1e-15, 7e-7, 2e-7).pass);  // 7e-7 >  6.4e-7
+  CHECK(judge(1e-15, 2e-7, 0).pass);           // the floor alone: 2e-7 <= 2.4e-7
+  CHECK_FALSE(judge(1e-15, 3e-7, 0).pass);
+  CHECK_FALSE(judge(1e-9, 1e-7, 1e-7).pass);         // semantics broken, numerics fine
+  CHECK_FALSE(judge(1e-15, 1e-7, 1e-7, true).pass);  // a NaN the reference does not have
+
+  const CaseReport r = judge(1e-15, 7e-7, 2e-7);
+  REQUIRE(r.failures.size() == 1);
+  // A failure names the case, component, leg, figure and bound.
+  CHECK_THAT(r.failures[0],
+             Catch::StartsWith("case demo: component x: leg hand32_vs_torch64: rel_l2 7e-07 > bound 6.38e-07"));
+  CHECK_THAT(r.failures[0], Catch::Contains("2 x torch32_vs_torch64 2e-07"));
+}
+
+TEST_CASE("gates: a component missing from an implementation fails the case", "[compare]") {
+  Components full{{"x", Tensor<double>({1}, {1.0})}}, empty;
+  CaseReport r;
+  r.name = "demo";
+  compare_components(r, {"x"}, {{"hand64", &empty}, {"hand32", &full}, {"torch64", &full}, {"torch32", &full}},
+                     standard_legs(), GatePolicy{}, {"hand64", "hand32", "torch64", "torch32"});
+  CHECK_FALSE(r.pass);
+  CHECK_THAT(r.failures.at(0), Catch::Contains("missing from hand64"));
+}
+
+TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
+  const CaseReport r = judge(1e-15, 3e-7, 2e-7);
+  const nlohmann::json j = to_json(std::vector<CaseReport>{r});
+  const nlohmann::json& c = j.at("cases").at(0);
+  CHECK(c.at("name") == "demo");
+  CHECK(c.at("pass") == true);
+  const nlohmann::json& legs = c.at("components").at(0).at("legs");
+  for (const char* leg : {"hand64_vs_torch64", "hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"})
+    for (const char* key : {"l2", "rel_l2", "max_abs", "max_abs_index"}) CHECK(legs.at(leg).contains(key));
+  CHECK(legs.at("hand32_vs_torch64").at("rel_l2").get<double>() == Approx(3e-7));
+  CHECK(render_table(r).find("PASS") != std::string::npos);
+}

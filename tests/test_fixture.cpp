@@ -1,0 +1,200 @@
+// Fixture format v1: the committed fixtures against the hand core (no torch, no Python needed), and
+// bad files refused with a message naming the file and the field.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "tparity/compare/legs.hpp"
+#include "tparity/fixture/fixture.hpp"
+#include "tparity/harness/hand.hpp"
+
+using namespace tparity;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Components as_components(const TensorMap& m) {
+  Components c;
+  for (const auto& [k, v] : m) c.push_back({k, to_tensor<double>(v)});
+  return c;
+}
+
+std::vector<std::string> committed_fixtures() {
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(TPARITY_FIXTURES))
+    if (e.path().extension() == ".json" && e.path().filename().string().rfind("baseline", 0) != 0)
+      files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
+TEST_CASE("fixtures: the committed set covers what the C++ modules cannot express", "[fixture]") {
+  bool norm_first = false, seq_first = false, eps = false, gelu = false, unbatched = false, per_head = false;
+  for (const std::string& f : committed_fixtures()) {
+    const Problem p = read_fixture(f);
+    const bool enc = p.module == ModuleKind::TransformerEncoderLayer;
+    norm_first |= enc && p.encoder.norm_first;
+    seq_first |= enc ? !p.encoder.batch_first : !p.mha.batch_first;
+    eps |= enc && p.encoder.layer_norm_eps != 1e-5;
+    gelu |= enc && p.encoder.activation == Activation::Gelu;
+    unbatched |= (enc ? p.inputs.at("src").shape.size() == 2 : p.inputs.at("query").shape.size() == 2);
+    per_head |= !enc && p.forward.need_weights && !p.forward.average_attn_weights;
+  }
+  CHECK(norm_first);
+  CHECK(seq_first);
+  CHECK(eps);
+  CHECK(gelu);
+  CHECK(unbatched);
+  CHECK(per_head);
+  CHECK(committed_fixtures().size() >= 12);
+}
+
+TEST_CASE("fixtures: the hand core reproduces Python PyTorch's stored outputs", "[fixture]") {
+  // Semantics in float64 (rel_l2 <= 1e-10); float32 judged by PyTorch's own float32 error, the
+  // stored outputs_float32 against the stored float64 outputs. The gates are the comparator's.
+  for (const std::string& f : committed_fixtures()) {
+    CAPTURE(f);
+    const Problem p = read_fixture(f);
+    const Components h64 = as_components(run_hand(p, DType::Float64, false, f).outputs);
+    const Components h32 = as_components(run_hand(p, DType::Float32, false, f).outputs);
+    const Components t64 = as_components(p.outputs), t32 = as_components(p.outputs_float32);
+    REQUIRE(p.outputs.at("output").dtype == DType::Float64);
+    REQUIRE_FALSE(t32.empty());
+    CaseReport r;
+    r.name = p.name;
+    std::vector<std::string> names{"output"};
+    if (p.forward.need_weights && p.module == ModuleKind::MultiheadAttention) names.push_back("attn_weights");
+    compare_components(r, names, {{"hand64", &h64}, {"hand32", &h32}, {"torch64", &t64}, {"torch32", &t32}},
+                       standard_legs(), GatePolicy{}, {"hand64", "hand32", "torch64", "torch32"});
+    for (const std::string& fail : r.failures) UNSCOPED_INFO(fail);
+    CHECK(r.pass);
+    CHECK(r.components.size() == names.size());
+  }
+}
+
+TEST_CASE("fixtures: writing and reading back gives the same problem", "[fixture]") {
+  const std::string f = std::string(TPARITY_FIXTURES) + "/mha_bias_kv_zero_attn.json";
+  const Problem p = read_fixture(f);
+  const Problem q = parse_fixture(fixture_to_json(p).dump(), "roundtrip");
+  CHECK(q.name == p.name);
+  CHECK(config_json(q) == config_json(p));
+  for (const TensorMap* m : {&p.state_dict, &p.inputs, &p.outputs, &p.outputs_float32}) {
+    const TensorMap& other = m == &p.state_dict ? q.state_dict
+                             : m == &p.inputs   ? q.inputs
+                             : m == &p.outputs  ? q.outputs
+                                                : q.outputs_float32;
+    REQUIRE(other.size() == m->size());
+    for (const auto& [k, t] : *m) {
+      CAPTURE(k);
+      CHECK(other.at(k).dtype == t.dtype);
+      CHECK(other.at(k).shape == t.shape);
+      CHECK(other.at(k).data == t.data);  // doubles round-trip exactly through JSON text
+    }
+  }
+}
+
+TEST_CASE("fixtures: bad files are refused with one message naming the file and the field", "[fixture]") {
+  const std::string base_path = std::string(TPARITY_FIXTURES) + "/mha_no_weights.json";
+  const nlohmann::json base = nlohmann::json::parse(slurp(base_path));
+  using Mutate = std::function<void(nlohmann::json&)>;
+  const std::vector<std::pair<Mutate, std::string>> cases = {
+      {[](nlohmann::json& j) { j["format"] = "other"; },
+       "bad.json: format: expected \"tparity.fixture\", got \"other\""},
+      {[](nlohmann::json& j) { j["version"] = 2; }, "bad.json: version: expected 1, got 2"},
+      {[](nlohmann::json& j) { j["module"] = "Transformer"; },
+       "bad.json: module: expected \"MultiheadAttention\" or \"TransformerEncoderLayer\", got \"Transformer\""},
+      {[](nlohmann::json& j) { j.erase("state_dict"); }, "bad.json: state_dict: missing"},
+      {[](nlohmann::json& j) { j["state_dict"].erase("out_proj.weight"); },
+       "bad.json: state_dict.out_proj.weight: missing (expected shape [16, 16])"},
+      {[](nlohmann::json& j) { j["state_dict"]["bias_k"] = j["state_dict"]["out_proj.bias"]; },
+       "bad.json: state_dict.bias_k: unexpected entry"},
+      {[](nlohmann::json& j) {
+         j["state_dict"]["in_proj_weight"]["shape"] = {48, 8};
+         j["state_dict"]["in_proj_weight"]["data"] = std::vector<double>(384, 0.0);
+       },
+       "bad.json: state_dict.in_proj_weight: expected shape [48, 16], got [48, 8]"},
+      {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"].erase(0); },
+       "bad.json: state_dict.out_proj.bias.data: expected 16 values (the product of shape [16]), got 15"},
+      {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["dtype"] = "float16"; },
+       "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"float16\""},
+      {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = "abc"; },
+       "bad.json: state_dict.out_proj.bias.data[3]: expected a number or \"inf\", \"-inf\", \"nan\", got \"abc\""},
+      {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = nullptr; },
+       "bad.json: state_dict.out_proj.bias.data[3]: expected a number, got null"},
+      {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["shape"] = {-16}; },
+       "bad.json: state_dict.out_proj.bias.shape[0]: expected an integer >= 0, got -16"},
+      {[](nlohmann::json& j) {
+         j["state_dict"]["out_proj.bias"]["shape"] = {1 << 20, 1 << 20, 1 << 20};
+       },
+       "bad.json: state_dict.out_proj.bias.shape: expected at most"},
+      {[](nlohmann::json& j) { j["config"]["num_heads"] = 3; },
+       "bad.json: config.num_heads: expected a divisor of embed_dim 16, got 3"},
+      {[](nlohmann::json& j) { j["config"]["num_heads"] = "2"; },
+       "bad.json: config.num_heads: expected an integer, got string \"2\""},
+      {[](nlohmann::json& j) { j["config"]["dropuot"] = 0; }, "bad.json: config.dropuot: unexpected field"},
+      {[](nlohmann::json& j) { j["config"]["dropout"] = 0.1; }, "bad.json: config.dropout: expected 0"},
+      {[](nlohmann::json& j) {
+         j["inputs"]["query"]["dtype"] = "bool";
+         j["inputs"]["query"]["data"] = std::vector<bool>(160, true);
+       },
+       "bad.json: inputs.query: expected a float32 or float64 tensor, got bool"},
+      {[](nlohmann::json& j) { j["inputs"]["src"] = j["inputs"]["query"]; },
+       "bad.json: inputs.src: not an argument of MultiheadAttention.forward()"},
+      {[](nlohmann::json& j) { j["inputs"].erase("value"); }, "bad.json: inputs.value: missing"},
+      {[](nlohmann::json& j) { j["outputs"]["attn_weights"] = j["outputs"]["output"]; },
+       "bad.json: outputs.attn_weights: unexpected output (expected output only)"},
+      {[](nlohmann::json& j) { j["extra"] = 1; }, "bad.json: extra: unexpected field"},
+  };
+  for (const auto& [mutate, expect] : cases) {
+    nlohmann::json j = base;
+    mutate(j);
+    CAPTURE(expect);
+    CHECK_THROWS_WITH(parse_fixture(j.dump(), "bad.json"), Catch::StartsWith(expect));
+  }
+  const std::string text = base.dump();
+  CHECK_THROWS_WITH(parse_fixture(text.substr(0, text.size() / 2), "bad.json"),
+                    Catch::StartsWith("bad.json: malformed JSON: "));
+  CHECK_THROWS_WITH(parse_fixture("[1, 2]", "bad.json"),
+                    Catch::StartsWith("bad.json: (top level): expected a JSON object, got array"));
+  CHECK_THROWS_WITH(read_fixture("/nonexistent/f.json"),
+                    Catch::StartsWith("/nonexistent/f.json: cannot open fixture: No such file"));
+}
+
+TEST_CASE("fixtures: inputs whose shapes disagree with the config are refused when run", "[fixture]") {
+  nlohmann::json j = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/mha_no_weights.json"));
+  j["inputs"]["attn_mask"]["shape"] = {5, 4};
+  j["inputs"]["attn_mask"]["data"] = std::vector<double>(20, 0.0);
+  const Problem p = parse_fixture(j.dump(), "bad.json");
+  CHECK_THROWS_WITH(run_hand(p, DType::Float32, false, "bad.json"),
+                    Catch::StartsWith("bad.json: inputs.attn_mask: expected shape [5, 5]"));
+  j = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/mha_no_weights.json"));
+  j["config"]["batch_first"] = false;  // (2, 5, 16) read as (L=2, B=5): the mask no longer fits
+  CHECK_THROWS_WITH(run_hand(parse_fixture(j.dump(), "bad.json"), DType::Float32, false, "bad.json"),
+                    Catch::StartsWith("bad.json: inputs.attn_mask: expected shape [2, 2]"));
+}
+
+TEST_CASE("fixtures: an output that cannot be written leaves nothing behind", "[fixture]") {
+  CHECK_THROWS_WITH(write_json_file("/nonexistent-dir/out.json", nlohmann::json::object()),
+                    Catch::StartsWith("/nonexistent-dir/out.json: cannot write output"));
+  const fs::path dir = fs::temp_directory_path() / "tparity_write_test";
+  fs::create_directories(dir);
+  const std::string out = (dir / "r.json").string();
+  write_json_file(out, {{"a", 1}});
+  CHECK(nlohmann::json::parse(slurp(out)) == nlohmann::json{{"a", 1}});
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  CHECK(files == 1);  // no temporary left
+  fs::remove_all(dir);
+}

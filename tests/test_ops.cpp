@@ -1,0 +1,135 @@
+// The elementary ops against hand-worked answers, invariants and scalar twins.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tparity/core/ops.hpp"
+#include "tparity/harness/rng.hpp"
+
+using namespace tparity;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Scalar twin of dot(): one long double accumulator, left to right.
+long double dot_twin(const double* a, const double* b, int64_t n) {
+  long double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += (long double)a[i] * (long double)b[i];
+  return acc;
+}
+
+}  // namespace
+
+TEST_CASE("dot and sum of small integers are exact", "[ops]") {
+  // 1*1 + 2*2 + ... + 20*20 = 20*21*41/6 = 2870: every partial sum is an integer below 2^24,
+  // so float must be exact whatever the order.
+  std::vector<float> a(20);
+  for (int i = 0; i < 20; ++i) a[size_t(i)] = float(i + 1);
+  CHECK(dot(a.data(), a.data(), 20) == 2870.0f);
+  CHECK(sum(a.data(), 20) == 210.0f);
+  CHECK(dot(a.data(), a.data(), 0) == 0.0f);
+  CHECK(sum(a.data(), 3) == 6.0f);
+}
+
+TEST_CASE("dot agrees with its scalar twin for lengths 0..2N and misaligned starts", "[ops]") {
+  // gemma.cpp's sweep: every length up to twice the unroll, every start offset within it.
+  Rng rng(11);
+  std::vector<double> a(64), b(64);
+  for (size_t i = 0; i < 64; ++i) a[i] = rng.normal(), b[i] = rng.normal();
+  for (int64_t off = 0; off < 8; ++off)
+    for (int64_t n = 0; n <= 16 + 1; ++n) {
+      CAPTURE(off, n);
+      const long double twin = dot_twin(a.data() + off, b.data() + off, n);
+      long double mag = 0;
+      for (int64_t i = 0; i < n; ++i) mag += std::fabs(a[size_t(off + i)] * b[size_t(off + i)]);
+      // Standard bound for any summation order: |error| <= n u sum|a_i b_i|, u = 2^-53.
+      CHECK(std::fabs((long double)dot(a.data() + off, b.data() + off, n) - twin) <= (long double)n * 0x1p-53L * mag);
+    }
+}
+
+TEST_CASE("linear uses torch's (out, in) weight layout", "[ops]") {
+  // W = [[1, 2], [3, 4], [5, 6]] (OC=3, C=2), x = [[1, 1], [2, -1]], b = [10, 20, 30]
+  // x W^T = [[3, 7, 11], [0, 2, 4]]
+  const std::vector<double> W{1, 2, 3, 4, 5, 6}, x{1, 1, 2, -1}, b{10, 20, 30};
+  std::vector<double> y(6);
+  linear_forward(y.data(), x.data(), W.data(), b.data(), 2, 2, 3);
+  CHECK(y == std::vector<double>{13, 27, 41, 10, 22, 34});
+  linear_forward(y.data(), x.data(), W.data(), static_cast<const double*>(nullptr), 2, 2, 3);
+  CHECK(y == std::vector<double>{3, 7, 11, 0, 2, 4});
+}
+
+TEST_CASE("softmax: a worked answer, rows that sum to one, the max subtracted", "[ops]") {
+  // softmax(log 1, log 2, log 3, log 4) = (1, 2, 3, 4) / 10
+  std::vector<double> x{0.0, std::log(2.0), std::log(3.0), std::log(4.0)};
+  softmax_forward(x.data(), x.data(), 1, 4);
+  for (int i = 0; i < 4; ++i) CHECK(x[size_t(i)] == Approx((i + 1) / 10.0).epsilon(1e-15));
+
+  // Without the max subtracted, exp(1000) overflows; with it these rows are (1/(1+e), e/(1+e)).
+  std::vector<float> big{1000.f, 1001.f, -1000.f, -1001.f};
+  softmax_forward(big.data(), big.data(), 2, 2);
+  const double e = std::exp(1.0);
+  CHECK(big[0] == Approx(1 / (1 + e)).epsilon(1e-6));
+  CHECK(big[1] == Approx(e / (1 + e)).epsilon(1e-6));
+  CHECK(big[2] == Approx(e / (1 + e)).epsilon(1e-6));
+
+  Rng rng(3);
+  std::vector<float> r(7 * 33);
+  for (float& v : r) v = float(4 * rng.normal());
+  softmax_forward(r.data(), r.data(), 7, 33);
+  for (int row = 0; row < 7; ++row) {
+    double s = 0;
+    for (int c = 0; c < 33; ++c) {
+      CHECK(r[size_t(row * 33 + c)] >= 0.f);
+      s += r[size_t(row * 33 + c)];
+    }
+    CHECK(s == Approx(1.0).epsilon(33 * 0x1p-24));
+  }
+}
+
+TEST_CASE("softmax: -inf entries get exactly zero weight; an all -inf row is NaN as in torch", "[ops]") {
+  std::vector<double> x{1.0, -kInf, 2.0, -kInf, -kInf, -kInf};
+  softmax_forward(x.data(), x.data(), 2, 3);
+  CHECK(x[1] == 0.0);
+  CHECK(x[0] + x[2] == Approx(1.0));
+  for (int c = 3; c < 6; ++c) CHECK(std::isnan(x[size_t(c)]));
+}
+
+TEST_CASE("layer norm: biased variance, eps inside the root, affine", "[ops]") {
+  // x = (1, 2, 3, 4): mean 2.5, biased variance 1.25 (the unbiased one would be 5/3).
+  const std::vector<double> x{1, 2, 3, 4}, w{1, 2, 1, 1}, b{0, 0, 1, 0};
+  std::vector<double> y(4);
+  const double eps = 1e-5, r = 1 / std::sqrt(1.25 + eps);
+  layernorm_forward(y.data(), x.data(), static_cast<const double*>(nullptr), static_cast<const double*>(nullptr), eps,
+                    1, 4);
+  CHECK(y[0] == Approx(-1.5 * r).epsilon(1e-15));
+  CHECK(y[3] == Approx(1.5 * r).epsilon(1e-15));
+  layernorm_forward(y.data(), x.data(), w.data(), b.data(), eps, 1, 4);
+  CHECK(y[1] == Approx(2 * -0.5 * r).epsilon(1e-15));
+  CHECK(y[2] == Approx(0.5 * r + 1).epsilon(1e-15));
+}
+
+TEST_CASE("layer norm keeps its digits on a row of tiny variance around a large mean", "[ops]") {
+  // 1000 + (-1, 1) * 2^-10 in float: a one-pass E[x^2] - E[x]^2 would cancel to garbage; two
+  // passes give exactly (-1, 1) / sqrt(1 + eps / var).
+  std::vector<float> x{1000.f - 0x1p-10f, 1000.f + 0x1p-10f}, y(2);
+  layernorm_forward(y.data(), x.data(), static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), 0.f, 1,
+                    2);
+  CHECK(y[0] == Approx(-1.0).epsilon(1e-6));
+  CHECK(y[1] == Approx(1.0).epsilon(1e-6));
+}
+
+TEST_CASE("relu and the erf form of gelu", "[ops]") {
+  std::vector<double> x{-2, -0.5, 0, 0.5, 2}, y(5);
+  relu_forward(y.data(), x.data(), 5);
+  CHECK(y == std::vector<double>{0, 0, 0, 0.5, 2});
+  // gelu(x) = x Phi(x); Phi(1) = 0.841344746068542948585, Phi(-1) = 0.158655253931457051415 (tables).
+  std::vector<double> g{1, -1, 0}, out(3);
+  gelu_forward(out.data(), g.data(), 3);
+  CHECK(out[0] == Approx(0.841344746068542948585).epsilon(1e-15));
+  CHECK(out[1] == Approx(-0.158655253931457051415).epsilon(1e-15));
+  CHECK(out[2] == 0.0);
+  // Not the tanh approximation, which gives 0.841191990607... at 1.
+  CHECK(std::fabs(out[0] - 0.8411919906082768) > 1e-4);
+}

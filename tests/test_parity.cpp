@@ -1,0 +1,224 @@
+// Parity against LibTorch: the default cases, a seeded grid of shapes and options, the fixtures
+// through the C++ reference. Each problem goes through the comparator's own gates.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "tparity/compare/evaluate.hpp"
+#include "tparity/compare/report.hpp"
+#include "tparity/fixture/fixture.hpp"
+#include "tparity/harness/cases.hpp"
+#include "tparity/harness/rng.hpp"
+#include "tparity/torch/reference.hpp"
+
+using namespace tparity;
+namespace fs = std::filesystem;
+
+namespace {
+
+DTensor randn(Rng& rng, Shape s, double scale = 1.0) {
+  DTensor t{DType::Float64, s, std::vector<double>(size_t(numel(s)))};
+  for (double& x : t.data) x = round_to_float(scale * rng.normal());
+  return t;
+}
+
+DTensor random_bool(Rng& rng, Shape s, double p) {
+  DTensor t{DType::Bool, s, std::vector<double>(size_t(numel(s)))};
+  for (double& x : t.data) x = rng.coin(p) ? 1.0 : 0.0;
+  return t;
+}
+
+int64_t divisor_of(Rng& rng, int64_t n) {
+  std::vector<int64_t> ds;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) ds.push_back(d);
+  return ds[size_t(rng.integer(0, int64_t(ds.size()) - 1))];
+}
+
+// attn_mask and key_padding_mask as torch 1.13 accepts them: none, 2-D or 3-D, bool or float; a float
+// key padding mask only without a float attn_mask (torch raises on that pair).
+void random_masks(Rng& rng, Problem& p, int64_t B, int64_t H, int64_t L, int64_t S, const char* attn, const char* kpm) {
+  switch (rng.integer(0, 4)) {
+    case 0:
+      break;
+    case 1:
+      p.inputs[attn] = randn(rng, {L, S});
+      break;
+    case 2:
+      p.inputs[attn] = random_bool(rng, {L, S}, 0.3);
+      break;
+    case 3:
+      p.inputs[attn] = randn(rng, {(B ? B : 1) * H, L, S});
+      break;
+    case 4:
+      p.inputs[attn] = random_bool(rng, {(B ? B : 1) * H, L, S}, 0.3);
+      break;
+  }
+  const Shape ks = B ? Shape{B, S} : Shape{S};
+  const bool float_attn = p.inputs.count(attn) && p.inputs[attn].dtype != DType::Bool;
+  switch (rng.integer(0, 2)) {
+    case 0:
+      break;
+    case 1:
+      p.inputs[kpm] = random_bool(rng, ks, 0.3);
+      break;
+    case 2:
+      if (!float_attn) p.inputs[kpm] = randn(rng, ks);
+      break;
+  }
+}
+
+void mha_state(Rng& rng, const MhaConfig& c, const std::string& prefix, TensorMap& sd) {
+  const int64_t E = c.embed_dim;
+  const double s = 1 / std::sqrt(double(E));
+  if (c.packed())
+    sd[prefix + "in_proj_weight"] = randn(rng, {3 * E, E}, s);
+  else {
+    sd[prefix + "q_proj_weight"] = randn(rng, {E, E}, s);
+    sd[prefix + "k_proj_weight"] = randn(rng, {E, c.key_dim()}, s);
+    sd[prefix + "v_proj_weight"] = randn(rng, {E, c.value_dim()}, s);
+  }
+  if (c.bias) {
+    sd[prefix + "in_proj_bias"] = randn(rng, {3 * E}, 0.2);
+    sd[prefix + "out_proj.bias"] = randn(rng, {E}, 0.2);
+  }
+  if (c.add_bias_kv) {
+    sd[prefix + "bias_k"] = randn(rng, {1, 1, E});
+    sd[prefix + "bias_v"] = randn(rng, {1, 1, E});
+  }
+  sd[prefix + "out_proj.weight"] = randn(rng, {E, E}, s);
+}
+
+Shape layout(int64_t B, int64_t T, int64_t d, bool batch_first) {
+  if (!B) return {T, d};
+  return batch_first ? Shape{B, T, d} : Shape{T, B, d};
+}
+
+Problem random_mha(uint64_t seed) {
+  Rng rng(seed);
+  Problem p;
+  p.name = "mha_grid_" + std::to_string(seed);
+  p.module = ModuleKind::MultiheadAttention;
+  MhaConfig& c = p.mha;
+  c.embed_dim = std::vector<int64_t>{4, 6, 8, 12, 16}[size_t(rng.integer(0, 4))];
+  c.num_heads = divisor_of(rng, c.embed_dim);
+  c.bias = rng.coin();
+  c.add_bias_kv = rng.coin(0.3);
+  c.add_zero_attn = rng.coin(0.3);
+  if (rng.coin(0.3)) c.kdim = rng.integer(1, 10), c.vdim = rng.integer(1, 10);
+  c.batch_first = rng.coin();
+  p.forward.need_weights = rng.coin(0.8);
+  p.forward.average_attn_weights = rng.coin();
+  const int64_t B = rng.integer(0, 3), L = rng.integer(1, 8);
+  const bool self = c.packed() && rng.coin();
+  const int64_t S = self ? L : rng.integer(1, 9);
+  mha_state(rng, c, "", p.state_dict);
+  p.inputs["query"] = randn(rng, layout(B, L, c.embed_dim, c.batch_first));
+  p.inputs["key"] = self ? p.inputs["query"] : randn(rng, layout(B, S, c.key_dim(), c.batch_first));
+  p.inputs["value"] =
+      self ? p.inputs["query"]
+           : (c.packed() && rng.coin() ? p.inputs["key"] : randn(rng, layout(B, S, c.value_dim(), c.batch_first)));
+  random_masks(rng, p, B, c.num_heads, L, S, "attn_mask", "key_padding_mask");
+  return p;
+}
+
+Problem random_encoder(uint64_t seed) {
+  Rng rng(seed);
+  Problem p;
+  p.name = "encoder_grid_" + std::to_string(seed);
+  p.module = ModuleKind::TransformerEncoderLayer;
+  EncoderConfig& c = p.encoder;
+  c.d_model = std::vector<int64_t>{4, 8, 12, 16}[size_t(rng.integer(0, 3))];
+  c.nhead = divisor_of(rng, c.d_model);
+  c.dim_feedforward = rng.integer(1, 24);
+  c.activation = rng.coin() ? Activation::Gelu : Activation::Relu;
+  c.layer_norm_eps = std::vector<double>{1e-5, 1e-6, 1e-3}[size_t(rng.integer(0, 2))];
+  c.batch_first = rng.coin();
+  c.norm_first = rng.coin();
+  mha_state(rng, c.self_attn(), "self_attn.", p.state_dict);
+  const int64_t d = c.d_model, F = c.dim_feedforward, B = rng.integer(0, 3), T = rng.integer(1, 8);
+  p.state_dict["linear1.weight"] = randn(rng, {F, d}, 1 / std::sqrt(double(d)));
+  p.state_dict["linear1.bias"] = randn(rng, {F}, 0.2);
+  p.state_dict["linear2.weight"] = randn(rng, {d, F}, 1 / std::sqrt(double(F)));
+  p.state_dict["linear2.bias"] = randn(rng, {d}, 0.2);
+  for (const char* n : {"norm1", "norm2"}) {
+    DTensor w = randn(rng, {d}, 0.2);
+    for (double& x : w.data) x = round_to_float(1 + x);
+    p.state_dict[std::string(n) + ".weight"] = w;
+    p.state_dict[std::string(n) + ".bias"] = randn(rng, {d}, 0.2);
+  }
+  p.inputs["src"] = randn(rng, layout(B, T, d, c.batch_first));
+  random_masks(rng, p, B, c.nhead, T, T, "src_mask", "src_key_padding_mask");
+  return p;
+}
+
+void require_pass(const CaseReport& r) {
+  INFO(render_table(r));
+  REQUIRE(r.pass);
+}
+
+}  // namespace
+
+TEST_CASE("parity: the default cases pass, with the reference verified against LibTorch's modules", "[parity]") {
+  for (const CaseSpec& s : default_cases()) {
+    CAPTURE(s.name, s.seed);
+    const CaseReport r = evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{});
+    require_pass(r);
+    CHECK(r.components.size() == component_names(make_problem(s)).size());
+    if (s.module != ModuleKind::ScaledDotProductAttention) {
+      size_t verified = 0;
+      for (const std::string& n : r.notes) verified += n.find("bit for bit") != std::string::npos;
+      CHECK(verified == 2);  // float64 and float32
+    }
+  }
+}
+
+TEST_CASE("parity: a seeded grid of multi-head attention shapes and options", "[parity]") {
+  // Unbatched and batched, both layouts, bias, bias_kv, zero_attn, kdim/vdim, 2-D and 3-D masks,
+  // bool and float, key padding, averaged and per-head weights, need_weights off. Rows whose keys
+  // are all masked are allowed: torch and the core both give NaN there, which counts as agreement.
+  for (uint64_t seed = 1000; seed < 1200; ++seed) {
+    const Problem p = random_mha(seed);
+    CAPTURE(seed, summary(p));
+    require_pass(evaluate_problem(p, summary(p), seed, GatePolicy{}));
+  }
+}
+
+TEST_CASE("parity: a seeded grid of encoder layers", "[parity]") {
+  for (uint64_t seed = 2000; seed < 2100; ++seed) {
+    const Problem p = random_encoder(seed);
+    CAPTURE(seed, summary(p));
+    require_pass(evaluate_problem(p, summary(p), seed, GatePolicy{}));
+  }
+}
+
+TEST_CASE("parity: the run options reach LibTorch: masks, cross-attention, gelu, unbatched", "[parity]") {
+  for (CaseSpec s : default_cases()) {
+    for (MaskKind m : {MaskKind::None, MaskKind::Random, MaskKind::Padding}) {
+      if (s.module == ModuleKind::ScaledDotProductAttention && m == MaskKind::Padding) continue;
+      s.batch = s.batch ? 3 : 0;
+      s.seq = 6;
+      s.kv_seq = s.module == ModuleKind::TransformerEncoderLayer ? 0 : 9;
+      s.mask = m;
+      s.bias = true;
+      s.random_params = true;
+      s.activation = Activation::Gelu;
+      CAPTURE(s.describe());
+      require_pass(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
+    }
+  }
+}
+
+TEST_CASE("parity: every committed fixture through LibTorch and the hand core", "[parity]") {
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(TPARITY_FIXTURES))
+    if (e.path().extension() == ".json" && e.path().filename().string().rfind("baseline", 0) != 0)
+      files.push_back(e.path().string());
+  REQUIRE(files.size() >= 12);
+  for (const std::string& f : files) {
+    CAPTURE(f);
+    const std::vector<CaseReport> rs = check_fixture(read_fixture(f), f, GatePolicy{});
+    REQUIRE(rs.size() == 2);  // outputs against Python, and every component against the decomposition
+    for (const CaseReport& r : rs) require_pass(r);
+    CHECK(rs[0].components.at(0).leg("libtorch64_vs_torch64") != nullptr);
+  }
+}
