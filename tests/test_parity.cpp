@@ -164,11 +164,9 @@ TEST_CASE("parity: the default cases pass, with the reference verified against L
     const CaseReport r = evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{});
     require_pass(r);
     CHECK(r.components.size() == component_names(make_problem(s)).size());
-    if (s.module != ModuleKind::ScaledDotProductAttention) {
-      size_t verified = 0;
-      for (const std::string& n : r.notes) verified += n.find("bit for bit") != std::string::npos;
-      CHECK(verified == 2);  // float64 and float32
-    }
+    size_t verified = 0;
+    for (const std::string& n : r.notes) verified += n.find("bit for bit") != std::string::npos;
+    CHECK(verified == 2);  // float64 and float32
   }
 }
 

@@ -1,5 +1,7 @@
 // tparity eval: one implementation on a fixture's weights and inputs; writes its outputs.
+#include <cstdio>
 #include <map>
+#include <stdexcept>
 
 #include "common.hpp"
 #include "tparity/fixture/fixture.hpp"
@@ -17,8 +19,17 @@ struct EvalOptions {
 
 int eval(const EvalOptions& o) {
   const Problem p = read_fixture(o.fixture);
-  const RunResult r =
-      o.impl == "hand" ? run_hand(p, o.dtype, false, o.fixture) : run_torch(p, o.dtype, false, o.fixture).result;
+  RunResult r;
+  if (o.impl == "hand") {
+    r = run_hand(p, o.dtype, false, o.fixture);
+  } else {
+    TorchRun t = run_torch(p, o.dtype, false, o.fixture);
+    if (!t.failure.empty()) throw std::runtime_error(o.fixture + ": LibTorch reference: " + t.failure);
+    if (!t.module_ran)  // say where the outputs come from
+      for (const std::string& n : t.notes)
+        std::fprintf(stderr, "tparity: note: %s; outputs from the functional decomposition\n", n.c_str());
+    r = std::move(t.result);
+  }
   nlohmann::json outs = nlohmann::json::object();
   for (const auto& [name, t] : r.outputs) outs[name] = tensor_to_json(t);
   write_json_file(o.out, {{"outputs", std::move(outs)}});

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "tparity/compare/metrics.hpp"
@@ -64,9 +65,25 @@ struct Sink {
   }
 };
 
-TT param(const Problem& p, const std::string& name, DType dtype) {
-  auto it = p.state_dict.find(name);
-  return it == p.state_dict.end() ? TT() : to_torch(it->second, dtype);
+// The parameters the decomposition reads: the module's own (after loading the state dict) when the
+// C++ module runs, else the state dict's.
+using Params = std::map<std::string, TT>;
+
+Params state_params(const Problem& p, DType dtype) {
+  Params ps;
+  for (const auto& [name, t] : p.state_dict) ps[name] = to_torch(t, dtype);
+  return ps;
+}
+
+Params module_params(const torch::nn::Module& m) {
+  Params ps;
+  for (const auto& kv : m.named_parameters()) ps[kv.key()] = kv.value().detach();
+  return ps;
+}
+
+TT param(const Params& ps, const std::string& name) {
+  auto it = ps.find(name);
+  return it == ps.end() ? TT() : it->second;
 }
 
 TT input(const Problem& p, const std::string& name, DType dtype) {
@@ -86,12 +103,11 @@ struct MhaParams {
       out_proj_bias;
 };
 
-MhaParams mha_params(const Problem& p, const std::string& prefix, DType dtype) {
-  return {param(p, prefix + "in_proj_weight", dtype), param(p, prefix + "in_proj_bias", dtype),
-          param(p, prefix + "q_proj_weight", dtype),  param(p, prefix + "k_proj_weight", dtype),
-          param(p, prefix + "v_proj_weight", dtype),  param(p, prefix + "bias_k", dtype),
-          param(p, prefix + "bias_v", dtype),         param(p, prefix + "out_proj.weight", dtype),
-          param(p, prefix + "out_proj.bias", dtype)};
+MhaParams mha_params(const Params& ps, const std::string& prefix) {
+  return {
+      param(ps, prefix + "in_proj_weight"), param(ps, prefix + "in_proj_bias"),    param(ps, prefix + "q_proj_weight"),
+      param(ps, prefix + "k_proj_weight"),  param(ps, prefix + "v_proj_weight"),   param(ps, prefix + "bias_k"),
+      param(ps, prefix + "bias_v"),         param(ps, prefix + "out_proj.weight"), param(ps, prefix + "out_proj.bias")};
 }
 
 struct MhaResult {
@@ -256,6 +272,22 @@ void verify(TorchRun& run, const char* what, const TT& module_out, const TT& dec
                    std::to_string(m.max_abs) + ", non-finite mismatches " + std::to_string(m.nonfinite_mismatch);
 }
 
+// The bool mask the 1.13 C++ modules would add as 0/1 (attn_output_weights += attn_mask_), in the
+// additive -inf/0 form Python's semantics build from it.
+TT for_cxx_module(const TT& mask, DType dtype, const char* name, TorchRun& run) {
+  if (!mask.defined() || mask.scalar_type() != torch::kBool) return mask;
+  run.notes.push_back(std::string("bool ") + name +
+                      " passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask "
+                      "as 0/1)");
+  return bool_to_additive(mask, scalar_type(dtype));
+}
+
+void verified_note(TorchRun& run, const std::string& what, DType dtype) {
+  run.verified = run.failure.empty();
+  if (run.verified)
+    run.notes.push_back("decomposition reproduces " + what + " bit for bit (" + dtype_name(dtype) + ")");
+}
+
 TorchRun run_mha(const Problem& p, DType dtype, bool collect) {
   TorchRun run;
   const MhaConfig& c = p.mha;
@@ -267,42 +299,36 @@ TorchRun run_mha(const Problem& p, DType dtype, bool collect) {
   TT kpm = input(p, "key_padding_mask", dtype);
   if (kpm.defined() && !batched) kpm = kpm.unsqueeze(0);
 
-  Sink sink{collect ? &run.result.components : nullptr, "", "", ""};
-  const MhaResult ref = mha_decomposed(c, p.forward, mha_params(p, "", dtype), query, key, value, attn, kpm, sink);
-  TT out = ref.output, weights = ref.weights;
-
-  if (module_limitation(p).empty()) {
-    torch::nn::MultiheadAttention m(torch::nn::MultiheadAttentionOptions(c.embed_dim, c.num_heads)
-                                        .dropout(0.0)
-                                        .bias(c.bias)
-                                        .add_bias_kv(c.add_bias_kv)
-                                        .add_zero_attn(c.add_zero_attn)
-                                        .kdim(c.key_dim())
-                                        .vdim(c.value_dim()));
+  const std::string limitation = module_limitation(p);
+  torch::nn::MultiheadAttention m{nullptr};
+  if (limitation.empty()) {
+    m = torch::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(c.embed_dim, c.num_heads)
+                                          .dropout(0.0)
+                                          .bias(c.bias)
+                                          .add_bias_kv(c.add_bias_kv)
+                                          .add_zero_attn(c.add_zero_attn)
+                                          .kdim(c.key_dim())
+                                          .vdim(c.value_dim()));
     m->to(scalar_type(dtype));
     m->eval();
     load_state(*m, p, dtype, "LibTorch");
-    // The 1.13 C++ module adds a bool attn_mask as 0/1 (attn_output_weights += attn_mask_); give it
-    // the additive mask Python's semantics build from it.
-    TT mod_attn =
-        attn.defined() && attn.scalar_type() == torch::kBool ? bool_to_additive(attn, scalar_type(dtype)) : attn;
-    if (attn.defined() && attn.scalar_type() == torch::kBool)
-      run.notes.push_back(
-          "bool attn_mask passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask "
-          "as 0/1)");
+  } else {
+    run.notes.push_back("no LibTorch module run: " + limitation);
+  }
+  const Params params = m ? module_params(*m) : state_params(p, dtype);
+  Sink sink{collect ? &run.result.components : nullptr, "", "", ""};
+  const MhaResult ref = mha_decomposed(c, p.forward, mha_params(params, ""), query, key, value, attn, kpm, sink);
+  TT out = ref.output, weights = ref.weights;
+  if (m) {
+    const TT mod_attn = for_cxx_module(attn, dtype, "attn_mask", run);
     torch::NoGradGuard guard;
     auto [mout, mweights] =
         m->forward(query, key, value, kpm, p.forward.need_weights, mod_attn, p.forward.average_attn_weights);
     run.module_ran = true;
     verify(run, "output", mout, ref.output);
     if (p.forward.need_weights) verify(run, "attn_weights", mweights, ref.weights);
-    run.verified = run.failure.empty();
-    if (run.verified)
-      run.notes.push_back(std::string("decomposition reproduces torch::nn::MultiheadAttention bit for bit (") +
-                          dtype_name(dtype) + ")");
+    verified_note(run, "torch::nn::MultiheadAttention", dtype);
     out = mout, weights = mweights;
-  } else {
-    run.notes.push_back("no LibTorch module run: " + module_limitation(p));
   }
   run.result.outputs["output"] = to_dtensor(from_seq_first(out, batched, c.batch_first), dtype);
   if (p.forward.need_weights)
@@ -319,27 +345,45 @@ TorchRun run_encoder(const Problem& p, DType dtype, bool collect) {
   TT kpm = input(p, "src_key_padding_mask", dtype);
   if (kpm.defined() && !batched) kpm = kpm.unsqueeze(0);
 
+  const std::string limitation = module_limitation(p);
+  torch::nn::TransformerEncoderLayer m{nullptr};
+  if (limitation.empty()) {
+    auto opts =
+        torch::nn::TransformerEncoderLayerOptions(c.d_model, c.nhead).dim_feedforward(c.dim_feedforward).dropout(0.0);
+    if (c.activation == Activation::Gelu)
+      opts.activation(torch::kGELU);
+    else
+      opts.activation(torch::kReLU);
+    m = torch::nn::TransformerEncoderLayer(opts);
+    m->to(scalar_type(dtype));
+    m->eval();
+    load_state(*m, p, dtype, "LibTorch");
+  } else {
+    run.notes.push_back("no LibTorch module run: " + limitation);
+  }
+  const Params params = m ? module_params(*m) : state_params(p, dtype);
+
   // mirrors TransformerEncoderLayerImpl::forward (C++, 1.13) and, for norm_first, Python's
   // TransformerEncoderLayer.forward: x = x + sa(norm1(x)); x = x + ff(norm2(x)).
   Components* comps = collect ? &run.result.components : nullptr;
   const Sink top{comps, "", "", ""};
   const Sink sa_sink{comps, "sa.", "output", "sa_output"};
-  const MhaParams ap = mha_params(p, "self_attn.", dtype);
-  MhaConfig acfg = c.self_attn();
+  const MhaParams ap = mha_params(params, "self_attn.");
+  const MhaConfig acfg = c.self_attn();
   auto sa = [&](const TT& x) {
     return mha_decomposed(acfg, MhaForward{false, true}, ap, x, x, x, mask, kpm, sa_sink).output;
   };
-  auto norm = [&](const TT& x, const char* n) {
+  auto norm = [&](const TT& x, const std::string& n) {
     return F::layer_norm(x, F::LayerNormFuncOptions({c.d_model})
-                                .weight(param(p, std::string(n) + ".weight", dtype))
-                                .bias(param(p, std::string(n) + ".bias", dtype))
+                                .weight(param(params, n + ".weight"))
+                                .bias(param(params, n + ".bias"))
                                 .eps(c.layer_norm_eps));
   };
   auto ff = [&](const TT& x) {
-    TT h = F::linear(x, param(p, "linear1.weight", dtype), param(p, "linear1.bias", dtype));
+    TT h = F::linear(x, param(params, "linear1.weight"), param(params, "linear1.bias"));
     h = c.activation == Activation::Gelu ? F::gelu(h) : F::relu(h);
     top.put("ffn_hidden", h.transpose(0, 1));
-    TT o = F::linear(h, param(p, "linear2.weight", dtype), param(p, "linear2.bias", dtype));
+    TT o = F::linear(h, param(params, "linear2.weight"), param(params, "linear2.bias"));
     top.put("ffn_output", o.transpose(0, 1));
     return o;
   };
@@ -359,34 +403,14 @@ TorchRun run_encoder(const Problem& p, DType dtype, bool collect) {
   top.put("output", x.transpose(0, 1));
   TT out = x;
 
-  if (module_limitation(p).empty()) {
-    auto opts =
-        torch::nn::TransformerEncoderLayerOptions(c.d_model, c.nhead).dim_feedforward(c.dim_feedforward).dropout(0.0);
-    if (c.activation == Activation::Gelu)
-      opts.activation(torch::kGELU);
-    else
-      opts.activation(torch::kReLU);
-    torch::nn::TransformerEncoderLayer m(opts);
-    m->to(scalar_type(dtype));
-    m->eval();
-    load_state(*m, p, dtype, "LibTorch");
-    TT mod_mask =
-        mask.defined() && mask.scalar_type() == torch::kBool ? bool_to_additive(mask, scalar_type(dtype)) : mask;
-    if (mask.defined() && mask.scalar_type() == torch::kBool)
-      run.notes.push_back(
-          "bool src_mask passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask as "
-          "0/1)");
+  if (m) {
+    const TT mod_mask = for_cxx_module(mask, dtype, "src_mask", run);
     torch::NoGradGuard guard;
     const TT mout = m->forward(src, mod_mask, kpm);
     run.module_ran = true;
     verify(run, "output", mout, x);
-    run.verified = run.failure.empty();
-    if (run.verified)
-      run.notes.push_back(std::string("decomposition reproduces torch::nn::TransformerEncoderLayer bit for bit (") +
-                          dtype_name(dtype) + ")");
+    verified_note(run, "torch::nn::TransformerEncoderLayer", dtype);
     out = mout;
-  } else {
-    run.notes.push_back("no LibTorch module run: " + module_limitation(p));
   }
   run.result.outputs["output"] = to_dtensor(from_seq_first(out, batched, c.batch_first), dtype);
   return run;
@@ -398,16 +422,26 @@ TorchRun run_sdpa(const Problem& p, DType dtype, bool collect) {
   TT mask = input(p, "attn_mask", dtype);
   if (mask.defined() && mask.scalar_type() == torch::kBool) mask = bool_to_additive(mask, scalar_type(dtype));
   const Sink sink{collect ? &run.result.components : nullptr, "", "", ""};
-  // seed 004's DotProductAttention: queries @ keys.transpose / sqrt(d), softmax, @ values
-  TT scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  // mirrors at::_scaled_dot_product_attention (1.13's math path, the forerunner of
+  // F.scaled_dot_product_attention): q * (1/sqrt(E)) @ k^T (+ mask), softmax, @ v. Seed 004's
+  // DotProductAttention divides the scores instead: the same function, rounded differently.
+  TT scores = torch::matmul(q * (1 / std::sqrt(double(q.size(-1)))), k.transpose(-2, -1));
   if (mask.defined()) scores = scores + mask;
   sink.put("scores", scores);
   const TT weights = torch::softmax(scores, -1);
   sink.put("attn_weights", weights);
   const TT out = torch::matmul(weights, v);
   sink.put("output", out);
-  run.notes.push_back(
-      "reference: seed 004's DotProductAttention built from torch ops (torch.nn has no SDPA module in 1.13)");
+  {
+    torch::NoGradGuard guard;
+    auto [mout, mweights] =
+        at::_scaled_dot_product_attention(q, k, v, mask.defined() ? c10::optional<TT>(mask) : c10::nullopt, 0.0,
+                                          /*need_attn_weights=*/true, /*is_causal=*/false);
+    run.module_ran = true;
+    verify(run, "output", mout, out);
+    verify(run, "attn_weights", mweights, weights);
+    verified_note(run, "at::_scaled_dot_product_attention", dtype);
+  }
   run.result.outputs["output"] = to_dtensor(out, dtype);
   return run;
 }
