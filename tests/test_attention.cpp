@@ -8,6 +8,7 @@
 #include "tparity/core/attention.hpp"
 #include "tparity/core/ops.hpp"
 #include "tparity/harness/rng.hpp"
+#include "twin.hpp"
 
 using namespace tparity;
 
@@ -148,26 +149,25 @@ TEST_CASE("mha: multi-head equals the per-head attentions concatenated, then out
   const Tensor<double> q = randn(rng, {B, L, E}), kv = randn(rng, {B, S, E});
   const MhaOutputs<double> out = mha_forward(c, MhaForward{}, w, MhaInputs<double>{q, kv, kv, {}, {}});
 
-  // Independent route: per head h, project with rows [h*D, (h+1)*D) of each third of in_proj, run
-  // single-head scaled dot-product attention, and concatenate.
+  // Independent route: per head h, project with rows [h*D, (h+1)*D) of each third of in_proj, run the
+  // long-double single-head twin of scaled dot-product attention, concatenate, project.
   Tensor<double> concat({B, L, E});
-  for (int64_t h = 0; h < H; ++h) {
-    Tensor<double> qh({B, L, D}), kh({B, S, D}), vh({B, S, D});
-    const double* W = w.in_proj_weight.ptr();
-    const double* bias = w.in_proj_bias.ptr();
-    linear_forward(qh.ptr(), q.ptr(), W + (0 * E + h * D) * E, bias + 0 * E + h * D, B * L, E, D);
-    linear_forward(kh.ptr(), kv.ptr(), W + (1 * E + h * D) * E, bias + 1 * E + h * D, B * S, E, D);
-    linear_forward(vh.ptr(), kv.ptr(), W + (2 * E + h * D) * E, bias + 2 * E + h * D, B * S, E, D);
-    const Tensor<double> oh = sdpa_forward(qh, kh, vh);
-    for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const Tensor<double> qb({L, E},
+                              std::vector<double>(q.data.begin() + b * L * E, q.data.begin() + (b + 1) * L * E));
+      const Tensor<double> kb({S, E},
+                              std::vector<double>(kv.data.begin() + b * S * E, kv.data.begin() + (b + 1) * S * E));
+      const auto qh = twin::linear(twin::widen(qb), w.in_proj_weight, &w.in_proj_bias, L, E, D, 0 * E + h * D);
+      const auto kh = twin::linear(twin::widen(kb), w.in_proj_weight, &w.in_proj_bias, S, E, D, 1 * E + h * D);
+      const auto vh = twin::linear(twin::widen(kb), w.in_proj_weight, &w.in_proj_bias, S, E, D, 2 * E + h * D);
+      const auto oh = twin::sdpa(qh, kh, vh, L, S, D, D);
       for (int64_t l = 0; l < L; ++l)
         for (int64_t d = 0; d < D; ++d)
-          concat.data[size_t((b * L + l) * E + h * D + d)] = oh.data[size_t((b * L + l) * D + d)];
-  }
-  Tensor<double> expect({B, L, E});
-  linear_forward(expect.ptr(), concat.ptr(), w.out_proj_weight.ptr(), w.out_proj_bias.ptr(), B * L, E, E);
-  // The routes differ only in where the 1/sqrt(D) scale is applied: a few roundings of 2^-53.
-  for (size_t i = 0; i < expect.data.size(); ++i) CHECK(out.output.data[i] == Approx(expect.data[i]).margin(1e-13));
+          concat.data[size_t((b * L + l) * E + h * D + d)] = double(oh[size_t(l * D + d)]);
+    }
+  const auto expect = twin::linear(twin::widen(concat), w.out_proj_weight, &w.out_proj_bias, B * L, E, E);
+  for (size_t i = 0; i < expect.size(); ++i) CHECK(out.output.data[i] == Approx(double(expect[i])).margin(1e-13));
 }
 
 TEST_CASE("mha: with a causal mask, appending tokens leaves earlier outputs unchanged", "[attention]") {
@@ -241,7 +241,7 @@ TEST_CASE("mha: averaged weights are the mean of the per-head weights", "[attent
   CHECK(mha_forward(c, MhaForward{false, true}, w, in).attn_weights.empty());
 }
 
-TEST_CASE("mha: add_bias_kv appends bias_k/bias_v as a key; add_zero_attn a zero key with score 0", "[attention]") {
+TEST_CASE("mha: add_bias_kv appends bias_k and bias_v as a key, add_zero_attn a zero key with score 0", "[attention]") {
   Rng rng(43);
   MhaConfig c = config(8, 2);
   c.add_bias_kv = true;
@@ -267,7 +267,7 @@ TEST_CASE("mha: add_bias_kv appends bias_k/bias_v as a key; add_zero_attn a zero
     }
 }
 
-TEST_CASE("mha: a float key padding mask is added; with a bool attn_mask its nonzeros mask (torch 1.13)",
+TEST_CASE("mha: a float key padding mask is added, and with a bool attn_mask its nonzeros mask (torch 1.13)",
           "[attention]") {
   Rng rng(47);
   const MhaConfig c = config(8, 2);
@@ -304,12 +304,20 @@ TEST_CASE("mha: kdim and vdim use separate projection weights", "[attention]") {
   c.kdim = 5;
   c.vdim = 7;
   REQUIRE_FALSE(c.packed());
-  const MhaWeights<double> w = random_weights(c, rng);
-  const MhaOutputs<double> o =
-      mha_forward(c, MhaForward{}, w,
-                  MhaInputs<double>{randn(rng, {2, 3, 8}), randn(rng, {2, 4, 5}), randn(rng, {2, 4, 7}), {}, {}});
+  MhaWeights<double> w = random_weights(c, rng);
+  const Tensor<double> q = randn(rng, {2, 3, 8}), k = randn(rng, {2, 4, 5}), v = randn(rng, {2, 4, 7});
+  const MhaOutputs<double> o = mha_forward(c, MhaForward{}, w, MhaInputs<double>{q, k, v, {}, {}});
   CHECK(o.output.shape == Shape{2, 3, 8});
   CHECK(o.attn_weights.shape == Shape{2, 3, 4});
+  const twin::MhaResult want = twin::mha(c, w, q, k, v, {}, {});
+  for (size_t i = 0; i < o.output.data.size(); ++i)
+    CHECK(o.output.data[i] == Approx(want.output.data[i]).margin(1e-13));
+  // Each projection matters: perturbing k_proj_weight or v_proj_weight moves the output.
+  for (Tensor<double>* W : {&w.k_proj_weight, &w.v_proj_weight}) {
+    MhaWeights<double> w2 = w;
+    (W == &w.k_proj_weight ? w2.k_proj_weight : w2.v_proj_weight).data[0] += 0.5;
+    CHECK(mha_forward(c, MhaForward{}, w2, MhaInputs<double>{q, k, v, {}, {}}).output.data != o.output.data);
+  }
 }
 
 TEST_CASE("mha: shapes that contradict the config are refused, naming the tensor", "[attention]") {
@@ -348,9 +356,35 @@ TEST_CASE("mha: the observer sees the documented components and changes nothing"
   const MhaOutputs<double> with = mha_forward(c, MhaForward{}, w, MhaInputs<double>{x, x, x, {}, {}}, &rec);
   const MhaOutputs<double> without = mha_forward(c, MhaForward{}, w, MhaInputs<double>{x, x, x, {}, {}});
   CHECK(with.output.data == without.output.data);
-  CHECK(rec.seen.at("q").shape == Shape{2, 2, 3, 4});
+  CHECK(with.attn_weights.data == without.attn_weights.data);
+  // q, k, v: the plain projections (q unscaled), split (B, L, E) -> (B, H, L, E/H).
+  Tensor<double> proj({2, 3, 24});
+  linear_forward(proj.ptr(), x.ptr(), w.in_proj_weight.ptr(), w.in_proj_bias.ptr(), 6, 8, 24);
+  const char* names[3] = {"q", "k", "v"};
+  for (int64_t part = 0; part < 3; ++part) {
+    const Tensor<double>& t = rec.seen.at(names[part]);
+    REQUIRE(t.shape == Shape{2, 2, 3, 4});
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t l = 0; l < 3; ++l)
+          for (int64_t d = 0; d < 4; ++d)
+            CHECK(t.data[size_t(((b * 2 + h) * 3 + l) * 4 + d)] ==
+                  proj.data[size_t((b * 3 + l) * 24 + part * 8 + h * 4 + d)]);
+  }
   CHECK(rec.seen.at("scores").shape == Shape{2, 2, 3, 3});
+  // Per-head weights are the softmax of the scores; their head mean is what the call returned.
+  const Tensor<double>& sc = rec.seen.at("scores");
+  const Tensor<double>& aw = rec.seen.at("attn_weights");
+  REQUIRE(aw.shape == Shape{2, 2, 3, 3});
+  for (int64_t r = 0; r < 12; ++r) {
+    double mx = -1e300, tot = 0;
+    for (int64_t j = 0; j < 3; ++j) mx = std::max(mx, sc.data[size_t(r * 3 + j)]);
+    for (int64_t j = 0; j < 3; ++j) tot += std::exp(sc.data[size_t(r * 3 + j)] - mx);
+    for (int64_t j = 0; j < 3; ++j)
+      CHECK(aw.data[size_t(r * 3 + j)] == Approx(std::exp(sc.data[size_t(r * 3 + j)] - mx) / tot).epsilon(1e-14));
+  }
   CHECK(rec.seen.at("attn_weights_avg").data == with.attn_weights.data);
   CHECK(rec.seen.at("context").shape == Shape{2, 3, 8});
   CHECK(rec.seen.at("output").data == with.output.data);
+  CHECK(rec.seen.size() == 8);
 }

@@ -28,7 +28,7 @@ TEST_CASE("metrics: l2, rel_l2 and max_abs with its multi-index", "[compare]") {
   CHECK_FALSE(measure(Tensor<double>({4}), b).comparable());
 }
 
-TEST_CASE("metrics: NaN with NaN and the same infinity agree and are counted; anything else disagrees", "[compare]") {
+TEST_CASE("metrics: NaN with NaN and the same infinity agree and are counted, anything else disagrees", "[compare]") {
   const Tensor<double> a({5}, {kNaN, -kInf, 1.0, kInf, kNaN}), b({5}, {kNaN, -kInf, 1.5, -kInf, 2.0});
   const Metrics m = measure(a, b);
   CHECK(m.nan_matched == 1);

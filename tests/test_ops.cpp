@@ -88,7 +88,7 @@ TEST_CASE("softmax: a worked answer, rows that sum to one, the max subtracted", 
   }
 }
 
-TEST_CASE("softmax: -inf entries get exactly zero weight; an all -inf row is NaN as in torch", "[ops]") {
+TEST_CASE("softmax: -inf entries get exactly zero weight, an all -inf row is NaN as in torch", "[ops]") {
   std::vector<double> x{1.0, -kInf, 2.0, -kInf, -kInf, -kInf};
   softmax_forward(x.data(), x.data(), 2, 3);
   CHECK(x[1] == 0.0);
