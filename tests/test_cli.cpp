@@ -54,6 +54,8 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
   struct Bad {
     std::string args, mention;
   };
+  const fs::path never = scratch() / "x.json";
+  fs::remove(never);
   for (const Bad& b : std::vector<Bad>{
            {"", "subcommand"},
            {"run --seq 0", "--seq"},
@@ -68,9 +70,9 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --case batched --max-elements 1000", "above --max-elements 1000"},
            {"run --case batched --seq 4611686018427387903", "seq 4611686018427387903"},
            {"run --case block --dim 4000000000 --batch 1 --seq 1", "above --max-elements"},
-           {"eval --out x.json", "--fixture"},
-           {"eval --fixture " + kFixtures + "/mha_single.json --out x.json --dtype float16", "--dtype"},
-           {"eval --fixture " + kFixtures + "/mha_single.json --out x.json --impl numpy", "--impl"},
+           {"eval --out " + never.string(), "--fixture"},
+           {"eval --fixture " + kFixtures + "/mha_single.json --out " + never.string() + " --dtype float16", "--dtype"},
+           {"eval --fixture " + kFixtures + "/mha_single.json --out " + never.string() + " --impl numpy", "--impl"},
            {"frobnicate", "frobnicate"},
        }) {
     CAPTURE(b.args);
@@ -78,6 +80,7 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
     CHECK_THAT(r.err, Catch::Contains(b.mention));
+    CHECK_FALSE(fs::exists(never));
   }
 }
 
@@ -114,6 +117,22 @@ TEST_CASE("cli: eval writes the outputs the fixture's module returns", "[cli]") 
       CHECK(std::sqrt(diff2 / ref2) <= 1e-10);  // float64 semantics, as the comparator's gate
     }
   }
+  // LibTorch's side: the C++ module (seq-first cross-attention) or, where it cannot express the
+  // config (norm_first), the decomposition, which says so on stderr.
+  if (with_torch()) {
+    for (const char* fx : {"mha_seq_first_cross_perhead", "encoder_norm_first_gelu"}) {
+      CAPTURE(fx);
+      const Result r = tparity("eval --impl torch --dtype float64 --fixture " + kFixtures + "/" + fx + ".json --out " +
+                               out.string());
+      REQUIRE(r.code == 0);
+      const json got = json::parse(slurp(out)), want = json::parse(slurp(kFixtures + "/" + fx + ".json"));
+      CHECK(got.at("outputs").at("output").at("shape") == want.at("outputs").at("output").at("shape"));
+      if (std::string(fx) == "encoder_norm_first_gelu")
+        CHECK_THAT(r.err, Catch::Contains("outputs from the functional decomposition"));
+      else
+        CHECK(r.err.empty());
+    }
+  }
   // Defaults: the hand core in float32.
   REQUIRE(tparity("eval --fixture " + kFixtures + "/mha_no_weights.json --out " + out.string()).code == 0);
   CHECK(json::parse(slurp(out)).at("outputs").at("output").at("dtype") == "float32");
@@ -137,6 +156,7 @@ TEST_CASE("cli: a bad fixture or an unwritable output: exit 2, one line, no file
   r = tparity("check --fixture " + bad.string());
   CHECK(r.code == 2);
   CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains(bad.string() + ": malformed JSON"));
 }
 
 TEST_CASE("cli: check passes the committed fixtures and fails a tampered one with exit 1", "[cli]") {
@@ -146,7 +166,7 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
   CHECK_THAT(r.out, Catch::Contains("=> PASS"));
   CHECK_THAT(r.out, !Catch::Contains("FAIL"));
 
-  // One stored float64 output moved by 1e-6 relative to the whole tensor: far above float64 noise.
+  // One stored float64 output moved by 1e-5 (rel_l2 ~2e-6 of the whole tensor): far above float64 noise.
   json j = json::parse(slurp(kFixtures + "/mha_kdim_vdim.json"));
   json& data = j["outputs"]["output"]["data"];
   data[7] = data[7].get<double>() + 1e-5;
@@ -158,6 +178,17 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
   CHECK(doc.at("cases").at(0).at("pass") == false);
   CHECK_THAT(doc.at("cases").at(0).at("failures").at(0).get<std::string>(),
              Catch::StartsWith("case mha_kdim_vdim: component output: leg hand64_vs_torch64: rel_l2"));
+  // The table says the same, one line per failure, and the verdict.
+  r = tparity("check --fixture " + tampered.string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("  FAIL case mha_kdim_vdim: component output: leg hand64_vs_torch64: rel_l2"));
+  CHECK_THAT(r.out, Catch::Contains("  => FAIL"));
+  if (with_torch()) {  // and the per-component report against the LibTorch decomposition, which still passes
+    REQUIRE(doc.at("cases").size() == 2);
+    CHECK(doc.at("cases").at(1).at("name") == "mha_kdim_vdim/components");
+    CHECK(doc.at("cases").at(1).at("pass") == true);
+    CHECK(doc.at("cases").at(1).at("components").size() == 8);
+  }
 }
 
 TEST_CASE("cli: run prints every default case, and its JSON has the documented shape", "[cli][torch]") {

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "tparity/compare/legs.hpp"
 #include "tparity/compare/report.hpp"
@@ -94,8 +95,27 @@ TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
   CHECK(c.at("name") == "demo");
   CHECK(c.at("pass") == true);
   const nlohmann::json& legs = c.at("components").at(0).at("legs");
-  for (const char* leg : {"hand64_vs_torch64", "hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"})
-    for (const char* key : {"l2", "rel_l2", "max_abs", "max_abs_index"}) CHECK(legs.at(leg).contains(key));
+  auto keys = [](const nlohmann::json& o) {
+    std::set<std::string> k;
+    for (auto it = o.begin(); it != o.end(); ++it) k.insert(it.key());
+    return k;
+  };
+  // The keys the README documents, no fewer and no others.
+  CHECK(keys(c) ==
+        std::set<std::string>{"name", "description", "config", "seed", "pass", "components", "failures", "notes"});
+  CHECK(keys(c.at("components").at(0)) == std::set<std::string>{"name", "shape", "pass", "legs"});
+  CHECK(keys(legs) ==
+        std::set<std::string>{"hand64_vs_torch64", "hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"});
+  const std::set<std::string> common{"l2",    "rel_l2",      "max_abs",     "max_abs_index",      "ref_l2",
+                                     "count", "nan_matched", "inf_matched", "nonfinite_mismatch", "role",
+                                     "pass"};
+  std::set<std::string> gated = common;
+  gated.insert("bound");
+  CHECK(keys(legs.at("hand64_vs_torch64")) == gated);
+  CHECK(keys(legs.at("hand32_vs_torch64")) == gated);
+  CHECK(keys(legs.at("torch32_vs_torch64")) == common);
+  CHECK(keys(legs.at("hand32_vs_torch32")) == common);
+  CHECK(legs.at("hand32_vs_torch64").at("max_abs_index") == std::vector<int64_t>{7});
   CHECK(legs.at("hand32_vs_torch64").at("rel_l2").get<double>() == Approx(3e-7));
   CHECK(render_table(r).find("PASS") != std::string::npos);
 }

@@ -138,7 +138,7 @@ TEST_CASE("encoder: batched equals stacked singles, in both layouts and both nor
   }
 }
 
-TEST_CASE("encoder: norm_first and the activation change the result", "[encoder]") {
+TEST_CASE("encoder: norm_first, the activation and layer_norm_eps each change the result", "[encoder]") {
   // Guards against a flag that is read but ignored.
   Rng rng(79);
   EncoderConfig c = config(8, 2, 16, false, Activation::Relu);

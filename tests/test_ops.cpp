@@ -73,6 +73,7 @@ TEST_CASE("softmax: a worked answer, rows that sum to one, the max subtracted", 
   CHECK(big[0] == Approx(1 / (1 + e)).epsilon(1e-6));
   CHECK(big[1] == Approx(e / (1 + e)).epsilon(1e-6));
   CHECK(big[2] == Approx(e / (1 + e)).epsilon(1e-6));
+  CHECK(big[3] == Approx(1 / (1 + e)).epsilon(1e-6));
 
   Rng rng(3);
   std::vector<float> r(7 * 33);
