@@ -5,22 +5,20 @@
 #include <map>
 #include <string>
 
+#include "support.hpp"
 #include "tparity/core/attention.hpp"
 #include "tparity/core/ops.hpp"
 #include "tparity/harness/rng.hpp"
 #include "twin.hpp"
 
 using namespace tparity;
+using test::divisor_of;
+using test::randn;
+using test::random_bool;
 
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-Tensor<double> randn(Rng& rng, Shape s, double scale = 1.0) {
-  Tensor<double> t(std::move(s));
-  for (double& x : t.data) x = scale * rng.normal();
-  return t;
-}
 
 MhaWeights<double> random_weights(const MhaConfig& c, Rng& rng) {
   const int64_t E = c.embed_dim;

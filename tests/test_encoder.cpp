@@ -3,18 +3,16 @@
 #include <cmath>
 #include <vector>
 
+#include "support.hpp"
 #include "tparity/core/encoder.hpp"
 #include "tparity/harness/rng.hpp"
 
 using namespace tparity;
+using test::divisor_of;
+using test::randn;
+using test::random_bool;
 
 namespace {
-
-Tensor<double> randn(Rng& rng, Shape s, double scale = 1.0) {
-  Tensor<double> t(std::move(s));
-  for (double& x : t.data) x = scale * rng.normal();
-  return t;
-}
 
 EncoderWeights<double> random_weights(const EncoderConfig& c, Rng& rng) {
   const int64_t d = c.d_model, F = c.dim_feedforward;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 
+#include "support.hpp"
 #include "tparity/compare/evaluate.hpp"
 #include "tparity/compare/report.hpp"
 #include "tparity/fixture/fixture.hpp"
@@ -12,6 +13,7 @@
 #include "tparity/torch/reference.hpp"
 
 using namespace tparity;
+using test::divisor_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -26,13 +28,6 @@ DTensor random_bool(Rng& rng, Shape s, double p) {
   DTensor t{DType::Bool, s, std::vector<double>(size_t(numel(s)))};
   for (double& x : t.data) x = rng.coin(p) ? 1.0 : 0.0;
   return t;
-}
-
-int64_t divisor_of(Rng& rng, int64_t n) {
-  std::vector<int64_t> ds;
-  for (int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) ds.push_back(d);
-  return ds[size_t(rng.integer(0, int64_t(ds.size()) - 1))];
 }
 
 // attn_mask and key_padding_mask as torch 1.13 accepts them: none, 2-D or 3-D, bool or float; a float

@@ -2,32 +2,17 @@
 // configurations: an oracle that needs neither torch nor Python.
 #include <catch2/catch.hpp>
 
+#include "support.hpp"
 #include "tparity/compare/metrics.hpp"
 #include "tparity/harness/rng.hpp"
 #include "twin.hpp"
 
 using namespace tparity;
+using test::divisor_of;
+using test::randn;
+using test::random_bool;
 
 namespace {
-
-Tensor<double> randn(Rng& rng, Shape s, double scale = 1.0) {
-  Tensor<double> t(std::move(s));
-  for (double& x : t.data) x = scale * rng.normal();
-  return t;
-}
-
-Tensor<uint8_t> random_bool(Rng& rng, Shape s, double p) {
-  Tensor<uint8_t> t(std::move(s));
-  for (uint8_t& x : t.data) x = rng.coin(p);
-  return t;
-}
-
-int64_t divisor_of(Rng& rng, int64_t n) {
-  std::vector<int64_t> ds;
-  for (int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) ds.push_back(d);
-  return ds[size_t(rng.integer(0, int64_t(ds.size()) - 1))];
-}
 
 MhaWeights<double> random_weights(Rng& rng, const MhaConfig& c) {
   const int64_t E = c.embed_dim;

@@ -1,0 +1,31 @@
+// Random tensors for the tests, from the project's portable stream.
+#pragma once
+
+#include <vector>
+
+#include "tparity/core/tensor.hpp"
+#include "tparity/harness/rng.hpp"
+
+namespace tparity::test {
+
+inline Tensor<double> randn(Rng& rng, Shape s, double scale = 1.0) {
+  Tensor<double> t(std::move(s));
+  for (double& x : t.data) x = scale * rng.normal();
+  return t;
+}
+
+inline Tensor<uint8_t> random_bool(Rng& rng, Shape s, double p) {
+  Tensor<uint8_t> t(std::move(s));
+  for (uint8_t& x : t.data) x = rng.coin(p);
+  return t;
+}
+
+// A divisor of n drawn uniformly (a head count for embedding size n).
+inline int64_t divisor_of(Rng& rng, int64_t n) {
+  std::vector<int64_t> ds;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) ds.push_back(d);
+  return ds[size_t(rng.integer(0, int64_t(ds.size()) - 1))];
+}
+
+}  // namespace tparity::test
