@@ -25,7 +25,7 @@ tparity_install_missing() {
   fi
   # A fresh machine has empty package lists: update once before installing.
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 }
 
 # tparity_build DIR [cmake args...]: configure once, build with two jobs (the machines have two cores).
