@@ -44,7 +44,7 @@ MhaWeights<double> random_weights(const MhaConfig& c, Rng& rng) {
 
 struct Record final : Observer<double> {
   std::map<std::string, Tensor<double>> seen;
-  void on(const std::string& name, const Tensor<double>& v) override { seen[name] = v; }
+  void on(const std::string& name, Tensor<double>& v) override { seen[name] = v; }
 };
 
 // Row `b` of a (B, ...) tensor as its own tensor without the batch dim.

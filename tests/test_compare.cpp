@@ -101,14 +101,14 @@ TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
     return k;
   };
   // The keys the README documents, no fewer and no others.
-  CHECK(keys(c) ==
-        std::set<std::string>{"name", "description", "config", "seed", "pass", "components", "failures", "notes"});
-  CHECK(keys(c.at("components").at(0)) == std::set<std::string>{"name", "shape", "pass", "legs"});
+  CHECK(keys(c) == std::set<std::string>{"name", "description", "config", "seed", "pass", "components", "failures",
+                                         "notes", "first_divergence"});
+  CHECK(keys(c.at("components").at(0)) == std::set<std::string>{"name", "shape", "pass", "growth", "legs"});
   CHECK(keys(legs) ==
         std::set<std::string>{"hand64_vs_torch64", "hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"});
-  const std::set<std::string> common{"l2",    "rel_l2",      "max_abs",     "max_abs_index",      "ref_l2",
-                                     "count", "nan_matched", "inf_matched", "nonfinite_mismatch", "role",
-                                     "pass"};
+  const std::set<std::string> common{"l2",         "rel_l2",      "max_abs",     "max_abs_index",      "ref_l2",
+                                     "count",      "nan_matched", "inf_matched", "nonfinite_mismatch", "role",
+                                     "diagnostic", "pass"};
   std::set<std::string> gated = common;
   gated.insert("bound");
   CHECK(keys(legs.at("hand64_vs_torch64")) == gated);
@@ -118,4 +118,42 @@ TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
   CHECK(legs.at("hand32_vs_torch64").at("max_abs_index") == std::vector<int64_t>{7});
   CHECK(legs.at("hand32_vs_torch64").at("rel_l2").get<double>() == Approx(3e-7));
   CHECK(render_table(r).find("PASS") != std::string::npos);
+}
+
+TEST_CASE("diagnosis: growth between components and the first component whose local error breaks", "[compare]") {
+  // Three components a -> b -> c. hand32's propagated errors 1e-7, 4e-7, 4e-7 (b grows the error 4x);
+  // local errors: b alone breaks its bound (semantically in float64), c is fine on b's reference.
+  auto comp = [](std::vector<double> errs) {
+    Components cs;
+    const char* names[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; ++i) {
+      Tensor<double> t({100}, 1.0);
+      t.data[5] += errs[size_t(i)] * 10;
+      cs.push_back({names[i], t});
+    }
+    return cs;
+  };
+  const Components t64 = comp({0, 0, 0}), t32 = comp({1e-7, 1e-7, 1e-7}), h64 = comp({1e-16, 1e-6, 1e-6}),
+                   h32 = comp({1e-7, 4e-7, 4e-7}), l64 = comp({1e-16, 1e-6, 1e-16}), l32 = comp({1e-7, 4e-7, 1e-7});
+  CaseReport r;
+  r.name = "demo";
+  compare_components(r, {"a", "b", "c"},
+                     {{"hand64", &h64},
+                      {"hand32", &h32},
+                      {"torch64", &t64},
+                      {"torch32", &t32},
+                      {"local_hand64", &l64},
+                      {"local_hand32", &l32}},
+                     legs_with_local(), GatePolicy{}, {"hand64", "hand32", "torch64", "torch32"});
+  CHECK_FALSE(r.pass);
+  CHECK(std::isnan(r.components[0].growth));
+  CHECK(r.components[1].growth == Approx(4.0));
+  CHECK(r.components[2].growth == Approx(1.0));
+  CHECK(r.first_divergence == "b");
+  CHECK_THAT(r.first_divergence_detail,
+             Catch::StartsWith("component b: leg local_hand64_vs_torch64: rel_l2 1e-06 > bound 1e-10"));
+  // Local legs diagnose; they do not add failures of their own.
+  for (const std::string& f : r.failures) CHECK(f.find("local_") == std::string::npos);
+  CHECK_THAT(render_table(r), Catch::Contains("first divergence: component b"));
+  CHECK(to_json(r).at("first_divergence").at("component") == "b");
 }

@@ -20,6 +20,20 @@ void add_reference_notes(CaseReport& r, const TorchRun& run, const char* label) 
   if (!run.failure.empty()) r.fail(fmt::format("case {}: reference {}: {}", r.name, label, run.failure));
 }
 
+// Every component on the propagated legs and, through the hand core teacher-forced with torch64's
+// components (each op fed the reference's own inputs), on the local ones.
+void compare_every_component(CaseReport& r, const Problem& p, const RunResult& h64, const RunResult& h32,
+                             const TorchRun& t64, const TorchRun& t32, const std::string& where,
+                             const GatePolicy& policy) {
+  const RunResult l64 = run_hand(p, DType::Float64, true, where, &t64.result.components);
+  const RunResult l32 = run_hand(p, DType::Float32, true, where, &t64.result.components);
+  const Implementations impls{{"hand64", &h64.components},         {"hand32", &h32.components},
+                              {"torch64", &t64.result.components}, {"torch32", &t32.result.components},
+                              {"local_hand64", &l64.components},   {"local_hand32", &l32.components}};
+  compare_components(r, component_names(p), impls, legs_with_local(), policy,
+                     {"hand64", "hand32", "torch64", "torch32", "local_hand64", "local_hand32"});
+}
+
 }  // namespace
 
 CaseReport evaluate_problem(const Problem& p, const std::string& description, std::optional<uint64_t> seed,
@@ -37,11 +51,7 @@ CaseReport evaluate_problem(const Problem& p, const std::string& description, st
   const TorchRun t32 = run_torch(p, DType::Float32, true, where);
   add_reference_notes(r, t64, "torch64");
   add_reference_notes(r, t32, "torch32");
-  const Implementations impls{{"hand64", &h64.components},
-                              {"hand32", &h32.components},
-                              {"torch64", &t64.result.components},
-                              {"torch32", &t32.result.components}};
-  compare_components(r, component_names(p), impls, standard_legs(), policy, {"hand64", "hand32", "torch64", "torch32"});
+  compare_every_component(r, p, h64, h32, t64, t32, where, policy);
   return r;
 }
 
@@ -93,12 +103,7 @@ std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where
     cr.description =
         "every component against the LibTorch decomposition, which the fixture's leg libtorch64_vs_torch64 verifies";
     cr.config = r.config;
-    const Implementations impls{{"hand64", &h64.components},
-                                {"hand32", &h32.components},
-                                {"torch64", &t64.result.components},
-                                {"torch32", &t32.result.components}};
-    compare_components(cr, component_names(p), impls, standard_legs(), policy,
-                       {"hand64", "hand32", "torch64", "torch32"});
+    compare_every_component(cr, p, h64, h32, t64, t32, where, policy);
     reports.push_back(std::move(cr));
   }
   if (torch64.empty())

@@ -13,6 +13,13 @@ std::vector<LegSpec> standard_legs() {
   };
 }
 
+std::vector<LegSpec> legs_with_local() {
+  std::vector<LegSpec> legs = standard_legs();
+  legs.push_back({"local_hand64_vs_torch64", "local_hand64", "torch64", LegRole::Semantic, "", true});
+  legs.push_back({"local_hand32_vs_torch64", "local_hand32", "torch64", LegRole::Numeric, "torch32_vs_torch64", true});
+  return legs;
+}
+
 const Leg* ComponentReport::leg(const std::string& n) const {
   for (const Leg& l : legs)
     if (l.name == n) return &l;
@@ -48,45 +55,65 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
       const Tensor<double>* b = get(spec.b, name);
       if (!a || !b) continue;
       if (cr.shape.empty()) cr.shape = b->shape;
-      cr.legs.push_back(Leg{spec.name, spec.role, measure(*a, *b), 0, true});
+      cr.legs.push_back(Leg{spec.name, spec.role, measure(*a, *b), 0, true, spec.diagnostic, {}});
       specs.push_back(&spec);
     }
     for (size_t i = 0; i < cr.legs.size(); ++i) {
       Leg& leg = cr.legs[i];
       const LegSpec& spec = *specs[i];
       const std::string where = fmt::format("case {}: component {}: leg {}", report.name, name, spec.name);
-      if (!leg.m.comparable()) {
+      // A breach fails the case, or, for a diagnostic leg, is only kept with the leg.
+      auto breach = [&](const std::string& what) {
         leg.pass = false;
-        report.fail(fmt::format("{}: shape {}", where, leg.m.shape_mismatch));
+        leg.breach = what;
+        if (!spec.diagnostic) report.fail(where + ": " + what);
+      };
+      if (!leg.m.comparable()) {
+        breach("shape " + leg.m.shape_mismatch);
       } else if (spec.role == LegRole::Semantic || spec.role == LegRole::Numeric) {
         const Leg* noise = spec.role == LegRole::Numeric ? cr.leg(spec.noise) : nullptr;
         if (spec.role == LegRole::Semantic) {
           leg.bound = policy.semantic_rel;
         } else if (!noise || !noise->m.comparable()) {
-          leg.pass = false;
-          report.fail(fmt::format("{}: no {} leg to judge it by", where, spec.noise));
+          breach("no " + spec.noise + " leg to judge it by");
         } else {
           leg.bound = policy.numeric_factor * noise->m.rel_l2 + policy.numeric_floor;
         }
         if (leg.m.nonfinite_mismatch) {
-          leg.pass = false;
-          report.fail(fmt::format("{}: {} non-finite value(s) differ, first at {}", where, leg.m.nonfinite_mismatch,
-                                  index_str(leg.m.first_mismatch_index)));
+          breach(fmt::format("{} non-finite value(s) differ, first at {}", leg.m.nonfinite_mismatch,
+                             index_str(leg.m.first_mismatch_index)));
         } else if (leg.pass && !(leg.m.rel_l2 <= leg.bound)) {
-          leg.pass = false;
           const std::string how = spec.role == LegRole::Semantic
                                       ? "semantic bound"
                                       : fmt::format("{:g} x {} {:.3g} + floor {:.3g}", policy.numeric_factor,
                                                     spec.noise, noise->m.rel_l2, policy.numeric_floor);
-          report.fail(fmt::format("{}: rel_l2 {:.3g} > bound {:.3g} ({}); max_abs {:.3g} at {}", where, leg.m.rel_l2,
-                                  leg.bound, how, leg.m.max_abs, index_str(leg.m.max_abs_index)));
+          breach(fmt::format("rel_l2 {:.3g} > bound {:.3g} ({}); max_abs {:.3g} at {}", leg.m.rel_l2, leg.bound, how,
+                             leg.m.max_abs, index_str(leg.m.max_abs_index)));
         }
       }
-      cr.pass = cr.pass && leg.pass;
+      if (!spec.diagnostic) cr.pass = cr.pass && leg.pass;
     }
     if (cr.legs.empty()) continue;
     report.pass = report.pass && cr.pass;
     report.components.push_back(std::move(cr));
+  }
+  diagnose(report);
+}
+
+void diagnose(CaseReport& report) {
+  const ComponentReport* prev = nullptr;
+  for (ComponentReport& c : report.components) {
+    const Leg* now = c.leg("hand32_vs_torch64");
+    const Leg* before = prev ? prev->leg("hand32_vs_torch64") : nullptr;
+    if (now && before && before->m.rel_l2 > 0) c.growth = now->m.rel_l2 / before->m.rel_l2;
+    prev = &c;
+    if (!report.first_divergence.empty()) continue;
+    for (const Leg& l : c.legs)
+      if (l.diagnostic && !l.pass) {
+        report.first_divergence = c.name;
+        report.first_divergence_detail = fmt::format("component {}: leg {}: {}", c.name, l.name, l.breach);
+        break;
+      }
   }
 }
 

@@ -33,7 +33,8 @@ std::string sci(double x) { return std::isfinite(x) ? fmt::format("{:.2e}", x) :
 // Short leg label: hand32_vs_torch64 -> h32:t64, libtorch64_vs_torch64 -> lt64:t64
 std::string short_leg(const std::string& n) {
   auto abbrev = [](std::string s) {
-    for (auto [from, to] : {std::pair<const char*, const char*>{"libtorch", "lt"}, {"hand", "h"}, {"torch", "t"}})
+    for (auto [from, to] :
+         {std::pair<const char*, const char*>{"local_hand", "lh"}, {"libtorch", "lt"}, {"hand", "h"}, {"torch", "t"}})
       if (s.rfind(from, 0) == 0) return to + s.substr(std::string(from).size());
     return s;
   };
@@ -47,60 +48,41 @@ std::string render_table(const CaseReport& r) {
   std::string out = fmt::format("case {}: {}{}\n", r.name, r.description,
                                 r.has_seed ? fmt::format("  (seed {})", r.seed) : std::string());
   if (!r.components.empty()) {
-    // Columns: the legs of the first component (all components share the leg set of their case,
-    // fixture components may have fewer).
-    std::vector<std::pair<std::string, LegRole>> cols;
+    // One group of columns per leg, in the order the legs first appear (fixture components may lack
+    // some); the local (diagnostic) legs show their rel_l2 only, then hand32's growth.
+    std::vector<const Leg*> legs;
     for (const ComponentReport& c : r.components)
       for (const Leg& l : c.legs) {
         bool have = false;
-        for (auto& [n, role] : cols) have = have || n == l.name;
-        if (!have) cols.push_back({l.name, l.role});
+        for (const Leg* x : legs) have = have || x->name == l.name;
+        if (!have) legs.push_back(&l);
       }
+    auto fields = [](const Leg& l) -> std::vector<std::string> {
+      if (l.diagnostic || l.role == LegRole::Noise) return {"rel_l2"};
+      if (l.role == LegRole::Report) return {"l2", "rel_l2", "max_abs"};
+      return {"rel_l2", "bound"};
+    };
+    auto value = [](const Leg& l, const std::string& f) {
+      return sci(f == "l2" ? l.m.l2 : f == "max_abs" ? l.m.max_abs : f == "bound" ? l.bound : l.m.rel_l2);
+    };
     std::string h1 = fmt::format("  {:<18} {:<14}", "", ""), h2 = fmt::format("  {:<18} {:<14}", "component", "shape");
-    for (auto& [n, role] : cols) {
-      const std::string label = short_leg(n);
-      switch (role) {
-        case LegRole::Semantic:
-        case LegRole::Numeric:
-          h1 += fmt::format(" {:<19}", label);
-          h2 += fmt::format(" {:>9} {:>9}", "rel_l2", "bound");
-          break;
-        case LegRole::Noise:
-          h1 += fmt::format(" {:<9}", label);
-          h2 += fmt::format(" {:>9}", "rel_l2");
-          break;
-        case LegRole::Report:
-          h1 += fmt::format(" {:<29}", label);
-          h2 += fmt::format(" {:>9} {:>9} {:>9}", "l2", "rel_l2", "max_abs");
-          break;
-      }
+    for (const Leg* l : legs) {
+      const size_t n = fields(*l).size();
+      h1 += fmt::format(" {:<{}}", short_leg(l->name), 10 * n - 1);
+      for (const std::string& f : fields(*l)) h2 += fmt::format(" {:>9}", f);
     }
+    const bool growth = r.components.size() > 1 && r.components.front().leg("hand32_vs_torch64");
+    if (growth) h2 += fmt::format(" {:>6}", "growth");
     out += h1 + "\n" + h2 + "  verdict  non-finite (matched)\n";
     for (const ComponentReport& c : r.components) {
       std::string row = fmt::format("  {:<18} {:<14}", c.name, compact_shape(c.shape));
       int64_t nan = 0, inf = 0;
-      for (auto& [n, role] : cols) {
-        const Leg* l = c.leg(n);
-        const int w = role == LegRole::Report ? 29 : (role == LegRole::Noise ? 9 : 19);
-        if (!l) {
-          row += fmt::format(" {:>{}}", "-", w);
-          continue;
-        }
-        nan = std::max(nan, l->m.nan_matched);
-        inf = std::max(inf, l->m.inf_matched);
-        switch (role) {
-          case LegRole::Semantic:
-          case LegRole::Numeric:
-            row += fmt::format(" {:>9} {:>9}", sci(l->m.rel_l2), sci(l->bound));
-            break;
-          case LegRole::Noise:
-            row += fmt::format(" {:>9}", sci(l->m.rel_l2));
-            break;
-          case LegRole::Report:
-            row += fmt::format(" {:>9} {:>9} {:>9}", sci(l->m.l2), sci(l->m.rel_l2), sci(l->m.max_abs));
-            break;
-        }
+      for (const Leg* col : legs) {
+        const Leg* l = c.leg(col->name);
+        for (const std::string& f : fields(*col)) row += fmt::format(" {:>9}", l ? value(*l, f) : "-");
+        if (l) nan = std::max(nan, l->m.nan_matched), inf = std::max(inf, l->m.inf_matched);
       }
+      if (growth) row += fmt::format(" {:>6}", std::isnan(c.growth) ? "-" : fmt::format("{:.2g}", c.growth));
       row += fmt::format("  {:<7}", c.pass ? "PASS" : "FAIL");
       if (nan || inf)
         row += fmt::format("  {}{}", nan ? fmt::format("nan {} ", nan) : "", inf ? fmt::format("inf {}", inf) : "");
@@ -109,6 +91,7 @@ std::string render_table(const CaseReport& r) {
   }
   for (const std::string& n : r.notes) out += "  note: " + n + "\n";
   for (const std::string& f : r.failures) out += "  FAIL " + f + "\n";
+  if (!r.first_divergence.empty()) out += "  first divergence: " + r.first_divergence_detail + "\n";
   out += fmt::format("  => {}\n", r.pass ? "PASS" : "FAIL");
   return out;
 }
@@ -128,17 +111,25 @@ nlohmann::json to_json(const CaseReport& r) {
                           {"inf_matched", l.m.inf_matched},
                           {"nonfinite_mismatch", l.m.nonfinite_mismatch},
                           {"role", role_name(l.role)},
+                          {"diagnostic", l.diagnostic},
                           {"pass", l.pass}};
       if (l.role == LegRole::Semantic || l.role == LegRole::Numeric) j["bound"] = l.bound;
       if (!l.m.comparable()) j["shape_mismatch"] = l.m.shape_mismatch;
       legs[l.name] = std::move(j);
     }
-    comps.push_back({{"name", c.name}, {"shape", c.shape}, {"pass", c.pass}, {"legs", std::move(legs)}});
+    comps.push_back({{"name", c.name},
+                     {"shape", c.shape},
+                     {"pass", c.pass},
+                     {"growth", std::isnan(c.growth) ? nlohmann::json(nullptr) : nlohmann::json(c.growth)},
+                     {"legs", std::move(legs)}});
   }
   nlohmann::json j = {{"name", r.name},  {"description", r.description},   {"config", r.config},
                       {"pass", r.pass},  {"components", std::move(comps)}, {"failures", r.failures},
                       {"notes", r.notes}};
   j["seed"] = r.has_seed ? nlohmann::json(r.seed) : nlohmann::json(nullptr);
+  j["first_divergence"] = r.first_divergence.empty() ? nlohmann::json(nullptr)
+                                                     : nlohmann::json{{"component", r.first_divergence},
+                                                                      {"detail", r.first_divergence_detail}};
   return j;
 }
 

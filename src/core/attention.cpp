@@ -304,7 +304,7 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> ctx_heads({B, H, L, D});
   weighted_sum_v(ctx_heads.ptr(), weights.ptr(), vh.ptr(), B * H, L, S, D);
-  const Tensor<T> context = merge_heads(ctx_heads);
+  Tensor<T> context = merge_heads(ctx_heads);
   if (obs) obs->on("context", context);
   Tensor<T> out({B, L, E});
   linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), cfg.bias ? w.out_proj_bias.ptr() : nullptr, B * L,

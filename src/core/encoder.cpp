@@ -88,10 +88,10 @@ Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T
 
   // An unbatched src_mask, (T, T) or (nhead, T, T), is already right for the (1, T, d) batch.
   if (cfg.norm_first) {
-    const Tensor<T> n1 = layer_norm(x, w.norm1_weight, w.norm1_bias);
+    Tensor<T> n1 = layer_norm(x, w.norm1_weight, w.norm1_bias);
     if (obs) obs->on("norm1", n1);
     x = add(x, self_attention(n1));
-    const Tensor<T> n2 = layer_norm(x, w.norm2_weight, w.norm2_bias);
+    Tensor<T> n2 = layer_norm(x, w.norm2_weight, w.norm2_bias);
     if (obs) obs->on("norm2", n2);
     x = add(x, feed_forward(n2));
   } else {

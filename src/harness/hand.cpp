@@ -1,5 +1,7 @@
 #include "tparity/harness/hand.hpp"
 
+#include <stdexcept>
+
 #include "tparity/core/attention.hpp"
 #include "tparity/core/encoder.hpp"
 
@@ -13,14 +15,26 @@ const Tensor<double>* find(const Components& c, const std::string& name) {
 
 namespace {
 
+// Records every component; with a teacher, then overwrites it with the teacher's value so that the
+// ops downstream compute from the reference's inputs.
 template <class T>
 class Collect final : public Observer<T> {
  public:
-  explicit Collect(Components& out) : out_(out) {}
-  void on(const std::string& name, const Tensor<T>& value) override { out_.push_back({name, cast<double>(value)}); }
+  Collect(Components& out, const Components* teacher) : out_(out), teacher_(teacher) {}
+  void on(const std::string& name, Tensor<T>& value) override {
+    out_.push_back({name, cast<double>(value)});
+    if (!teacher_) return;
+    const Tensor<double>* ref = find(*teacher_, name);
+    if (!ref) return;
+    if (ref->shape != value.shape)
+      throw std::logic_error("teacher forcing: component " + name + " has shape " + to_string(ref->shape) +
+                             " in the reference, " + to_string(value.shape) + " in the hand core");
+    for (size_t i = 0; i < value.data.size(); ++i) value.data[i] = static_cast<T>(ref->data[i]);
+  }
 
  private:
   Components& out_;
+  const Components* teacher_;
 };
 
 template <class T>
@@ -51,9 +65,9 @@ Tensor<T> input(const Problem& p, const std::string& name) {
 }
 
 template <class T>
-RunResult run(const Problem& p, bool collect) {
+RunResult run(const Problem& p, bool collect, const Components* teacher) {
   RunResult r;
-  Collect<T> collector(r.components);
+  Collect<T> collector(r.components, teacher);
   Observer<T>* obs = collect ? &collector : nullptr;
   switch (p.module) {
     case ModuleKind::MultiheadAttention: {
@@ -91,9 +105,11 @@ RunResult run(const Problem& p, bool collect) {
 
 }  // namespace
 
-RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where) {
+RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where,
+                   const Components* teacher) {
   try {
-    return dtype == DType::Float32 ? run<float>(p, collect_components) : run<double>(p, collect_components);
+    return dtype == DType::Float32 ? run<float>(p, collect_components || teacher, teacher)
+                                   : run<double>(p, collect_components || teacher, teacher);
   } catch (const ShapeError& e) {
     // The core names the tensor ("query: ...", "state_dict.x: ..."); say where it came from.
     const std::string what = e.what();

@@ -12,6 +12,7 @@
 // (the q scale, the bias add, the final division of the softmax, the head average).
 #pragma once
 
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,12 +40,19 @@ struct LegSpec {
   std::string name;  // "hand32_vs_torch64"
   std::string a, b;  // implementation keys; b is the reference
   LegRole role;
-  std::string noise;  // for Numeric: the name of the Noise leg that sets the bound
+  std::string noise;        // for Numeric: the name of the Noise leg that sets the bound
+  bool diagnostic = false;  // gated, but a breach only names the first divergence, it fails nothing
 };
 
 // hand64_vs_torch64 (semantic), hand32_vs_torch64 (numeric), torch32_vs_torch64 (noise),
 // hand32_vs_torch32 (report).
 std::vector<LegSpec> standard_legs();
+
+// The propagated legs above plus the local ones, for runs that also have "local_hand64" and
+// "local_hand32": the hand core teacher-forced with torch64's components, so that each component is
+// computed from the reference's own inputs. local_hand64_vs_torch64 (semantic) and
+// local_hand32_vs_torch64 (numeric, judged by the same torch32 noise) are diagnostic.
+std::vector<LegSpec> legs_with_local();
 
 struct Leg {
   std::string name;
@@ -52,6 +60,8 @@ struct Leg {
   Metrics m;
   double bound = 0;  // 0 for Noise/Report legs
   bool pass = true;
+  bool diagnostic = false;
+  std::string breach;  // why it does not pass
 };
 
 struct ComponentReport {
@@ -59,6 +69,9 @@ struct ComponentReport {
   Shape shape;
   std::vector<Leg> legs;  // in the order of the LegSpecs, absent ones skipped
   bool pass = true;
+  // hand32's propagated rel_l2 over that of the previous component in dataflow order: how much the
+  // error grows at this step (NaN for the first component or a zero predecessor).
+  double growth = std::numeric_limits<double>::quiet_NaN();
   const Leg* leg(const std::string& n) const;
 };
 
@@ -72,6 +85,9 @@ struct CaseReport {
   std::vector<ComponentReport> components;
   std::vector<std::string> failures;  // one line each: case, component, leg, figure, bound
   std::vector<std::string> notes;     // what was verified or skipped on the way (reference checks)
+  // The first component, in dataflow order, whose local error breaks its gate: where it breaks.
+  std::string first_divergence;       // empty when none does
+  std::string first_divergence_detail;
   void fail(const std::string& line) {
     pass = false;
     failures.push_back(line);
@@ -87,5 +103,9 @@ using Implementations = std::map<std::string, const Components*>;
 void compare_components(CaseReport& report, const std::vector<std::string>& names, const Implementations& impls,
                         const std::vector<LegSpec>& legs, const GatePolicy& policy,
                         const std::vector<std::string>& required);
+
+// Fills each component's growth and the case's first divergence from the legs compare_components
+// measured (it calls this itself).
+void diagnose(CaseReport& report);
 
 }  // namespace tparity

@@ -25,7 +25,11 @@ struct RunResult {
 
 // dtype: Float32 or Float64. Throws InputError (prefixed with `where`) when the problem's tensors
 // contradict its config.
-RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where);
+// With a teacher, every component the teacher has is replaced by the teacher's value (rounded to
+// dtype) as soon as the hand core has computed it: the components then collected are each op's
+// local result on the reference's own inputs.
+RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where,
+                   const Components* teacher = nullptr);
 
 // Components of a module in dataflow order (names only): what the comparator lists.
 std::vector<std::string> component_names(const Problem& p);
