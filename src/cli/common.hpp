@@ -18,6 +18,8 @@ using Action = std::function<int()>;
 void register_run(CLI::App& app, Action& action);
 void register_eval(CLI::App& app, Action& action);
 void register_check(CLI::App& app, Action& action);
+void register_gate(CLI::App& app, Action& action);
+void register_sweep(CLI::App& app, Action& action);
 
 enum class Format { Table, Json };
 void add_format_option(CLI::App& cmd, Format& format);

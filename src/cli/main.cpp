@@ -18,12 +18,14 @@ int main(int argc, char** argv) {
   cli::register_run(app, action);
   cli::register_eval(app, action);
   cli::register_check(app, action);
+  cli::register_gate(app, action);
+  cli::register_sweep(app, action);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string sub = argv[1];
     bool known = false;
     for (const CLI::App* s : app.get_subcommands({})) known = known || s->get_name() == sub;
     if (!known) {
-      std::fprintf(stderr, "tparity: unknown subcommand \"%s\": expected run, eval or check (see tparity --help)\n",
+      std::fprintf(stderr, "tparity: unknown subcommand \"%s\": expected run, eval, check, gate or sweep (see tparity --help)\n",
                    sub.c_str());
       return cli::kBadInput;
     }
