@@ -3,21 +3,30 @@
 
 Each fixture is one JSON file fixtures/<name>.json holding the module config,
 forward() flags, the state_dict, the inputs and the outputs of a
-torch.nn.MultiheadAttention or torch.nn.TransformerEncoderLayer, computed in
-float64 ("outputs") and in float32 ("outputs_float32").
+torch.nn.MultiheadAttention, TransformerEncoderLayer, TransformerEncoder (a stack
+of encoder layers with an optional final LayerNorm) or TransformerDecoderLayer,
+computed in float64 ("outputs") and in float32 ("outputs_float32").
 
 Procedure per fixture:
   1. torch.manual_seed(seed); build the module in float32 with dropout=0.0, .eval().
   2. Keep torch's init for weight matrices; optionally zero some biases
      ("torch init") or overwrite every bias / bias_k / bias_v / LayerNorm
      affine parameter with random float32 values ("randomized").
+     TransformerEncoder deep-copies its layer, so all layers would start
+     identical: layers 1..N-1 re-run the layer's own init with the next draws
+     of the generator (exactly what N separately constructed layers would get),
+     and "randomized" draws every layer's biases / LayerNorm affine separately,
+     so a stack that swaps, skips or repeats layers is visible. The stack is
+     built with enable_nested_tensor=False, and its final LayerNorm (config
+     "norm": true) has the layers' layer_norm_eps.
   3. Draw float32 inputs and masks.
   4. Run the float32 module; run copy.deepcopy(module).double() on the inputs
      cast to float64 (bool masks stay bool). Since everything started as
      float32, both runs see exactly the same values.
 Autograd stays enabled, so PyTorch takes the documented Python path
 (F.multi_head_attention_forward) and not the fused fast path; the script
-additionally guards the fast-path entry points and fails if they are hit.
+additionally guards the fast-path entry points (and the encoder stack's
+nested-tensor conversion) and fails if they are hit.
 
 Requires the Debian PyTorch (torch 1.13): run with /usr/bin/python3.
 
@@ -105,11 +114,56 @@ def enc_config(d_model, nhead, dim_feedforward=2048, activation="relu", layer_no
     }
 
 
+def stack_config(num_layers, norm, d_model, nhead, **layer_kwargs):
+    """TransformerEncoder: the encoder layer's keys, then num_layers and norm
+    (True when a final LayerNorm(d_model, eps=layer_norm_eps) is present)."""
+    cfg = enc_config(d_model, nhead, **layer_kwargs)
+    cfg["num_layers"] = num_layers
+    cfg["norm"] = norm
+    return cfg
+
+
+# TransformerDecoderLayer takes exactly the encoder layer's constructor keys.
+dec_config = enc_config
+
+LAYER_KEYS = ("d_model", "nhead", "dim_feedforward", "activation", "layer_norm_eps",
+              "batch_first", "norm_first")
+
+
+def reinit_encoder_layer(layer):
+    """Re-run a TransformerEncoderLayer's own init, drawing in the order its
+    constructor does: MultiheadAttention builds out_proj (Linear init: kaiming
+    weight, uniform bias), then _reset_parameters (xavier_uniform_ in_proj_weight,
+    zero in_proj_bias and out_proj.bias); then linear1, linear2 (Linear init),
+    then the LayerNorms (1 / 0)."""
+    layer.self_attn.out_proj.reset_parameters()
+    layer.self_attn._reset_parameters()
+    layer.linear1.reset_parameters()
+    layer.linear2.reset_parameters()
+    layer.norm1.reset_parameters()
+    layer.norm2.reset_parameters()
+
+
 def build_module(module_name, config):
     if module_name == "MultiheadAttention":
         m = nn.MultiheadAttention(dropout=0.0, **config)
     elif module_name == "TransformerEncoderLayer":
         m = nn.TransformerEncoderLayer(dropout=0.0, **config)
+    elif module_name == "TransformerEncoder":
+        layer_cfg = {k: config[k] for k in LAYER_KEYS}
+        assert set(config) == set(LAYER_KEYS) | {"num_layers", "norm"}, sorted(config)
+        layer = nn.TransformerEncoderLayer(dropout=0.0, **layer_cfg)
+        norm = (nn.LayerNorm(config["d_model"], eps=config["layer_norm_eps"])
+                if config["norm"] else None)
+        m = nn.TransformerEncoder(layer, config["num_layers"], norm=norm,
+                                  enable_nested_tensor=False)
+        # The clones are identical; give layers 1.. their own draws (layer 0
+        # keeps the prototype's, so the stack equals num_layers fresh layers).
+        with torch.no_grad():
+            for sub in list(m.layers)[1:]:
+                reinit_encoder_layer(sub)
+    elif module_name == "TransformerDecoderLayer":
+        m = nn.TransformerDecoderLayer(dropout=0.0, **config)
     else:
         raise ValueError(module_name)
     return m.eval()
@@ -136,6 +190,28 @@ def zero_params(module, names):
             params[n].zero_()
 
 
+def randomize_params(module, names):
+    """Overwrite the named parameters with random float32 values in [-0.2, 0.2)."""
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for n in names:
+            params[n].copy_(uniform(params[n].shape, -0.2, 0.2))
+
+
+def assert_layers_distinct(stack):
+    """No two layers of a stack may share a parameter's values (weight matrices
+    always; every parameter once biases / LayerNorm affine are randomized)."""
+    layers = list(stack.layers)
+    for i in range(len(layers)):
+        for j in range(i + 1, len(layers)):
+            pi, pj = dict(layers[i].named_parameters()), dict(layers[j].named_parameters())
+            for n, t in pi.items():
+                if t.dim() >= 2 or t.abs().sum() > 0:  # skip torch's all-zero biases
+                    if n.startswith("norm") and torch.equal(t, torch.ones_like(t)):
+                        continue  # LayerNorm weight left at torch's 1
+                    assert not torch.equal(t, pj[n]), f"layers {i} and {j} share {n}"
+
+
 # ---------------------------------------------------------------------------
 # Fast-path guard
 # ---------------------------------------------------------------------------
@@ -147,9 +223,16 @@ class FastPathTaken(RuntimeError):
 @contextlib.contextmanager
 def forbid_fast_path():
     """Replace torch's fused fast-path entry points (looked up as attributes of
-    the torch module at call time by MultiheadAttention.forward and
-    TransformerEncoderLayer.forward in 1.13) by functions that raise."""
-    names = ["_native_multi_head_attention", "_transformer_encoder_layer_fwd"]
+    the torch module at call time by MultiheadAttention.forward,
+    TransformerEncoderLayer.forward and TransformerEncoder.forward in 1.13) by
+    functions that raise. The nested-tensor pair is TransformerEncoder's sparsity
+    path (its left-aligned check runs whenever enable_nested_tensor is True and a
+    src_key_padding_mask is given, even with autograd on); the decoder-only pair
+    is not called by Python's TransformerDecoderLayer in 1.13 and is trapped in
+    case a build does."""
+    names = ["_native_multi_head_attention", "_transformer_encoder_layer_fwd",
+             "_nested_tensor_from_mask", "_nested_tensor_from_mask_left_aligned",
+             "_transformer_decoder_only_layer_fwd", "_native_decoder_only_multi_head_attention"]
     saved = {n: getattr(torch, n) for n in names if hasattr(torch, n)}
 
     def make(n):
@@ -168,13 +251,17 @@ def forbid_fast_path():
 
 def self_test_fast_path_guard():
     """Make sure the guard is meaningful: under no_grad, a fast-path-eligible
-    MHA / encoder layer must trip it."""
+    MHA / encoder layer / encoder stack (default enable_nested_tensor=True,
+    left-aligned padding mask) must trip it."""
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(8, 2, dropout=0.0, batch_first=True).eval()
     enc = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0,
                                      batch_first=True).eval()
+    stack = nn.TransformerEncoder(enc, 2).eval()
     x = torch.randn(2, 3, 8)
-    for mod, call in ((mha, lambda: mha(x, x, x)), (enc, lambda: enc(x))):
+    kpm = padding_mask(3, [0, 1])
+    for mod, call in ((mha, lambda: mha(x, x, x)), (enc, lambda: enc(x)),
+                      (stack, lambda: stack(x, src_key_padding_mask=kpm))):
         tripped = False
         with forbid_fast_path(), torch.no_grad():
             try:
@@ -315,6 +402,74 @@ def fx_encoder_unbatched_eps():
     return cfg, m, {}, {"src": src, "src_mask": random_bool_mask(9, 9)}
 
 
+def _stack(config, affine="torch"):
+    m = build_module("TransformerEncoder", config)
+    if affine == "randomized":
+        randomize_affine(m)
+    assert_layers_distinct(m)
+    return m
+
+
+def _dec(config, affine="torch", zero=(), randomize=()):
+    m = build_module("TransformerDecoderLayer", config)
+    if zero:
+        zero_params(m, zero)
+    if randomize:
+        randomize_params(m, randomize)
+    if affine == "randomized":
+        randomize_affine(m)
+    return m
+
+
+def fx_encoder_stack_norm():
+    cfg = stack_config(3, True, 32, 4, dim_feedforward=64, activation="relu",
+                       layer_norm_eps=1e-5, batch_first=True, norm_first=False)
+    m = _stack(cfg, affine="randomized")
+    src = torch.randn(2, 10, 32)
+    return cfg, m, {}, {"src": src, "mask": causal_mask(10, 10),
+                        "src_key_padding_mask": padding_mask(10, [0, 3])}
+
+
+def fx_encoder_stack_prenorm_gelu_seq_first():
+    cfg = stack_config(2, False, 16, 2, dim_feedforward=32, activation="gelu",
+                       layer_norm_eps=1e-6, batch_first=False, norm_first=True)
+    m = _stack(cfg, affine="randomized")
+    src = torch.randn(7, 3, 16)
+    return cfg, m, {}, {"src": src}
+
+
+def fx_decoder_layer():
+    cfg = dec_config(32, 4, dim_feedforward=64, activation="relu", layer_norm_eps=1e-5,
+                     batch_first=True, norm_first=False)
+    m = _dec(cfg, affine="randomized")
+    tgt = torch.randn(2, 6, 32)
+    memory = torch.randn(2, 9, 32)
+    return cfg, m, {}, {"tgt": tgt, "memory": memory, "tgt_mask": causal_mask(6, 6),
+                        "tgt_key_padding_mask": padding_mask(6, [0, 2]),
+                        "memory_key_padding_mask": padding_mask(9, [1, 4])}
+
+
+def fx_decoder_layer_norm_first_gelu():
+    cfg = dec_config(16, 2, dim_feedforward=32, activation="gelu", layer_norm_eps=1e-6,
+                     batch_first=False, norm_first=True)
+    m = _dec(cfg, affine="randomized")
+    tgt = torch.randn(5, 2, 16)
+    memory = torch.randn(7, 2, 16)
+    memory_mask = torch.randn(5, 7)
+    tgt_mask = random_bool_mask(5, 5)
+    return cfg, m, {}, {"tgt": tgt, "memory": memory, "tgt_mask": tgt_mask,
+                        "memory_mask": memory_mask}
+
+
+def fx_decoder_layer_unbatched():
+    cfg = dec_config(16, 2, dim_feedforward=24, activation="relu", layer_norm_eps=1e-5,
+                     batch_first=True, norm_first=False)
+    m = _dec(cfg, randomize=("linear1.bias", "linear2.bias"))
+    tgt = torch.randn(4, 16)
+    memory = torch.randn(6, 16)
+    return cfg, m, {}, {"tgt": tgt, "memory": memory}
+
+
 # name -> (seed, builder, description)
 FIXTURES = {
     "mha_single": (
@@ -370,6 +525,32 @@ FIXTURES = {
         1012, fx_encoder_unbatched_eps,
         "Unbatched (9, 16) post-norm ReLU TransformerEncoderLayer(16, 2, ff=32) with "
         "layer_norm_eps=1e-3, randomized biases and LayerNorm affine and a random bool src_mask."),
+    "encoder_stack_norm": (
+        1013, fx_encoder_stack_norm,
+        "TransformerEncoder of 3 independently initialised post-norm ReLU layers (32, 4, ff=64) "
+        "plus a final LayerNorm with the layers' eps=1e-5, randomized biases and LayerNorm affine "
+        "per layer, batch_first (2, 10, 32) with a causal float mask and a bool "
+        "src_key_padding_mask."),
+    "encoder_stack_prenorm_gelu_seq_first": (
+        1014, fx_encoder_stack_prenorm_gelu_seq_first,
+        "TransformerEncoder of 2 independently initialised pre-norm GELU layers (16, 2, ff=32, "
+        "eps=1e-6) without a final norm, randomized biases and LayerNorm affine per layer, "
+        "sequence-first (7, 3, 16) and no masks."),
+    "decoder_layer": (
+        1015, fx_decoder_layer,
+        "Post-norm ReLU TransformerDecoderLayer(32, 4, ff=64) with randomized biases and "
+        "LayerNorm affine, batch_first tgt (2, 6, 32) and memory (2, 9, 32), a causal float "
+        "tgt_mask and bool tgt and memory key padding masks."),
+    "decoder_layer_norm_first_gelu": (
+        1016, fx_decoder_layer_norm_first_gelu,
+        "Pre-norm GELU TransformerDecoderLayer(16, 2, ff=32, eps=1e-6) with randomized biases and "
+        "LayerNorm affine, sequence-first tgt (5, 2, 16) and memory (7, 2, 16), a random bool "
+        "tgt_mask and an additive float memory_mask."),
+    "decoder_layer_unbatched": (
+        1017, fx_decoder_layer_unbatched,
+        "Unbatched post-norm ReLU TransformerDecoderLayer(16, 2, ff=24) with torch init except "
+        "random feed-forward biases (linear1, linear2), tgt (4, 16) and memory (6, 16), "
+        "no masks."),
 }
 
 
@@ -497,6 +678,20 @@ def build_config_echo(module, module_name):
                           add_zero_attn=module.add_zero_attn,
                           kdim=module.kdim, vdim=module.vdim,
                           batch_first=module.batch_first)
+    if module_name == "TransformerEncoder":
+        layer_cfgs = [build_config_echo(l, "TransformerEncoderLayer") for l in module.layers]
+        assert all(c == layer_cfgs[0] for c in layer_cfgs), "layers differ in config"
+        assert module.num_layers == len(module.layers)
+        assert module.enable_nested_tensor is False
+        if module.norm is not None:
+            assert isinstance(module.norm, nn.LayerNorm)
+            assert module.norm.normalized_shape == (layer_cfgs[0]["d_model"],)
+            assert module.norm.elementwise_affine
+            assert module.norm.eps == layer_cfgs[0]["layer_norm_eps"]
+        cfg = dict(layer_cfgs[0])
+        cfg["num_layers"] = len(module.layers)
+        cfg["norm"] = module.norm is not None
+        return cfg
     act = module.activation
     if act is torch.nn.functional.relu:
         act_name = "relu"
@@ -505,6 +700,15 @@ def build_config_echo(module, module_name):
     else:
         raise ValueError(f"unsupported activation {act!r}")
     assert module.norm1.eps == module.norm2.eps
+    if module_name == "TransformerDecoderLayer":
+        assert module.norm3.eps == module.norm1.eps
+        sa, ca = module.self_attn, module.multihead_attn
+        assert (sa.embed_dim, sa.num_heads, sa.batch_first) == \
+            (ca.embed_dim, ca.num_heads, ca.batch_first)
+        return dec_config(sa.embed_dim, sa.num_heads,
+                          dim_feedforward=module.linear1.out_features,
+                          activation=act_name, layer_norm_eps=module.norm1.eps,
+                          batch_first=sa.batch_first, norm_first=module.norm_first)
     return enc_config(module.self_attn.embed_dim, module.self_attn.num_heads,
                       dim_feedforward=module.linear1.out_features,
                       activation=act_name, layer_norm_eps=module.norm1.eps,

@@ -224,3 +224,82 @@ TEST_CASE("cli: run prints every default case, and its JSON has the documented s
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("B=3 T=7 S=11 d=24 heads=6 bias=on mask=random random_params  (seed 9)"));
 }
+
+TEST_CASE("cli: gate passes against the committed baseline and writes JUnit XML", "[cli][torch]") {
+  if (!with_torch()) return;
+  const fs::path xml = scratch() / "gate.xml";
+  const Result r = tparity("gate --baseline " + kFixtures + "/baseline.json --junit " + xml.string());
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains(", 0 failures (factor 2"));
+  const std::string x = slurp(xml);
+  CHECK_THAT(x, Catch::StartsWith("<?xml"));
+  CHECK_THAT(x, Catch::Contains("failures=\"0\""));
+  CHECK_THAT(x, Catch::Contains("<testcase classname=\"tparity.block\" name=\"ffn_hidden\"/>"));
+}
+
+TEST_CASE("cli: gate fails a worsened baseline with the command that re-runs the case", "[cli][torch]") {
+  if (!with_torch()) return;
+  json b = json::parse(slurp(kFixtures + "/baseline.json"));
+  const double recorded = b["entries"]["multihead/output/hand32_vs_torch64"].get<double>();
+  b["entries"]["multihead/output/hand32_vs_torch64"] = recorded / 10;  // as if the error had grown 10x
+  b["entries"].erase("block/norm1/hand64_vs_torch64");                 // and an entry never recorded
+  const fs::path worse = scratch() / "worse.json", xml = scratch() / "worse.xml";
+  std::ofstream(worse) << b.dump(2);
+  const Result r =
+      tparity("gate --baseline " + worse.string() + " --fixtures " + kFixtures + " --junit " + xml.string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("FAIL case multihead: component output: leg hand32_vs_torch64: rel_l2 "));
+  CHECK_THAT(r.out,
+             Catch::Contains("grew beyond the baseline; seed 3; re-run: tparity run --case multihead --seed 3\n"));
+  CHECK_THAT(r.out, Catch::Contains("FAIL case block: component norm1: leg hand64_vs_torch64: rel_l2 "));
+  CHECK_THAT(r.out, Catch::Contains("has no baseline entry"));
+  CHECK_THAT(r.out, Catch::Contains(", 2 failures"));
+  CHECK_THAT(slurp(xml), Catch::Contains("failures=\"2\""));
+  // The re-run command runs only that case, which is still within tolerance.
+  const Result again = tparity("run --case multihead --seed 3");
+  CHECK(again.code == 0);
+  CHECK_THAT(again.out, Catch::Contains("1 case(s): 1 passed"));
+}
+
+TEST_CASE("cli: gate --update-baseline writes the same bytes twice, and only from a passing run", "[cli][torch]") {
+  if (!with_torch()) return;
+  const fs::path dir = scratch() / "gate_fixtures";
+  fs::create_directories(dir);
+  fs::copy_file(kFixtures + "/mha_no_weights.json", dir / "mha_no_weights.json", fs::copy_options::overwrite_existing);
+  const fs::path base = dir / "baseline.json";
+  REQUIRE(tparity("gate --update-baseline --baseline " + base.string()).code == 0);
+  const std::string first = slurp(base);
+  REQUIRE(tparity("gate --update-baseline --baseline " + base.string()).code == 0);
+  CHECK(slurp(base) == first);
+  const json b = json::parse(first);
+  CHECK(b.at("format") == "tparity.baseline");
+  for (const char* k : {"torch", "blas", "threads"}) CHECK(b.at("environment").contains(k));
+  CHECK(b.at("entries").contains("mha_no_weights/output/hand32_vs_torch64"));
+  CHECK(b.at("entries").contains("sdpa/scores/hand64_vs_torch64"));
+  CHECK(tparity("gate --baseline " + base.string()).code == 0);
+
+  // A failing fixture: no baseline is written.
+  json j = json::parse(slurp(kFixtures + "/mha_no_weights.json"));
+  j["outputs"]["output"]["data"][0] = j["outputs"]["output"]["data"][0].get<double>() + 1e-3;
+  std::ofstream(dir / "mha_no_weights.json") << j.dump();
+  const Result r = tparity("gate --update-baseline --baseline " + base.string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("FAIL case mha_no_weights: component output: leg hand64_vs_torch64"));
+  CHECK_THAT(r.out, Catch::Contains("a baseline is not recorded from a failing run"));
+  CHECK(slurp(base) == first);
+}
+
+TEST_CASE("cli: gate refuses a bad baseline or factor with one line", "[cli]") {
+  for (const auto& [args, mention] : std::vector<std::pair<std::string, std::string>>{
+           {"gate --baseline /nonexistent/b.json", "/nonexistent/b.json: cannot open baseline"},
+           {"gate --baseline " + kFixtures + "/mha_single.json",
+            "mha_single.json: format: expected \"tparity.baseline\""},
+           {"gate --factor 0.5", "option --factor: expected a number >= 1, got 0.5"},
+       }) {
+    CAPTURE(args);
+    const Result r = tparity(args);
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains(mention));
+  }
+}

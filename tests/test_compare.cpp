@@ -4,6 +4,7 @@
 #include <limits>
 #include <set>
 
+#include "tparity/compare/baseline.hpp"
 #include "tparity/compare/legs.hpp"
 #include "tparity/compare/report.hpp"
 
@@ -156,4 +157,40 @@ TEST_CASE("diagnosis: growth between components and the first component whose lo
   for (const std::string& f : r.failures) CHECK(f.find("local_") == std::string::npos);
   CHECK_THAT(render_table(r), Catch::Contains("first divergence: component b"));
   CHECK(to_json(r).at("first_divergence").at("component") == "b");
+}
+
+TEST_CASE("baseline: recorded legs, rounding, and the drift ratchet with its floors", "[compare]") {
+  const CaseReport r = judge(2e-16, 3e-7, 2e-7);
+  const Baseline b = make_baseline({r}, {{"torch", "x"}});
+  // Only the hand core's gated legs against the float64 reference are recorded.
+  CHECK(b.entries ==
+        std::map<std::string, double>{{"demo/x/hand32_vs_torch64", 3e-7}, {"demo/x/hand64_vs_torch64", 2e-16}});
+  CHECK(find_drift({r}, b, 2.0).empty());
+
+  Baseline tight = b;
+  tight.entries["demo/x/hand32_vs_torch64"] = 1e-7;  // 3e-7 > 2 x 1e-7
+  const std::vector<Drift> d = find_drift({r}, tight, 2.0);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].leg == "hand32_vs_torch64");
+  CHECK(d[0].bound == Approx(2e-7));
+  CHECK(find_drift({r}, tight, 3.0).empty());
+
+  // Floors: a float64 error moving within a few roundings, or a float32 one below a quarter rounding,
+  // is not drift.
+  Baseline tiny = b;
+  tiny.entries["demo/x/hand64_vs_torch64"] = 1e-17;
+  tiny.entries["demo/x/hand32_vs_torch64"] = 3e-7;
+  CHECK(find_drift({r}, tiny, 2.0).empty());
+  CHECK(drift_floor("hand64_vs_torch64") == 0x1.0p-50);
+  CHECK(drift_floor("hand32_vs_torch64") == 0x1.0p-26);
+
+  Baseline missing = b;
+  missing.entries.erase("demo/x/hand64_vs_torch64");
+  const std::vector<Drift> m = find_drift({r}, missing, 2.0);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0].missing);
+
+  // Values are kept to three digits, so a re-recorded baseline only changes where the figure did.
+  const CaseReport r2 = judge(2e-16, 3.0004e-7, 2e-7);
+  CHECK(make_baseline({r2}, {}).entries.at("demo/x/hand32_vs_torch64") == 3e-7);
 }

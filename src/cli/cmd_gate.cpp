@@ -1,11 +1,209 @@
-// tparity gate: the CI regression gate (default cases and fixtures, against a recorded baseline).
+// tparity gate: the CI regression gate. Runs the default cases and every committed fixture; fails
+// when a comparator gate fails, and when an error has grown beyond --factor times its recorded
+// baseline, even under tolerance (a ratchet on drift).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
 #include "common.hpp"
+#include "tparity/compare/baseline.hpp"
+#include "tparity/compare/evaluate.hpp"
+#include "tparity/fixture/fixture.hpp"
+#include "tparity/harness/cases.hpp"
+#include "tparity/torch/reference.hpp"
 
 namespace tparity::cli {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+struct GateOptions {
+  std::string baseline = "fixtures/baseline.json";
+  std::string fixtures;  // default: the baseline's directory
+  std::string junit;
+  bool update = false;
+  double factor = 2.0;
+};
+
+// A report and how to re-run only it.
+struct Gated {
+  CaseReport report;
+  std::string seed;  // "4", or "none (fixture data)"
+  std::string rerun;
+};
+
+std::vector<std::string> fixture_files(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError("option --fixtures: " + dir + ": not a directory");
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".json" && e.path().filename().string().rfind("baseline", 0) != 0)
+      files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  return out;
+}
+
+// JUnit XML: one testcase per case and component (plus one per case for failures that name no
+// component), failures carrying their one-line message.
+void write_junit(const std::string& path, const std::vector<Gated>& gated,
+                 const std::map<std::string, std::vector<std::string>>& failures_by_test) {
+  std::string cases;
+  size_t tests = 0, failed = 0;
+  auto testcase = [&](const std::string& cls, const std::string& name) {
+    ++tests;
+    cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\"", xml_escape(cls), xml_escape(name));
+    auto it = failures_by_test.find(cls + "\n" + name);
+    if (it == failures_by_test.end()) {
+      cases += "/>\n";
+      return;
+    }
+    ++failed;
+    std::string all;
+    for (const std::string& f : it->second) all += f + "\n";
+    cases += fmt::format(">\n      <failure message=\"{}\">{}</failure>\n    </testcase>\n",
+                         xml_escape(it->second.front()), xml_escape(all));
+  };
+  for (const Gated& g : gated) {
+    const std::string cls = "tparity." + g.report.name;
+    if (failures_by_test.count(cls + "\n(case)")) testcase(cls, "(case)");
+    for (const ComponentReport& c : g.report.components) testcase(cls, c.name);
+  }
+  const std::string xml = fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"tparity gate\" tests=\"{}\" "
+      "failures=\"{}\">\n{}  </testsuite>\n</testsuites>\n",
+      tests, failed, cases);
+  write_text_file(path, xml);
+}
+
+int gate(const GateOptions& o) {
+  if (!(o.factor >= 1.0)) throw InputError(fmt::format("option --factor: expected a number >= 1, got {}", o.factor));
+  const std::string fixtures_dir = !o.fixtures.empty() ? o.fixtures : fs::path(o.baseline).parent_path().string();
+  Baseline baseline;
+  if (!o.update) baseline = read_baseline(o.baseline);  // before the long run: a bad path fails at once
+
+  std::vector<Gated> gated;
+  for (const CaseSpec& s : default_cases())
+    gated.push_back({evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}), std::to_string(s.seed),
+                     fmt::format("tparity run --case {} --seed {}", s.name, s.seed)});
+  for (const std::string& f : fixture_files(fixtures_dir.empty() ? "." : fixtures_dir))
+    for (CaseReport& r : check_fixture(read_fixture(f), f, GatePolicy{}))
+      gated.push_back({std::move(r), "none (fixture data)", "tparity check --fixture " + f});
+
+  std::vector<CaseReport> reports;
+  for (const Gated& g : gated) reports.push_back(g.report);
+  const std::map<std::string, std::string> env{
+      {"torch", torch_version()}, {"blas", torch_blas()}, {"threads", std::to_string(torch_threads())}};
+
+  if (o.update) {
+    size_t failing = 0;
+    for (const Gated& g : gated)
+      for (const std::string& f : g.report.failures) {
+        ++failing;
+        fmt::print("FAIL {}; seed {}; re-run: {}\n", f, g.seed, g.rerun);
+      }
+    if (failing) {
+      fmt::print("gate: {} failures: a baseline is not recorded from a failing run; {} left as it was\n", failing,
+                 o.baseline);
+      return kFail;
+    }
+    const Baseline b = make_baseline(reports, env);
+    write_text_file(o.baseline, baseline_to_json(b).dump(2) + "\n");
+    fmt::print("baseline {}: {} entries from {} cases, environment torch {}, blas {}, threads {}\n", o.baseline,
+               b.entries.size(), reports.size(), env.at("torch"), env.at("blas"), env.at("threads"));
+    return kPass;
+  }
+
+  for (const auto& [k, v] : env) {
+    auto it = baseline.environment.find(k);
+    const std::string was = it == baseline.environment.end() ? "unrecorded" : it->second;
+    if (was != v)
+      fmt::print(
+          "note: environment differs from the baseline's: {} is {} here, {} in {}; figures may move for that "
+          "reason alone\n",
+          k, v, was, o.baseline);
+  }
+
+  // Failures, one line each, ending with the seed and the command that re-runs only that case.
+  std::map<std::string, std::vector<std::string>> by_test;  // "tparity.<case>\n<component>" -> lines
+  std::vector<std::string> lines;
+  std::map<std::string, const Gated*> by_case;
+  for (const Gated& g : gated) by_case[g.report.name] = &g;
+  auto add = [&](const Gated& g, const std::string& component, const std::string& line) {
+    const std::string full = fmt::format("{}; seed {}; re-run: {}", line, g.seed, g.rerun);
+    lines.push_back(full);
+    by_test["tparity." + g.report.name + "\n" + component].push_back(full);
+  };
+  for (const Gated& g : gated)
+    for (const std::string& f : g.report.failures) {
+      std::string component = "(case)";
+      for (const ComponentReport& c : g.report.components)
+        if (f.find(": component " + c.name + ": ") != std::string::npos) component = c.name;
+      add(g, component, f);
+    }
+  for (const Drift& d : find_drift(reports, baseline, o.factor)) {
+    const Gated& g = *by_case.at(d.case_name);
+    if (d.missing)
+      add(g, d.component,
+          fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} has no baseline entry in {} (record one with "
+                      "tparity gate --update-baseline and commit the diff)",
+                      d.case_name, d.component, d.leg, d.value, o.baseline));
+    else
+      add(g, d.component,
+          fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} > drift bound {:.3g} ({:g} x baseline {:.3g}"
+                      "{}): grew beyond the baseline",
+                      d.case_name, d.component, d.leg, d.value, d.bound, o.factor, d.baseline,
+                      d.bound > o.factor * d.baseline ? fmt::format(", floor {:.3g}", drift_floor(d.leg)) : ""));
+  }
+
+  for (const Gated& g : gated) {
+    size_t bad = 0;
+    for (const auto& [k, v] : by_test) bad += k.rfind("tparity." + g.report.name + "\n", 0) == 0 ? v.size() : 0;
+    fmt::print("{} {} ({} components)\n", bad ? "FAIL" : "PASS", g.report.name, g.report.components.size());
+  }
+  for (const std::string& l : lines) fmt::print("FAIL {}\n", l);
+  fmt::print("gate: {} cases, {} failures (factor {:g}, baseline {})\n", gated.size(), lines.size(), o.factor,
+             o.baseline);
+  if (!o.junit.empty()) write_junit(o.junit, gated, by_test);
+  return lines.empty() ? kPass : kFail;
+}
+
+}  // namespace
+
 void register_gate(CLI::App& app, Action& action) {
-  (void)app;
-  (void)action;
+  auto o = std::make_shared<GateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "gate", "CI regression gate: default cases and committed fixtures against their gates and a recorded baseline");
+  cmd->add_option("--baseline", o->baseline, "Baseline file")->capture_default_str();
+  cmd->add_option("--fixtures", o->fixtures, "Directory of fixtures to check (default: the baseline's directory)");
+  cmd->add_option("--junit", o->junit, "Also write JUnit XML here (one testcase per case and component)");
+  cmd->add_flag("--update-baseline", o->update, "Record this run as the baseline (only when every gate passes)");
+  cmd->add_option("--factor", o->factor, "Fail when an error grows beyond this factor of its baseline")
+      ->capture_default_str();
+  cmd->callback([o, &action] { action = [o] { return gate(*o); }; });
 }
 
 }  // namespace tparity::cli

@@ -25,8 +25,9 @@ int main(int argc, char** argv) {
     bool known = false;
     for (const CLI::App* s : app.get_subcommands({})) known = known || s->get_name() == sub;
     if (!known) {
-      std::fprintf(stderr, "tparity: unknown subcommand \"%s\": expected run, eval, check, gate or sweep (see tparity --help)\n",
-                   sub.c_str());
+      std::fprintf(
+          stderr, "tparity: unknown subcommand \"%s\": expected run, eval, check, gate or sweep (see tparity --help)\n",
+          sub.c_str());
       return cli::kBadInput;
     }
   }

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -23,13 +24,24 @@ std::string torch_version() {
 }
 
 std::string torch_blas() {
-  // Debian's LibTorch is built against the generic libblas.so.3; which library that is depends on the
-  // alternatives system (OpenBLAS once libopenblas0-pthread is installed).
-  const std::string cfg = at::show_config();
-  const auto pos = cfg.find("BLAS_INFO=");
-  std::string info = pos == std::string::npos ? "unknown" : cfg.substr(pos + 10, cfg.find(',', pos) - pos - 10);
-  return info;
+  // Debian's LibTorch links the generic libblas.so.3, which the alternatives system points at a
+  // BLAS (OpenBLAS once libopenblas0-pthread is installed). Ask the loader what it mapped, after a
+  // product has forced the library in.
+  (void)torch::mm(torch::ones({2, 2}), torch::ones({2, 2}));
+  std::ifstream maps("/proc/self/maps");
+  std::string line, found;
+  for (const char* name : {"libopenblas", "libmkl", "libblis", "libblas"}) {
+    maps.clear();
+    maps.seekg(0);
+    while (std::getline(maps, line)) {
+      const auto pos = line.find('/');
+      if (pos != std::string::npos && line.find(name, pos) != std::string::npos) return line.substr(pos);
+    }
+  }
+  return "unknown";
 }
+
+int torch_threads() { return torch::get_num_threads(); }
 
 namespace {
 

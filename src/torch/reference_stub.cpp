@@ -8,6 +8,7 @@ namespace tparity {
 bool torch_available() { return false; }
 std::string torch_version() { return "none"; }
 std::string torch_blas() { return "none"; }
+int torch_threads() { return 0; }
 std::string module_limitation(const Problem&) {
   return "tparity was built without LibTorch (-DTPARITY_WITH_TORCH=OFF)";
 }

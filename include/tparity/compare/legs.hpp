@@ -86,7 +86,7 @@ struct CaseReport {
   std::vector<std::string> failures;  // one line each: case, component, leg, figure, bound
   std::vector<std::string> notes;     // what was verified or skipped on the way (reference checks)
   // The first component, in dataflow order, whose local error breaks its gate: where it breaks.
-  std::string first_divergence;       // empty when none does
+  std::string first_divergence;  // empty when none does
   std::string first_divergence_detail;
   void fail(const std::string& line) {
     pass = false;

@@ -20,7 +20,8 @@ namespace tparity {
 
 bool torch_available();
 std::string torch_version();  // "1.13.1" or "none"
-std::string torch_blas();     // the BLAS LibTorch calls, as far as it can be told
+std::string torch_blas();     // the BLAS library LibTorch has loaded (after a first call), e.g. "openblas-pthread"
+int torch_threads();          // LibTorch's intra-op thread count; 0 without LibTorch
 
 // Empty when torch::nn's C++ module can run this problem; otherwise why not.
 std::string module_limitation(const Problem& p);
