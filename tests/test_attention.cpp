@@ -65,7 +65,7 @@ MhaConfig config(int64_t E, int64_t H, bool bias = true) {
 
 }  // namespace
 
-TEST_CASE("sdpa: a hand-worked answer, with and without a mask", "[attention]") {
+TEST_CASE("sdpa: a hand-worked answer / with and without a mask", "[attention]") {
   // q = (1, 0), keys (1, 0), (0, 1), (0, 0), values 1, 2, 3; scores (1, 0, 0) / sqrt(2).
   const Tensor<double> q({1, 2}, {1, 0}), k({3, 2}, {1, 0, 0, 1, 0, 0}), v({3, 1}, {1, 2, 3});
   const double a = std::exp(1 / std::sqrt(2.0));
@@ -81,7 +81,7 @@ TEST_CASE("sdpa: a hand-worked answer, with and without a mask", "[attention]") 
   CHECK(out.data[0] == 2.5);
 }
 
-TEST_CASE("sdpa: L != S and Ev != E, leading dims carried through", "[attention]") {
+TEST_CASE("sdpa: L != S and Ev != E / leading dims carried through", "[attention]") {
   Rng rng(5);
   Record rec;
   const Tensor<double> out =
@@ -139,7 +139,7 @@ TEST_CASE("mha: the batched output equals the stacked single-sample outputs", "[
   }
 }
 
-TEST_CASE("mha: multi-head equals the per-head attentions concatenated, then out_proj", "[attention]") {
+TEST_CASE("mha: multi-head equals the per-head attentions concatenated / then out_proj", "[attention]") {
   Rng rng(29);
   const int64_t B = 2, L = 4, S = 6, E = 12, H = 3, D = E / H;
   const MhaConfig c = config(E, H);
@@ -168,7 +168,7 @@ TEST_CASE("mha: multi-head equals the per-head attentions concatenated, then out
   for (size_t i = 0; i < expect.size(); ++i) CHECK(out.output.data[i] == Approx(double(expect[i])).margin(1e-13));
 }
 
-TEST_CASE("mha: with a causal mask, appending tokens leaves earlier outputs unchanged", "[attention]") {
+TEST_CASE("mha: with a causal mask / appending tokens leaves earlier outputs unchanged", "[attention]") {
   Rng rng(31);
   const int64_t B = 2, T = 9, extra = 4, E = 8, H = 2;
   const MhaConfig c = config(E, H);
@@ -194,7 +194,7 @@ TEST_CASE("mha: with a causal mask, appending tokens leaves earlier outputs unch
       CHECK(a.data[size_t(bb * T * E + i)] == b.data[size_t(bb * (T + extra) * E + i)]);
 }
 
-TEST_CASE("mha: sequence-first, batch-first and unbatched layouts give the same numbers", "[attention]") {
+TEST_CASE("mha: sequence-first / batch-first and unbatched layouts give the same numbers", "[attention]") {
   Rng rng(37);
   const int64_t B = 3, L = 4, E = 8, H = 2;
   MhaConfig c = config(E, H);
@@ -239,7 +239,8 @@ TEST_CASE("mha: averaged weights are the mean of the per-head weights", "[attent
   CHECK(mha_forward(c, MhaForward{false, true}, w, in).attn_weights.empty());
 }
 
-TEST_CASE("mha: add_bias_kv appends bias_k and bias_v as a key, add_zero_attn a zero key with score 0", "[attention]") {
+TEST_CASE("mha: add_bias_kv appends bias_k and bias_v as a key / add_zero_attn a zero key with score 0",
+          "[attention]") {
   Rng rng(43);
   MhaConfig c = config(8, 2);
   c.add_bias_kv = true;
@@ -265,7 +266,7 @@ TEST_CASE("mha: add_bias_kv appends bias_k and bias_v as a key, add_zero_attn a 
     }
 }
 
-TEST_CASE("mha: a float key padding mask is added, and with a bool attn_mask its nonzeros mask (torch 1.13)",
+TEST_CASE("mha: a float key padding mask is added / and with a bool attn_mask its nonzeros mask (torch 1.13)",
           "[attention]") {
   Rng rng(47);
   const MhaConfig c = config(8, 2);
@@ -318,7 +319,7 @@ TEST_CASE("mha: kdim and vdim use separate projection weights", "[attention]") {
   }
 }
 
-TEST_CASE("mha: shapes that contradict the config are refused, naming the tensor", "[attention]") {
+TEST_CASE("mha: shapes that contradict the config are refused / naming the tensor", "[attention]") {
   Rng rng(59);
   const MhaConfig c = config(8, 2);
   const MhaWeights<double> w = random_weights(c, rng);

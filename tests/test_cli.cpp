@@ -64,7 +64,8 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --heads abc", "--heads"},
            {"run --mask diagonal", "--mask"},
            {"run --format xml", "--format"},
-           {"run --case nope", "option --case: expected one of single, batched, multihead, block, sdpa, got \"nope\""},
+           {"run --case nope",
+            "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, got \"nope\""},
            {"run --case multihead --heads 3", "heads 3 does not divide dim 64"},
            {"run --case sdpa --mask padding", "option --mask: padding needs a key_padding_mask"},
            {"run --case batched --max-elements 1000", "above --max-elements 1000"},
@@ -138,7 +139,7 @@ TEST_CASE("cli: eval writes the outputs the fixture's module returns", "[cli]") 
   CHECK(json::parse(slurp(out)).at("outputs").at("output").at("dtype") == "float32");
 }
 
-TEST_CASE("cli: a bad fixture or an unwritable output: exit 2, one line, no file", "[cli]") {
+TEST_CASE("cli: a bad fixture or an unwritable output: exit 2 / one line / no file", "[cli]") {
   const fs::path bad = scratch() / "bad.json", out = scratch() / "never.json";
   std::ofstream(bad) << slurp(kFixtures + "/mha_no_weights.json").substr(0, 1000);
   fs::remove(out);
@@ -191,16 +192,17 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
   }
 }
 
-TEST_CASE("cli: run prints every default case, and its JSON has the documented shape", "[cli][torch]") {
+TEST_CASE("cli: run prints every default case / and its JSON has the documented shape", "[cli][torch]") {
   if (!with_torch()) {
     CHECK(tparity("run").code == 2);  // says it was built without LibTorch
     return;
   }
   Result r = tparity("run");
   CHECK(r.code == 0);
-  for (const char* c : {"case single", "case batched", "case multihead", "case block", "case sdpa"})
+  for (const char* c :
+       {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder", "case decoder"})
     CHECK_THAT(r.out, Catch::Contains(c));
-  CHECK_THAT(r.out, Catch::Contains("5 case(s): 5 passed, 0 failed"));
+  CHECK_THAT(r.out, Catch::Contains("7 case(s): 7 passed, 0 failed"));
 
   r = tparity("run --case sdpa --case single --format json");
   REQUIRE(r.code == 0);
@@ -261,7 +263,7 @@ TEST_CASE("cli: gate fails a worsened baseline with the command that re-runs the
   CHECK_THAT(again.out, Catch::Contains("1 case(s): 1 passed"));
 }
 
-TEST_CASE("cli: gate --update-baseline writes the same bytes twice, and only from a passing run", "[cli][torch]") {
+TEST_CASE("cli: gate --update-baseline writes the same bytes twice / and only from a passing run", "[cli][torch]") {
   if (!with_torch()) return;
   const fs::path dir = scratch() / "gate_fixtures";
   fs::create_directories(dir);

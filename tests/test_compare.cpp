@@ -15,7 +15,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 }  // namespace
 
-TEST_CASE("metrics: l2, rel_l2 and max_abs with its multi-index", "[compare]") {
+TEST_CASE("metrics: l2 / rel_l2 and max_abs with its multi-index", "[compare]") {
   // a - b = (0, 3, 0, -4): l2 = 5; ||b|| = sqrt(1 + 4 + 4 + 16) = 5; max_abs 4 at flat 3 = [1, 1].
   const Tensor<double> a({2, 2}, {1, 5, 2, 0}), b({2, 2}, {1, 2, 2, 4});
   const Metrics m = measure(a, b);
@@ -30,7 +30,7 @@ TEST_CASE("metrics: l2, rel_l2 and max_abs with its multi-index", "[compare]") {
   CHECK_FALSE(measure(Tensor<double>({4}), b).comparable());
 }
 
-TEST_CASE("metrics: NaN with NaN and the same infinity agree and are counted, anything else disagrees", "[compare]") {
+TEST_CASE("metrics: NaN with NaN and the same infinity agree and are counted / anything else disagrees", "[compare]") {
   const Tensor<double> a({5}, {kNaN, -kInf, 1.0, kInf, kNaN}), b({5}, {kNaN, -kInf, 1.5, -kInf, 2.0});
   const Metrics m = measure(a, b);
   CHECK(m.nan_matched == 1);
@@ -61,7 +61,7 @@ CaseReport judge(double hand64_err, double hand32_err, double torch32_err, bool 
 
 }  // namespace
 
-TEST_CASE("gates: float64 semantic bound, float32 judged by torch32's own error", "[compare]") {
+TEST_CASE("gates: float64 semantic bound / float32 judged by torch32's own error", "[compare]") {
   const GatePolicy p;
   CHECK(p.numeric_floor == Approx(4 * 5.960464477539063e-08));
   CHECK(judge(1e-15, 3e-7, 2e-7).pass);        // 3e-7 <= 2 * 2e-7 + 2.4e-7
@@ -159,7 +159,7 @@ TEST_CASE("diagnosis: growth between components and the first component whose lo
   CHECK(to_json(r).at("first_divergence").at("component") == "b");
 }
 
-TEST_CASE("baseline: recorded legs, rounding, and the drift ratchet with its floors", "[compare]") {
+TEST_CASE("baseline: recorded legs / rounding / and the drift ratchet with its floors", "[compare]") {
   const CaseReport r = judge(2e-16, 3e-7, 2e-7);
   const Baseline b = make_baseline({r}, {{"torch", "x"}});
   // Only the hand core's gated legs against the float64 reference are recorded.

@@ -60,7 +60,7 @@ std::vector<long double> ln_twin(const std::vector<long double>& x, const Tensor
 
 }  // namespace
 
-TEST_CASE("encoder: a layer whose attention and first linear are zeroed, worked out independently", "[encoder]") {
+TEST_CASE("encoder: a layer whose attention and first linear are zeroed / worked out independently", "[encoder]") {
   // With out_proj and in_proj zero the attention contributes exactly 0; with linear1.weight zero the
   // feed-forward gives the same vector c = linear2(act(linear1.bias)) for every token. Then
   //   post-norm: out = LN2(LN1(x) + c)        pre-norm: out = x + c
@@ -104,7 +104,7 @@ TEST_CASE("encoder: a layer whose attention and first linear are zeroed, worked 
   }
 }
 
-TEST_CASE("encoder: batched equals stacked singles, in both layouts and both norm placements", "[encoder]") {
+TEST_CASE("encoder: batched equals stacked singles / in both layouts and both norm placements", "[encoder]") {
   Rng rng(73);
   const int64_t B = 3, T = 5, d = 8;
   for (bool norm_first : {false, true}) {
@@ -136,7 +136,7 @@ TEST_CASE("encoder: batched equals stacked singles, in both layouts and both nor
   }
 }
 
-TEST_CASE("encoder: norm_first, the activation and layer_norm_eps each change the result", "[encoder]") {
+TEST_CASE("encoder: norm_first / the activation and layer_norm_eps each change the result", "[encoder]") {
   // Guards against a flag that is read but ignored.
   Rng rng(79);
   EncoderConfig c = config(8, 2, 16, false, Activation::Relu);
@@ -153,7 +153,7 @@ TEST_CASE("encoder: norm_first, the activation and layer_norm_eps each change th
   CHECK(encoder_layer_forward(c, w, EncoderInputs<double>{x, {}, {}}).data != base.data);
 }
 
-TEST_CASE("encoder: bad shapes are refused, naming the tensor", "[encoder]") {
+TEST_CASE("encoder: bad shapes are refused / naming the tensor", "[encoder]") {
   Rng rng(83);
   const EncoderConfig c = config(8, 2, 16, false, Activation::Relu);
   EncoderWeights<double> w = random_weights(c, rng);

@@ -43,25 +43,30 @@ std::vector<std::string> committed_fixtures() {
 TEST_CASE("fixtures: the committed set covers what the C++ modules cannot express", "[fixture]") {
   bool norm_first = false, seq_first = false, eps = false, gelu = false, unbatched = false, per_head = false;
   bool kdim_vdim = false, bias_kv_zero_attn = false, mask3d = false, bool_mask = false, float_kpm = false,
-       no_weights = false;
+       no_weights = false, stack = false, stack_norm = false, decoder = false, decoder_norm_first = false;
   for (const std::string& f : committed_fixtures()) {
     const Problem p = read_fixture(f);
-    const bool enc = p.module == ModuleKind::TransformerEncoderLayer;
+    const bool enc = p.module != ModuleKind::MultiheadAttention;
     norm_first |= enc && p.encoder.norm_first;
     seq_first |= enc ? !p.encoder.batch_first : !p.mha.batch_first;
     eps |= enc && p.encoder.layer_norm_eps != 1e-5;
     gelu |= enc && p.encoder.activation == Activation::Gelu;
-    unbatched |= (enc ? p.inputs.at("src").shape.size() == 2 : p.inputs.at("query").shape.size() == 2);
+    unbatched |= p.inputs.at(expected_inputs(p.module).front().name).shape.size() == 2;
     per_head |= !enc && p.forward.need_weights && !p.forward.average_attn_weights;
     kdim_vdim |= !enc && !p.mha.packed();
     bias_kv_zero_attn |= !enc && p.mha.add_bias_kv && p.mha.add_zero_attn;
     no_weights |= !enc && !p.forward.need_weights;
-    for (const char* m : {"attn_mask", "src_mask"})
+    stack |= p.module == ModuleKind::TransformerEncoder && p.num_layers > 1;
+    stack_norm |= p.module == ModuleKind::TransformerEncoder && p.final_norm;
+    decoder |= p.module == ModuleKind::TransformerDecoderLayer;
+    decoder_norm_first |= p.module == ModuleKind::TransformerDecoderLayer && p.encoder.norm_first;
+    for (const char* m : {"attn_mask", "src_mask", "mask", "tgt_mask", "memory_mask"})
       if (const DTensor* t = p.input(m)) {
         mask3d |= t->shape.size() == 3;
         bool_mask |= t->dtype == DType::Bool;
       }
-    for (const char* m : {"key_padding_mask", "src_key_padding_mask"})
+    for (const char* m :
+         {"key_padding_mask", "src_key_padding_mask", "tgt_key_padding_mask", "memory_key_padding_mask"})
       if (const DTensor* t = p.input(m)) float_kpm |= t->dtype != DType::Bool;
   }
   CHECK(norm_first);
@@ -76,7 +81,11 @@ TEST_CASE("fixtures: the committed set covers what the C++ modules cannot expres
   CHECK(bool_mask);
   CHECK(float_kpm);
   CHECK(no_weights);
-  CHECK(committed_fixtures().size() >= 12);
+  CHECK(stack);
+  CHECK(stack_norm);
+  CHECK(decoder);
+  CHECK(decoder_norm_first);
+  CHECK(committed_fixtures().size() >= 17);
 }
 
 TEST_CASE("fixtures: the hand core reproduces Python PyTorch's stored outputs", "[fixture]") {
@@ -102,7 +111,7 @@ TEST_CASE("fixtures: the hand core reproduces Python PyTorch's stored outputs", 
   }
 }
 
-TEST_CASE("fixtures: writing and reading back gives the same problem, for every committed fixture", "[fixture]") {
+TEST_CASE("fixtures: writing and reading back gives the same problem / for every committed fixture", "[fixture]") {
   for (const std::string& f : committed_fixtures()) {
     CAPTURE(f);
     const nlohmann::json original = nlohmann::json::parse(slurp(f));
@@ -123,7 +132,8 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
        "bad.json: format: expected \"tparity.fixture\", got \"other\""},
       {[](nlohmann::json& j) { j["version"] = 2; }, "bad.json: version: expected 1, got 2"},
       {[](nlohmann::json& j) { j["module"] = "Transformer"; },
-       "bad.json: module: expected \"MultiheadAttention\" or \"TransformerEncoderLayer\", got \"Transformer\""},
+       "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
+       "\"TransformerDecoderLayer\", got \"Transformer\""},
       {[](nlohmann::json& j) { j.erase("state_dict"); }, "bad.json: state_dict: missing"},
       {[](nlohmann::json& j) { j["state_dict"].erase("out_proj.weight"); },
        "bad.json: state_dict.out_proj.weight: missing (expected shape [16, 16])"},

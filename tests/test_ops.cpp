@@ -49,7 +49,7 @@ TEST_CASE("dot agrees with its scalar twin for lengths 0..2N and misaligned star
     }
 }
 
-TEST_CASE("linear uses torch's (out, in) weight layout", "[ops]") {
+TEST_CASE("linear uses torch's (out / in) weight layout", "[ops]") {
   // W = [[1, 2], [3, 4], [5, 6]] (OC=3, C=2), x = [[1, 1], [2, -1]], b = [10, 20, 30]
   // x W^T = [[3, 7, 11], [0, 2, 4]]
   const std::vector<double> W{1, 2, 3, 4, 5, 6}, x{1, 1, 2, -1}, b{10, 20, 30};
@@ -60,7 +60,7 @@ TEST_CASE("linear uses torch's (out, in) weight layout", "[ops]") {
   CHECK(y == std::vector<double>{3, 7, 11, 0, 2, 4});
 }
 
-TEST_CASE("softmax: a worked answer, rows that sum to one, the max subtracted", "[ops]") {
+TEST_CASE("softmax: a worked answer / rows that sum to one / the max subtracted", "[ops]") {
   // softmax(log 1, log 2, log 3, log 4) = (1, 2, 3, 4) / 10
   std::vector<double> x{0.0, std::log(2.0), std::log(3.0), std::log(4.0)};
   softmax_forward(x.data(), x.data(), 1, 4);
@@ -89,7 +89,7 @@ TEST_CASE("softmax: a worked answer, rows that sum to one, the max subtracted", 
   }
 }
 
-TEST_CASE("softmax: -inf entries get exactly zero weight, an all -inf row is NaN as in torch", "[ops]") {
+TEST_CASE("softmax: -inf entries get exactly zero weight / an all -inf row is NaN as in torch", "[ops]") {
   std::vector<double> x{1.0, -kInf, 2.0, -kInf, -kInf, -kInf};
   softmax_forward(x.data(), x.data(), 2, 3);
   CHECK(x[1] == 0.0);
@@ -97,7 +97,7 @@ TEST_CASE("softmax: -inf entries get exactly zero weight, an all -inf row is NaN
   for (int c = 3; c < 6; ++c) CHECK(std::isnan(x[size_t(c)]));
 }
 
-TEST_CASE("layer norm: biased variance, eps inside the root, affine", "[ops]") {
+TEST_CASE("layer norm: biased variance / eps inside the root / affine", "[ops]") {
   // x = (1, 2, 3, 4): mean 2.5, biased variance 1.25 (the unbiased one would be 5/3).
   const std::vector<double> x{1, 2, 3, 4}, w{1, 2, 1, 1}, b{0, 0, 1, 0};
   std::vector<double> y(4);

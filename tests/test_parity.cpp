@@ -154,14 +154,14 @@ void require_pass(const CaseReport& r) {
 
 }  // namespace
 
-TEST_CASE("parity: the default cases pass, with the reference verified against LibTorch's modules", "[parity]") {
+TEST_CASE("parity: the default cases pass / with the reference verified against LibTorch's modules", "[parity]") {
   for (const CaseSpec& s : default_cases()) {
     CAPTURE(s.name, s.seed);
     const CaseReport r = evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{});
     require_pass(r);
     // q k v scores attn_weights [attn_weights_avg] context output; the block: 7 attention + 4 more.
-    const std::map<std::string, size_t> expected{
-        {"single", 8}, {"batched", 8}, {"multihead", 8}, {"block", 11}, {"sdpa", 3}};
+    const std::map<std::string, size_t> expected{{"single", 8}, {"batched", 8},  {"multihead", 8}, {"block", 11},
+                                                 {"sdpa", 3},   {"encoder", 35}, {"decoder", 19}};
     CHECK(r.components.size() == expected.at(s.name));
     size_t verified = 0;
     for (const std::string& n : r.notes) verified += n.find("bit for bit") != std::string::npos;
@@ -188,13 +188,13 @@ TEST_CASE("parity: a seeded grid of encoder layers", "[parity]") {
   }
 }
 
-TEST_CASE("parity: the run options reach LibTorch: masks, cross-attention, gelu, unbatched", "[parity]") {
+TEST_CASE("parity: the run options reach LibTorch: masks / cross-attention / gelu / unbatched", "[parity]") {
   for (CaseSpec s : default_cases()) {
     for (MaskKind m : {MaskKind::None, MaskKind::Random, MaskKind::Padding}) {
       if (s.module == ModuleKind::ScaledDotProductAttention && m == MaskKind::Padding) continue;
       s.batch = s.batch ? 3 : 0;
       s.seq = 6;
-      s.kv_seq = s.module == ModuleKind::TransformerEncoderLayer ? 0 : 9;
+      s.kv_seq = s.module == ModuleKind::TransformerEncoderLayer || s.module == ModuleKind::TransformerEncoder ? 0 : 9;
       s.mask = m;
       s.bias = true;
       s.random_params = true;
@@ -210,7 +210,7 @@ TEST_CASE("parity: every committed fixture through LibTorch and the hand core", 
   for (const auto& e : fs::directory_iterator(TPARITY_FIXTURES))
     if (e.path().extension() == ".json" && e.path().filename().string().rfind("baseline", 0) != 0)
       files.push_back(e.path().string());
-  REQUIRE(files.size() >= 12);
+  REQUIRE(files.size() >= 17);
   for (const std::string& f : files) {
     CAPTURE(f);
     const std::vector<CaseReport> rs = check_fixture(read_fixture(f), f, GatePolicy{});

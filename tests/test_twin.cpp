@@ -97,38 +97,101 @@ TEST_CASE("twin: multi-head attention over a seeded grid of options", "[twin]") 
   }
 }
 
+namespace {
+
+EncoderConfig random_layer_config(Rng& rng) {
+  EncoderConfig c;
+  c.d_model = std::vector<int64_t>{4, 8, 12}[size_t(rng.integer(0, 2))];
+  c.nhead = divisor_of(rng, c.d_model);
+  c.dim_feedforward = rng.integer(1, 20);
+  c.activation = rng.coin() ? Activation::Gelu : Activation::Relu;
+  c.layer_norm_eps = std::vector<double>{1e-5, 1e-3, 0.5}[size_t(rng.integer(0, 2))];
+  c.norm_first = rng.coin();
+  c.batch_first = true;
+  return c;
+}
+
+void random_norm(Rng& rng, int64_t d, Tensor<double>& g, Tensor<double>& b) {
+  g = randn(rng, {d}, 0.2);
+  for (double& x : g.data) x += 1;
+  b = randn(rng, {d}, 0.2);
+}
+
+EncoderWeights<double> random_layer(Rng& rng, const EncoderConfig& c) {
+  const int64_t d = c.d_model, F = c.dim_feedforward;
+  EncoderWeights<double> w;
+  w.self_attn = random_weights(rng, c.self_attn());
+  w.linear1_weight = randn(rng, {F, d}, 1 / std::sqrt(double(d)));
+  w.linear1_bias = randn(rng, {F}, 0.2);
+  w.linear2_weight = randn(rng, {d, F}, 1 / std::sqrt(double(F)));
+  w.linear2_bias = randn(rng, {d}, 0.2);
+  random_norm(rng, d, w.norm1_weight, w.norm1_bias);
+  random_norm(rng, d, w.norm2_weight, w.norm2_bias);
+  return w;
+}
+
+}  // namespace
+
 TEST_CASE("twin: the encoder layer over a seeded grid of options", "[twin]") {
   for (uint64_t seed = 1; seed <= 150; ++seed) {
     Rng rng(seed);
-    EncoderConfig c;
-    c.d_model = std::vector<int64_t>{4, 8, 12}[size_t(rng.integer(0, 2))];
-    c.nhead = divisor_of(rng, c.d_model);
-    c.dim_feedforward = rng.integer(1, 20);
-    c.activation = rng.coin() ? Activation::Gelu : Activation::Relu;
-    c.layer_norm_eps = std::vector<double>{1e-5, 1e-3, 0.5}[size_t(rng.integer(0, 2))];
-    c.norm_first = rng.coin();
-    c.batch_first = true;
-    const int64_t d = c.d_model, F = c.dim_feedforward, B = rng.integer(1, 3), T = rng.integer(1, 6);
-    EncoderWeights<double> w;
-    w.self_attn = random_weights(rng, c.self_attn());
-    w.linear1_weight = randn(rng, {F, d}, 1 / std::sqrt(double(d)));
-    w.linear1_bias = randn(rng, {F}, 0.2);
-    w.linear2_weight = randn(rng, {d, F}, 1 / std::sqrt(double(F)));
-    w.linear2_bias = randn(rng, {d}, 0.2);
-    for (Tensor<double>* n : {&w.norm1_weight, &w.norm2_weight}) {
-      *n = randn(rng, {d}, 0.2);
-      for (double& x : n->data) x += 1;
-    }
-    w.norm1_bias = randn(rng, {d}, 0.2);
-    w.norm2_bias = randn(rng, {d}, 0.2);
-    EncoderInputs<double> in{randn(rng, {B, T, d}), {}, {}};
+    const EncoderConfig c = random_layer_config(rng);
+    const EncoderWeights<double> w = random_layer(rng, c);
+    const int64_t B = rng.integer(1, 3), T = rng.integer(1, 6);
+    EncoderInputs<double> in{randn(rng, {B, T, c.d_model}), {}, {}};
     random_masks(rng, B, c.nhead, T, T, in.src_mask, in.src_key_padding_mask);
-    CAPTURE(seed, c.d_model, c.nhead, F, c.norm_first, c.layer_norm_eps, int(c.activation), B, T);
+    CAPTURE(seed, c.d_model, c.nhead, c.dim_feedforward, c.norm_first, c.layer_norm_eps, int(c.activation), B, T);
     same(encoder_layer_forward(c, w, in), twin::encoder(c, w, in.src, in.src_mask, in.src_key_padding_mask));
   }
 }
 
-TEST_CASE("twin: scaled dot-product attention, every leading slice on its own", "[twin]") {
+TEST_CASE("twin: the encoder stack / layers in order then the final norm", "[twin]") {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    Rng rng(seed);
+    EncoderStackConfig sc{random_layer_config(rng), rng.integer(1, 3), rng.coin()};
+    EncoderStackWeights<double> w;
+    for (int64_t i = 0; i < sc.num_layers; ++i) w.layers.push_back(random_layer(rng, sc.layer));
+    random_norm(rng, sc.layer.d_model, w.norm_weight, w.norm_bias);
+    const int64_t B = rng.integer(1, 3), T = rng.integer(1, 6);
+    EncoderInputs<double> in{randn(rng, {B, T, sc.layer.d_model}), {}, {}};
+    random_masks(rng, B, sc.layer.nhead, T, T, in.src_mask, in.src_key_padding_mask);
+    CAPTURE(seed, sc.num_layers, sc.norm, sc.layer.norm_first);
+    Tensor<double> x = in.src;
+    for (const EncoderWeights<double>& lw : w.layers)
+      x = twin::encoder(sc.layer, lw, x, in.src_mask, in.src_key_padding_mask);
+    if (sc.norm) {
+      const auto y = twin::layer_norm(twin::widen(x), w.norm_weight, w.norm_bias, sc.layer.layer_norm_eps, B * T,
+                                      sc.layer.d_model);
+      for (size_t i = 0; i < y.size(); ++i) x.data[i] = double(y[i]);
+    }
+    same(encoder_forward(sc, w, in), x);
+  }
+}
+
+TEST_CASE("twin: the decoder layer over a seeded grid of options", "[twin]") {
+  for (uint64_t seed = 1; seed <= 150; ++seed) {
+    Rng rng(seed);
+    const EncoderConfig c = random_layer_config(rng);
+    const EncoderWeights<double> base = random_layer(rng, c);
+    DecoderWeights<double> w;
+    w.self_attn = base.self_attn;
+    w.multihead_attn = random_weights(rng, c.self_attn());
+    w.linear1_weight = base.linear1_weight, w.linear1_bias = base.linear1_bias;
+    w.linear2_weight = base.linear2_weight, w.linear2_bias = base.linear2_bias;
+    w.norm1_weight = base.norm1_weight, w.norm1_bias = base.norm1_bias;
+    w.norm2_weight = base.norm2_weight, w.norm2_bias = base.norm2_bias;
+    random_norm(rng, c.d_model, w.norm3_weight, w.norm3_bias);
+    const int64_t B = rng.integer(1, 3), T = rng.integer(1, 6), S = rng.integer(1, 7);
+    DecoderInputs<double> in{randn(rng, {B, T, c.d_model}), randn(rng, {B, S, c.d_model}), {}, {}, {}, {}};
+    random_masks(rng, B, c.nhead, T, T, in.tgt_mask, in.tgt_key_padding_mask);
+    random_masks(rng, B, c.nhead, T, S, in.memory_mask, in.memory_key_padding_mask);
+    CAPTURE(seed, c.d_model, c.nhead, c.dim_feedforward, c.norm_first, c.layer_norm_eps, int(c.activation), B, T, S);
+    same(decoder_layer_forward(c, w, in), twin::decoder(c, w, in.tgt, in.memory, in.tgt_mask, in.memory_mask,
+                                                        in.tgt_key_padding_mask, in.memory_key_padding_mask));
+  }
+}
+
+TEST_CASE("twin: scaled dot-product attention / every leading slice on its own", "[twin]") {
   Rng rng(7);
   const int64_t G1 = 2, G2 = 3, L = 5, S = 7, E = 3, Ev = 4;
   const Tensor<double> q = randn(rng, {G1, G2, L, E}), k = randn(rng, {G1, G2, S, E}), v = randn(rng, {G1, G2, S, Ev});

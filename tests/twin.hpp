@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "tparity/core/decoder.hpp"
 #include "tparity/core/encoder.hpp"
 
 namespace twin {
@@ -194,6 +195,48 @@ inline Tensor<double> encoder(const EncoderConfig& c, const EncoderWeights<doubl
   } else {
     x = layer_norm(add(x, sa(x)), w.norm1_weight, w.norm1_bias, eps, N, d);
     x = layer_norm(add(x, ff(x)), w.norm2_weight, w.norm2_bias, eps, N, d);
+  }
+  return to_tensor(x);
+}
+
+// TransformerDecoderLayer.forward on tgt (B, T, d) and memory (B, S, d), batch-first.
+inline Tensor<double> decoder(const EncoderConfig& c, const tparity::DecoderWeights<double>& w,
+                              const Tensor<double>& tgt, const Tensor<double>& memory, const Mask<double>& tgt_mask,
+                              const Mask<double>& memory_mask, const Mask<double>& tgt_kpm,
+                              const Mask<double>& memory_kpm) {
+  const int64_t B = tgt.size(0), T = tgt.size(1), d = c.d_model, F = c.dim_feedforward, N = B * T;
+  const LD eps = LD(c.layer_norm_eps);
+  auto to_tensor = [&](const std::vector<LD>& v) {
+    Tensor<double> t({B, T, d});
+    for (size_t i = 0; i < v.size(); ++i) t.data[i] = double(v[i]);
+    return t;
+  };
+  auto sa = [&](const std::vector<LD>& x) {
+    const Tensor<double> xt = to_tensor(x);
+    return widen(mha(c.self_attn(), w.self_attn, xt, xt, xt, tgt_mask, tgt_kpm).output);
+  };
+  auto ca = [&](const std::vector<LD>& x) {
+    return widen(mha(c.self_attn(), w.multihead_attn, to_tensor(x), memory, memory, memory_mask, memory_kpm).output);
+  };
+  auto ff = [&](const std::vector<LD>& x) {
+    std::vector<LD> h = linear(x, w.linear1_weight, &w.linear1_bias, N, d, F);
+    for (LD& z : h)
+      z = c.activation == Activation::Relu ? std::max(z, LD(0)) : z * 0.5L * std::erfc(-z / std::sqrt(2.0L));
+    return linear(h, w.linear2_weight, &w.linear2_bias, N, F, d);
+  };
+  auto add = [](std::vector<LD> a, const std::vector<LD>& b) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+    return a;
+  };
+  std::vector<LD> x = widen(tgt);
+  if (c.norm_first) {
+    x = add(x, sa(layer_norm(x, w.norm1_weight, w.norm1_bias, eps, N, d)));
+    x = add(x, ca(layer_norm(x, w.norm2_weight, w.norm2_bias, eps, N, d)));
+    x = add(x, ff(layer_norm(x, w.norm3_weight, w.norm3_bias, eps, N, d)));
+  } else {
+    x = layer_norm(add(x, sa(x)), w.norm1_weight, w.norm1_bias, eps, N, d);
+    x = layer_norm(add(x, ca(x)), w.norm2_weight, w.norm2_bias, eps, N, d);
+    x = layer_norm(add(x, ff(x)), w.norm3_weight, w.norm3_bias, eps, N, d);
   }
   return to_tensor(x);
 }

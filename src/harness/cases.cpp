@@ -41,26 +41,42 @@ std::string CaseSpec::describe() const {
     s += fmt::format(" heads={}", heads);
   }
   if (module == ModuleKind::MultiheadAttention) s += bias ? " bias=on" : " bias=off";
-  if (module == ModuleKind::TransformerEncoderLayer) {
+  if (module == ModuleKind::TransformerEncoderLayer || module == ModuleKind::TransformerEncoder ||
+      module == ModuleKind::TransformerDecoderLayer) {
     s += fmt::format(" ffn={} {}", ffn, activation == Activation::Gelu ? "gelu" : "relu");
     if (zero_ffn_bias) s += " ffn_bias=0";
   }
+  if (module == ModuleKind::TransformerEncoder) s += fmt::format(" layers={}{}", layers, final_norm ? "+norm" : "");
   s += " mask=" + mask_kind_name(mask);
   if (random_params) s += " random_params";
   return s;
 }
 
 std::vector<CaseSpec> default_cases() {
-  // clang-format off
-  //        name         module                                   batch seq  kv  dim dv heads ffn  bias   activation        mask              zero_ffn rnd  seed
-  return {
-    CaseSpec{"single",    ModuleKind::MultiheadAttention,         0,   100, 0,  64, 0, 1,    0,   false, Activation::Relu, MaskKind::Causal, false,   false, 1},
-    CaseSpec{"batched",   ModuleKind::MultiheadAttention,         50,  100, 0,  64, 0, 1,    0,   false, Activation::Relu, MaskKind::Causal, false,   false, 2},
-    CaseSpec{"multihead", ModuleKind::MultiheadAttention,         50,  100, 0,  64, 0, 4,    0,   false, Activation::Relu, MaskKind::Causal, false,   false, 3},
-    CaseSpec{"block",     ModuleKind::TransformerEncoderLayer,    50,  100, 0,  64, 0, 4,    128, true,  Activation::Relu, MaskKind::Causal, true,    false, 4},
-    CaseSpec{"sdpa",      ModuleKind::ScaledDotProductAttention,  2,   5,   7,  3,  4, 1,    0,   false, Activation::Relu, MaskKind::None,   false,   false, 5},
+  auto c = [](std::string name, ModuleKind m, int64_t batch, int64_t seq, int64_t kv, int64_t dim, int64_t dv,
+              int64_t heads, int64_t ffn, bool bias, MaskKind mask, bool zero_ffn, uint64_t seed) {
+    CaseSpec s;
+    s.name = std::move(name), s.module = m, s.batch = batch, s.seq = seq, s.kv_seq = kv, s.dim = dim;
+    s.value_dim = dv, s.heads = heads, s.ffn = ffn, s.bias = bias, s.mask = mask, s.zero_ffn_bias = zero_ffn;
+    s.seed = seed;
+    return s;
   };
-  // clang-format on
+  using M = ModuleKind;
+  using K = MaskKind;
+  std::vector<CaseSpec> cases = {
+      // the seeds' experiments (000-003), then seed 004's DotProductAttention
+      //  name         module                        B    T    S   d  dv  H  ffn  bias   mask       zero_ffn seed
+      c("single", M::MultiheadAttention, 0, 100, 0, 64, 0, 1, 0, false, K::Causal, false, 1),
+      c("batched", M::MultiheadAttention, 50, 100, 0, 64, 0, 1, 0, false, K::Causal, false, 2),
+      c("multihead", M::MultiheadAttention, 50, 100, 0, 64, 0, 4, 0, false, K::Causal, false, 3),
+      c("block", M::TransformerEncoderLayer, 50, 100, 0, 64, 0, 4, 128, true, K::Causal, true, 4),
+      c("sdpa", M::ScaledDotProductAttention, 2, 5, 7, 3, 4, 1, 0, false, K::None, false, 5),
+      // the rest of the transformer: an encoder stack with its final norm, a decoder layer
+      c("encoder", M::TransformerEncoder, 8, 50, 0, 64, 0, 4, 128, true, K::Causal, false, 6),
+      c("decoder", M::TransformerDecoderLayer, 8, 20, 30, 64, 0, 4, 128, true, K::Causal, false, 7),
+  };
+  cases[5].layers = 3, cases[5].final_norm = true;
+  return cases;
 }
 
 namespace {
@@ -109,9 +125,21 @@ void mha_params(Rng& rng, const MhaConfig& c, bool random_params, const std::str
   }
 }
 
+// LayerNorm weight and bias: torch's 1 and 0, or random around them.
+void norm_params(Rng& rng, const CaseSpec& s, const std::string& name, TensorMap& sd) {
+  DTensor w = constant({s.dim}, 1.0), b = constant({s.dim}, 0.0);
+  if (s.random_params) {
+    for (double& x : w.data) x = round_to_float(1.0 + rng.uniform(-0.2, 0.2));
+    for (double& x : b.data) x = round_to_float(rng.uniform(-0.2, 0.2));
+  }
+  sd[name + ".weight"] = w;
+  sd[name + ".bias"] = b;
+}
+
 // The mask tensors of a case. L queries, S keys, B batch (0 unbatched).
+// attn_name gets an (L, S) mask, kpm_name a key padding mask over kpm_len keys (S unless given).
 void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::string& attn_name,
-               const std::string& kpm_name, TensorMap& in) {
+               const std::string& kpm_name, TensorMap& in, int64_t kpm_len = 0) {
   switch (s.mask) {
     case MaskKind::None:
       break;
@@ -133,6 +161,7 @@ void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::str
       if (kpm_name.empty())
         throw InputError("option --mask: padding needs a key_padding_mask; " + module_name(s.module) + " has none");
       const int64_t B = s.batch ? s.batch : 1;
+      S = kpm_len ? kpm_len : S;
       DTensor m{DType::Bool, s.batch ? Shape{B, S} : Shape{S}, std::vector<double>(size_t(B * S), 0.0)};
       for (int64_t b = 0; b < B; ++b) {
         const int64_t pad = (b * 3 + 1) % ((S + 1) / 2);
@@ -145,6 +174,16 @@ void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::str
 }
 
 Shape batched(int64_t B, int64_t T, int64_t d) { return B ? Shape{B, T, d} : Shape{T, d}; }
+
+// An encoder or decoder layer's feed-forward and LayerNorms (norm1..norm<norms>), torch's init.
+void layer_params(Rng& rng, const CaseSpec& s, const std::string& prefix, int norms, TensorMap& sd) {
+  const int64_t d = s.dim, F = s.ffn;
+  sd[prefix + "linear1.weight"] = uniform(rng, {F, d}, linear_bound(d));
+  sd[prefix + "linear1.bias"] = s.zero_ffn_bias ? constant({F}, 0) : uniform(rng, {F}, linear_bound(d));
+  sd[prefix + "linear2.weight"] = uniform(rng, {d, F}, linear_bound(F));
+  sd[prefix + "linear2.bias"] = s.zero_ffn_bias ? constant({d}, 0) : uniform(rng, {d}, linear_bound(F));
+  for (int i = 1; i <= norms; ++i) norm_params(rng, s, prefix + "norm" + std::to_string(i), sd);
+}
 
 }  // namespace
 
@@ -181,35 +220,47 @@ Problem make_problem(const CaseSpec& s) {
       add_masks(rng, s, L, S, "attn_mask", "key_padding_mask", p.inputs);
       break;
     }
-    case ModuleKind::TransformerEncoderLayer: {
+    case ModuleKind::TransformerEncoderLayer:
+    case ModuleKind::TransformerEncoder:
+    case ModuleKind::TransformerDecoderLayer: {
       positive("ffn", s.ffn);
       if (s.dim % s.heads)
         throw InputError(fmt::format("case {}: heads {} does not divide dim {}", s.name, s.heads, s.dim));
-      if (!self)
-        throw InputError(fmt::format("case {}: kv-seq does not apply to a self-attention encoder layer", s.name));
+      const bool decoder = s.module == ModuleKind::TransformerDecoderLayer;
+      if (!self && !decoder)
+        throw InputError(fmt::format("case {}: kv-seq does not apply to a self-attention encoder", s.name));
       EncoderConfig& c = p.encoder;
       c.d_model = s.dim;
       c.nhead = s.heads;
       c.dim_feedforward = s.ffn;
       c.activation = s.activation;
       c.batch_first = true;
-      mha_params(rng, c.self_attn(), s.random_params, "self_attn.", p.state_dict);
-      const int64_t d = s.dim, F = s.ffn;
-      p.state_dict["linear1.weight"] = uniform(rng, {F, d}, linear_bound(d));
-      p.state_dict["linear1.bias"] = s.zero_ffn_bias ? constant({F}, 0) : uniform(rng, {F}, linear_bound(d));
-      p.state_dict["linear2.weight"] = uniform(rng, {d, F}, linear_bound(F));
-      p.state_dict["linear2.bias"] = s.zero_ffn_bias ? constant({d}, 0) : uniform(rng, {d}, linear_bound(F));
-      for (const char* n : {"norm1", "norm2"}) {  // torch: weight 1, bias 0
-        DTensor w = constant({d}, 1.0), b = constant({d}, 0.0);
-        if (s.random_params) {
-          for (double& x : w.data) x = round_to_float(1.0 + rng.uniform(-0.2, 0.2));
-          for (double& x : b.data) x = round_to_float(rng.uniform(-0.2, 0.2));
+      if (s.module == ModuleKind::TransformerEncoder) {
+        positive("layers", s.layers);
+        p.num_layers = s.layers;
+        p.final_norm = s.final_norm;
+        for (int64_t i = 0; i < s.layers; ++i) {
+          const std::string prefix = "layers." + std::to_string(i) + ".";
+          mha_params(rng, c.self_attn(), s.random_params, prefix + "self_attn.", p.state_dict);
+          layer_params(rng, s, prefix, 2, p.state_dict);
         }
-        p.state_dict[std::string(n) + ".weight"] = w;
-        p.state_dict[std::string(n) + ".bias"] = b;
+        if (s.final_norm) norm_params(rng, s, "norm", p.state_dict);
+        p.inputs["src"] = normal(rng, batched(B, L, s.dim));
+        add_masks(rng, s, L, L, "mask", "src_key_padding_mask", p.inputs);
+      } else if (decoder) {
+        mha_params(rng, c.self_attn(), s.random_params, "self_attn.", p.state_dict);
+        mha_params(rng, c.self_attn(), s.random_params, "multihead_attn.", p.state_dict);
+        layer_params(rng, s, "", 3, p.state_dict);
+        p.inputs["tgt"] = normal(rng, batched(B, L, s.dim));
+        p.inputs["memory"] = normal(rng, batched(B, S, s.dim));
+        // causal and random masks go on the target's self-attention, key padding on the memory
+        add_masks(rng, s, L, L, "tgt_mask", "memory_key_padding_mask", p.inputs, S);
+      } else {
+        mha_params(rng, c.self_attn(), s.random_params, "self_attn.", p.state_dict);
+        layer_params(rng, s, "", 2, p.state_dict);
+        p.inputs["src"] = normal(rng, batched(B, L, s.dim));
+        add_masks(rng, s, L, L, "src_mask", "src_key_padding_mask", p.inputs);
       }
-      p.inputs["src"] = normal(rng, batched(B, L, d));
-      add_masks(rng, s, L, L, "src_mask", "src_key_padding_mask", p.inputs);
       break;
     }
     case ModuleKind::ScaledDotProductAttention: {

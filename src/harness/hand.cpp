@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "tparity/core/attention.hpp"
+#include "tparity/core/decoder.hpp"
 #include "tparity/core/encoder.hpp"
 
 namespace tparity {
@@ -59,6 +60,21 @@ MhaWeights<T> mha_weights(const Problem& p, const std::string& prefix) {
 }
 
 template <class T>
+EncoderWeights<T> encoder_weights(const Problem& p, const std::string& prefix) {
+  EncoderWeights<T> w;
+  w.self_attn = mha_weights<T>(p, prefix + "self_attn.");
+  w.linear1_weight = param<T>(p, prefix + "linear1.weight");
+  w.linear1_bias = param<T>(p, prefix + "linear1.bias");
+  w.linear2_weight = param<T>(p, prefix + "linear2.weight");
+  w.linear2_bias = param<T>(p, prefix + "linear2.bias");
+  w.norm1_weight = param<T>(p, prefix + "norm1.weight");
+  w.norm1_bias = param<T>(p, prefix + "norm1.bias");
+  w.norm2_weight = param<T>(p, prefix + "norm2.weight");
+  w.norm2_bias = param<T>(p, prefix + "norm2.bias");
+  return w;
+}
+
+template <class T>
 Tensor<T> input(const Problem& p, const std::string& name) {
   const DTensor* t = p.input(name);
   return t ? to_tensor<T>(*t) : Tensor<T>();
@@ -79,8 +95,26 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       break;
     }
     case ModuleKind::TransformerEncoderLayer: {
-      EncoderWeights<T> w;
+      EncoderInputs<T> in{input<T>(p, "src"), to_mask<T>(p.input("src_mask")),
+                          to_mask<T>(p.input("src_key_padding_mask"))};
+      r.outputs["output"] = to_dtensor(encoder_layer_forward(p.encoder, encoder_weights<T>(p, ""), in, obs));
+      break;
+    }
+    case ModuleKind::TransformerEncoder: {
+      EncoderStackWeights<T> w;
+      for (int64_t i = 0; i < p.num_layers; ++i)
+        w.layers.push_back(encoder_weights<T>(p, "layers." + std::to_string(i) + "."));
+      w.norm_weight = param<T>(p, "norm.weight");
+      w.norm_bias = param<T>(p, "norm.bias");
+      EncoderInputs<T> in{input<T>(p, "src"), to_mask<T>(p.input("mask")), to_mask<T>(p.input("src_key_padding_mask"))};
+      r.outputs["output"] =
+          to_dtensor(encoder_forward(EncoderStackConfig{p.encoder, p.num_layers, p.final_norm}, w, in, obs));
+      break;
+    }
+    case ModuleKind::TransformerDecoderLayer: {
+      DecoderWeights<T> w;
       w.self_attn = mha_weights<T>(p, "self_attn.");
+      w.multihead_attn = mha_weights<T>(p, "multihead_attn.");
       w.linear1_weight = param<T>(p, "linear1.weight");
       w.linear1_bias = param<T>(p, "linear1.bias");
       w.linear2_weight = param<T>(p, "linear2.weight");
@@ -89,9 +123,15 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       w.norm1_bias = param<T>(p, "norm1.bias");
       w.norm2_weight = param<T>(p, "norm2.weight");
       w.norm2_bias = param<T>(p, "norm2.bias");
-      EncoderInputs<T> in{input<T>(p, "src"), to_mask<T>(p.input("src_mask")),
-                          to_mask<T>(p.input("src_key_padding_mask"))};
-      r.outputs["output"] = to_dtensor(encoder_layer_forward(p.encoder, w, in, obs));
+      w.norm3_weight = param<T>(p, "norm3.weight");
+      w.norm3_bias = param<T>(p, "norm3.bias");
+      DecoderInputs<T> in{input<T>(p, "tgt"),
+                          input<T>(p, "memory"),
+                          to_mask<T>(p.input("tgt_mask")),
+                          to_mask<T>(p.input("memory_mask")),
+                          to_mask<T>(p.input("tgt_key_padding_mask")),
+                          to_mask<T>(p.input("memory_key_padding_mask"))};
+      r.outputs["output"] = to_dtensor(decoder_layer_forward(p.encoder, w, in, obs));
       break;
     }
     case ModuleKind::ScaledDotProductAttention: {
@@ -120,6 +160,29 @@ RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const
   }
 }
 
+namespace {
+
+// An encoder layer's components in dataflow order, or a decoder layer's (cross = true).
+std::vector<std::string> layer_components(bool norm_first, bool cross) {
+  auto attention = [](const std::string& p, const std::string& out) {
+    return std::vector<std::string>{p + "q", p + "k", p + "v", p + "scores", p + "attn_weights", p + "context", out};
+  };
+  std::vector<std::vector<std::string>> blocks{attention("sa.", "sa_output")};
+  if (cross) blocks.push_back(attention("ca.", "ca_output"));
+  blocks.push_back({"ffn_hidden", "ffn_output"});
+  std::vector<std::string> n;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const std::string norm = "norm" + std::to_string(b + 1);
+    if (norm_first) n.push_back(norm);
+    n.insert(n.end(), blocks[b].begin(), blocks[b].end());
+    if (!norm_first && b + 1 < blocks.size()) n.push_back(norm);  // the last post-norm is the output
+  }
+  n.push_back("output");
+  return n;
+}
+
+}  // namespace
+
 std::vector<std::string> component_names(const Problem& p) {
   switch (p.module) {
     case ModuleKind::MultiheadAttention: {
@@ -128,21 +191,19 @@ std::vector<std::string> component_names(const Problem& p) {
       n.insert(n.end(), {"context", "output"});
       return n;
     }
-    case ModuleKind::TransformerEncoderLayer: {
-      const std::vector<std::string> sa{"sa.q",       "sa.k",     "sa.v", "sa.scores", "sa.attn_weights",
-                                        "sa.context", "sa_output"};
+    case ModuleKind::TransformerEncoderLayer:
+      return layer_components(p.encoder.norm_first, false);
+    case ModuleKind::TransformerEncoder: {
       std::vector<std::string> n;
-      if (p.encoder.norm_first) {
-        n.push_back("norm1");
-        n.insert(n.end(), sa.begin(), sa.end());
-        n.push_back("norm2");
-      } else {
-        n.insert(n.end(), sa.begin(), sa.end());
-        n.push_back("norm1");
-      }
-      n.insert(n.end(), {"ffn_hidden", "ffn_output", "output"});
+      for (int64_t i = 0; i < p.num_layers; ++i)
+        for (const std::string& c : layer_components(p.encoder.norm_first, false))
+          n.push_back("layers." + std::to_string(i) + "." + c);
+      if (p.final_norm) n.push_back("norm");
+      n.push_back("output");
       return n;
     }
+    case ModuleKind::TransformerDecoderLayer:
+      return layer_components(p.encoder.norm_first, true);
     case ModuleKind::ScaledDotProductAttention:
       return {"scores", "attn_weights", "output"};
   }

@@ -6,23 +6,41 @@
 
 namespace tparity {
 
+namespace {
+const ModuleKind kAllModules[] = {ModuleKind::MultiheadAttention, ModuleKind::TransformerEncoderLayer,
+                                  ModuleKind::TransformerEncoder, ModuleKind::TransformerDecoderLayer,
+                                  ModuleKind::ScaledDotProductAttention};
+}  // namespace
+
 std::string module_name(ModuleKind m) {
   switch (m) {
     case ModuleKind::MultiheadAttention:
       return "MultiheadAttention";
     case ModuleKind::TransformerEncoderLayer:
       return "TransformerEncoderLayer";
+    case ModuleKind::TransformerEncoder:
+      return "TransformerEncoder";
+    case ModuleKind::TransformerDecoderLayer:
+      return "TransformerDecoderLayer";
     case ModuleKind::ScaledDotProductAttention:
       return "ScaledDotProductAttention";
   }
   return "?";
 }
 
+bool fixture_module(ModuleKind m) { return m != ModuleKind::ScaledDotProductAttention; }
+
 ModuleKind module_from_name(const std::string& name) {
-  for (ModuleKind m :
-       {ModuleKind::MultiheadAttention, ModuleKind::TransformerEncoderLayer, ModuleKind::ScaledDotProductAttention})
+  for (ModuleKind m : kAllModules)
     if (module_name(m) == name) return m;
-  throw std::invalid_argument("expected \"MultiheadAttention\" or \"TransformerEncoderLayer\", got \"" + name + "\"");
+  throw std::invalid_argument("expected one of " + fixture_module_names() + ", got \"" + name + "\"");
+}
+
+std::string fixture_module_names() {
+  std::string out;
+  for (ModuleKind m : kAllModules)
+    if (fixture_module(m)) out += (out.empty() ? "\"" : ", \"") + module_name(m) + "\"";
+  return out;
 }
 
 namespace {
@@ -49,25 +67,50 @@ void mha_state(const MhaConfig& c, const std::string& prefix, std::vector<std::p
 
 }  // namespace
 
+namespace {
+
+// linear1, linear2, then norm1..norm<n>: the feed-forward and norms of an encoder or decoder layer.
+void layer_state(const EncoderConfig& c, const std::string& prefix, int norms,
+                 std::vector<std::pair<std::string, Shape>>& out) {
+  out.push_back({prefix + "linear1.weight", {c.dim_feedforward, c.d_model}});
+  out.push_back({prefix + "linear1.bias", {c.dim_feedforward}});
+  out.push_back({prefix + "linear2.weight", {c.d_model, c.dim_feedforward}});
+  out.push_back({prefix + "linear2.bias", {c.d_model}});
+  for (int i = 1; i <= norms; ++i) {
+    out.push_back({prefix + "norm" + std::to_string(i) + ".weight", {c.d_model}});
+    out.push_back({prefix + "norm" + std::to_string(i) + ".bias", {c.d_model}});
+  }
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p) {
   std::vector<std::pair<std::string, Shape>> out;
+  const EncoderConfig& c = p.encoder;
   switch (p.module) {
     case ModuleKind::MultiheadAttention:
       mha_state(p.mha, "", out);
       break;
-    case ModuleKind::TransformerEncoderLayer: {
-      const EncoderConfig& c = p.encoder;
+    case ModuleKind::TransformerEncoderLayer:
       mha_state(c.self_attn(), "self_attn.", out);
-      out.push_back({"linear1.weight", {c.dim_feedforward, c.d_model}});
-      out.push_back({"linear1.bias", {c.dim_feedforward}});
-      out.push_back({"linear2.weight", {c.d_model, c.dim_feedforward}});
-      out.push_back({"linear2.bias", {c.d_model}});
-      for (const char* n : {"norm1", "norm2"}) {
-        out.push_back({std::string(n) + ".weight", {c.d_model}});
-        out.push_back({std::string(n) + ".bias", {c.d_model}});
+      layer_state(c, "", 2, out);
+      break;
+    case ModuleKind::TransformerEncoder:
+      for (int64_t i = 0; i < p.num_layers; ++i) {
+        const std::string prefix = "layers." + std::to_string(i) + ".";
+        mha_state(c.self_attn(), prefix + "self_attn.", out);
+        layer_state(c, prefix, 2, out);
+      }
+      if (p.final_norm) {
+        out.push_back({"norm.weight", {c.d_model}});
+        out.push_back({"norm.bias", {c.d_model}});
       }
       break;
-    }
+    case ModuleKind::TransformerDecoderLayer:
+      mha_state(c.self_attn(), "self_attn.", out);
+      mha_state(c.self_attn(), "multihead_attn.", out);
+      layer_state(c, "", 3, out);
+      break;
     case ModuleKind::ScaledDotProductAttention:
       break;  // no parameters
   }
@@ -84,6 +127,15 @@ std::vector<InputSpec> expected_inputs(ModuleKind m) {
               {"key_padding_mask", false, true}};
     case ModuleKind::TransformerEncoderLayer:
       return {{"src", true, false}, {"src_mask", false, true}, {"src_key_padding_mask", false, true}};
+    case ModuleKind::TransformerEncoder:
+      return {{"src", true, false}, {"mask", false, true}, {"src_key_padding_mask", false, true}};
+    case ModuleKind::TransformerDecoderLayer:
+      return {{"tgt", true, false},
+              {"memory", true, false},
+              {"tgt_mask", false, true},
+              {"memory_mask", false, true},
+              {"tgt_key_padding_mask", false, true},
+              {"memory_key_padding_mask", false, true}};
     case ModuleKind::ScaledDotProductAttention:
       return {{"query", true, false}, {"key", true, false}, {"value", true, false}, {"attn_mask", false, true}};
   }
@@ -105,7 +157,11 @@ void validate(const Problem& p, const std::string& where) {
         fail(fmt::format("config.num_heads: expected a divisor of embed_dim {}, got {}", p.mha.embed_dim,
                          p.mha.num_heads));
       break;
+    case ModuleKind::TransformerEncoder:
+      positive("num_layers", p.num_layers);
+      [[fallthrough]];
     case ModuleKind::TransformerEncoderLayer:
+    case ModuleKind::TransformerDecoderLayer:
       positive("d_model", p.encoder.d_model);
       positive("nhead", p.encoder.nhead);
       positive("dim_feedforward", p.encoder.dim_feedforward);
@@ -159,7 +215,9 @@ nlohmann::json config_json(const Problem& p) {
            {"vdim", c.value_dim()},        {"batch_first", c.batch_first}};
       break;
     }
-    case ModuleKind::TransformerEncoderLayer: {
+    case ModuleKind::TransformerEncoderLayer:
+    case ModuleKind::TransformerEncoder:
+    case ModuleKind::TransformerDecoderLayer: {
       const EncoderConfig& c = p.encoder;
       j = {{"d_model", c.d_model},
            {"nhead", c.nhead},
@@ -168,6 +226,10 @@ nlohmann::json config_json(const Problem& p) {
            {"layer_norm_eps", c.layer_norm_eps},
            {"batch_first", c.batch_first},
            {"norm_first", c.norm_first}};
+      if (p.module == ModuleKind::TransformerEncoder) {
+        j["num_layers"] = p.num_layers;
+        j["norm"] = p.final_norm;
+      }
       break;
     }
     case ModuleKind::ScaledDotProductAttention:
@@ -200,13 +262,19 @@ std::string summary(const Problem& p) {
              (p.forward.need_weights ? (p.forward.average_attn_weights ? "" : " per-head weights")
                                      : " need_weights=False");
     }
-    case ModuleKind::TransformerEncoderLayer: {
+    case ModuleKind::TransformerEncoderLayer:
+    case ModuleKind::TransformerEncoder:
+    case ModuleKind::TransformerDecoderLayer: {
       const EncoderConfig& c = p.encoder;
-      return fmt::format("TransformerEncoderLayer d={} heads={} ffn={} {} eps={:g}{}{} src={}", c.d_model, c.nhead,
-                         c.dim_feedforward, c.activation == Activation::Gelu ? "gelu" : "relu", c.layer_norm_eps,
-                         c.norm_first ? " norm_first" : "", c.batch_first ? " batch_first" : " seq_first",
-                         shape_of("src")) +
-             mask_of("src_mask") + mask_of("src_key_padding_mask");
+      std::string s = module_name(p.module);
+      if (p.module == ModuleKind::TransformerEncoder)
+        s += fmt::format(" layers={}{}", p.num_layers, p.final_norm ? " +norm" : "");
+      s += fmt::format(" d={} heads={} ffn={} {} eps={:g}{}{}", c.d_model, c.nhead, c.dim_feedforward,
+                       c.activation == Activation::Gelu ? "gelu" : "relu", c.layer_norm_eps,
+                       c.norm_first ? " norm_first" : "", c.batch_first ? " batch_first" : " seq_first");
+      for (const InputSpec& in : expected_inputs(p.module))
+        s += in.is_mask ? mask_of(in.name.c_str()) : fmt::format(" {}={}", in.name, shape_of(in.name.c_str()));
+      return s;
     }
     case ModuleKind::ScaledDotProductAttention:
       return fmt::format("scaled dot-product attention q={} k={} v={}", shape_of("query"), shape_of("key"),

@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "tparity/compare/metrics.hpp"
@@ -238,10 +240,20 @@ std::string module_limitation(const Problem& p) {
         return "kdim != vdim: the 1.13 C++ module asserts key.sizes() == value.sizes()";
       return mha_limitation(p, "attn_mask", "key_padding_mask");
     case ModuleKind::TransformerEncoderLayer:
-      if (p.encoder.norm_first) return "norm_first: the 1.13 C++ TransformerEncoderLayer has no norm_first option";
+    case ModuleKind::TransformerEncoder:
+    case ModuleKind::TransformerDecoderLayer: {
+      const std::string name =
+          p.module == ModuleKind::TransformerDecoderLayer ? "TransformerDecoderLayer" : "TransformerEncoderLayer";
+      if (p.encoder.norm_first) return "norm_first: the 1.13 C++ " + name + " has no norm_first option";
       if (p.encoder.layer_norm_eps != 1e-5)
-        return "layer_norm_eps != 1e-5: the 1.13 C++ TransformerEncoderLayer has no layer_norm_eps option";
-      return mha_limitation(p, "src_mask", "src_key_padding_mask");
+        return "layer_norm_eps != 1e-5: the 1.13 C++ " + name + " has no layer_norm_eps option";
+      if (p.module == ModuleKind::TransformerDecoderLayer) {
+        const std::string a = mha_limitation(p, "tgt_mask", "tgt_key_padding_mask");
+        return a.empty() ? mha_limitation(p, "memory_mask", "memory_key_padding_mask") : a;
+      }
+      return mha_limitation(p, p.module == ModuleKind::TransformerEncoder ? "mask" : "src_mask",
+                            "src_key_padding_mask");
+    }
     case ModuleKind::ScaledDotProductAttention:
       return "";
   }
@@ -348,25 +360,130 @@ TorchRun run_mha(const Problem& p, DType dtype, bool collect) {
   return run;
 }
 
-TorchRun run_encoder(const Problem& p, DType dtype, bool collect) {
+// The masks of one attention block, sequence-first batched world.
+struct BlockMasks {
+  TT attn, kpm;
+};
+
+// One encoder layer (memory undefined) or decoder layer, op by op on sequence-first x (T, B, d).
+// mirrors TransformerEncoderLayerImpl::forward / TransformerDecoderLayerImpl::forward (C++, 1.13)
+// and, for norm_first, Python's: x = x + sa(norm1(x)); [x = x + ca(norm2(x), memory);] x = x + ff(normN(x)).
+// Components under `prefix` ("" or "layers.N."), batch-first.
+TT layer_decomposed(const EncoderConfig& c, const Params& ps, const std::string& prefix, TT x, const TT& memory,
+                    const BlockMasks& self, const BlockMasks& cross, Components* comps) {
+  const Sink top{comps, prefix, "", ""};
+  const MhaConfig acfg = c.self_attn();
+  auto attention = [&](const std::string& module, const std::string& tag, const TT& q, const TT& kv,
+                       const BlockMasks& m) {
+    const Sink sink{comps, prefix + tag + ".", "output", prefix + tag + "_output"};
+    return mha_decomposed(acfg, MhaForward{false, true}, mha_params(ps, prefix + module + "."), q, kv, kv, m.attn,
+                          m.kpm, sink)
+        .output;
+  };
+  auto norm = [&](const TT& v, int i) {
+    const std::string n = prefix + "norm" + std::to_string(i);
+    return F::layer_norm(v, F::LayerNormFuncOptions({c.d_model})
+                                .weight(param(ps, n + ".weight"))
+                                .bias(param(ps, n + ".bias"))
+                                .eps(c.layer_norm_eps));
+  };
+  auto ff = [&](const TT& v) {
+    TT h = F::linear(v, param(ps, prefix + "linear1.weight"), param(ps, prefix + "linear1.bias"));
+    h = c.activation == Activation::Gelu ? F::gelu(h) : F::relu(h);
+    top.put("ffn_hidden", h.transpose(0, 1));
+    TT o = F::linear(h, param(ps, prefix + "linear2.weight"), param(ps, prefix + "linear2.bias"));
+    top.put("ffn_output", o.transpose(0, 1));
+    return o;
+  };
+  // The blocks in order: self-attention, cross-attention (decoder), feed-forward.
+  std::vector<std::function<TT(const TT&)>> blocks{
+      [&](const TT& v) { return attention("self_attn", "sa", v, v, self); }};
+  if (memory.defined())
+    blocks.push_back([&](const TT& v) { return attention("multihead_attn", "ca", v, memory, cross); });
+  blocks.push_back(ff);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const int n = int(b) + 1;
+    if (c.norm_first) {
+      const TT normed = norm(x, n);
+      top.put("norm" + std::to_string(n), normed.transpose(0, 1));
+      x = x + blocks[b](normed);
+    } else {
+      x = norm(x + blocks[b](x), n);
+      if (b + 1 < blocks.size()) top.put("norm" + std::to_string(n), x.transpose(0, 1));
+    }
+  }
+  top.put("output", x.transpose(0, 1));
+  return x;
+}
+
+torch::nn::TransformerEncoderLayerOptions encoder_options(const EncoderConfig& c) {
+  auto o =
+      torch::nn::TransformerEncoderLayerOptions(c.d_model, c.nhead).dim_feedforward(c.dim_feedforward).dropout(0.0);
+  if (c.activation == Activation::Gelu)
+    o.activation(torch::kGELU);
+  else
+    o.activation(torch::kReLU);
+  return o;
+}
+
+torch::nn::TransformerDecoderLayerOptions decoder_options(const EncoderConfig& c) {
+  auto o =
+      torch::nn::TransformerDecoderLayerOptions(c.d_model, c.nhead).dim_feedforward(c.dim_feedforward).dropout(0.0);
+  if (c.activation == Activation::Gelu)
+    o.activation(torch::kGELU);
+  else
+    o.activation(torch::kReLU);
+  return o;
+}
+
+// TransformerEncoderLayer, TransformerEncoder and TransformerDecoderLayer.
+TorchRun run_layers(const Problem& p, DType dtype, bool collect) {
   TorchRun run;
   const EncoderConfig& c = p.encoder;
-  const bool batched = p.input("src")->shape.size() == 3;
-  const TT src = seq_first(input(p, "src", dtype), batched, c.batch_first);
-  const TT mask = input(p, "src_mask", dtype);
-  TT kpm = input(p, "src_key_padding_mask", dtype);
-  if (kpm.defined() && !batched) kpm = kpm.unsqueeze(0);
+  const bool decoder = p.module == ModuleKind::TransformerDecoderLayer;
+  const bool stack = p.module == ModuleKind::TransformerEncoder;
+  const std::string x_name = decoder ? "tgt" : "src";
+  const bool batched = p.input(x_name)->shape.size() == 3;
+  auto batched_kpm = [&](const char* name) {
+    TT k = input(p, name, dtype);
+    return k.defined() && !batched ? k.unsqueeze(0) : k;
+  };
+  const TT x0 = seq_first(input(p, x_name, dtype), batched, c.batch_first);
+  const TT memory = decoder ? seq_first(input(p, "memory", dtype), batched, c.batch_first) : TT();
+  const BlockMasks self =
+      decoder ? BlockMasks{input(p, "tgt_mask", dtype), batched_kpm("tgt_key_padding_mask")}
+              : BlockMasks{input(p, stack ? "mask" : "src_mask", dtype), batched_kpm("src_key_padding_mask")};
+  const BlockMasks cross =
+      decoder ? BlockMasks{input(p, "memory_mask", dtype), batched_kpm("memory_key_padding_mask")} : BlockMasks{};
 
   const std::string limitation = module_limitation(p);
-  torch::nn::TransformerEncoderLayer m{nullptr};
+  std::shared_ptr<torch::nn::Module> m;
+  std::function<TT(const BlockMasks&, const BlockMasks&)> module_forward;
+  std::string what;
   if (limitation.empty()) {
-    auto opts =
-        torch::nn::TransformerEncoderLayerOptions(c.d_model, c.nhead).dim_feedforward(c.dim_feedforward).dropout(0.0);
-    if (c.activation == Activation::Gelu)
-      opts.activation(torch::kGELU);
-    else
-      opts.activation(torch::kReLU);
-    m = torch::nn::TransformerEncoderLayer(opts);
+    if (decoder) {
+      auto d = torch::nn::TransformerDecoderLayer(decoder_options(c));
+      module_forward = [d, &x0, &memory](const BlockMasks& s, const BlockMasks& x) mutable {
+        return d->forward(x0, memory, s.attn, x.attn, s.kpm, x.kpm);
+      };
+      m = d.ptr(), what = "torch::nn::TransformerDecoderLayer";
+    } else if (stack) {
+      auto o = torch::nn::TransformerEncoderOptions(encoder_options(c), p.num_layers);
+      if (p.final_norm)
+        o.norm(
+            torch::nn::AnyModule(torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model}).eps(c.layer_norm_eps))));
+      auto e = torch::nn::TransformerEncoder(o);
+      module_forward = [e, &x0](const BlockMasks& s, const BlockMasks&) mutable {
+        return e->forward(x0, s.attn, s.kpm);
+      };
+      m = e.ptr(), what = "torch::nn::TransformerEncoder";
+    } else {
+      auto e = torch::nn::TransformerEncoderLayer(encoder_options(c));
+      module_forward = [e, &x0](const BlockMasks& s, const BlockMasks&) mutable {
+        return e->forward(x0, s.attn, s.kpm);
+      };
+      m = e.ptr(), what = "torch::nn::TransformerEncoderLayer";
+    }
     m->to(scalar_type(dtype));
     m->eval();
     load_state(*m, p, dtype, "LibTorch");
@@ -375,53 +492,32 @@ TorchRun run_encoder(const Problem& p, DType dtype, bool collect) {
   }
   const Params params = m ? module_params(*m) : state_params(p, dtype);
 
-  // mirrors TransformerEncoderLayerImpl::forward (C++, 1.13) and, for norm_first, Python's
-  // TransformerEncoderLayer.forward: x = x + sa(norm1(x)); x = x + ff(norm2(x)).
   Components* comps = collect ? &run.result.components : nullptr;
-  const Sink top{comps, "", "", ""};
-  const Sink sa_sink{comps, "sa.", "output", "sa_output"};
-  const MhaParams ap = mha_params(params, "self_attn.");
-  const MhaConfig acfg = c.self_attn();
-  auto sa = [&](const TT& x) {
-    return mha_decomposed(acfg, MhaForward{false, true}, ap, x, x, x, mask, kpm, sa_sink).output;
-  };
-  auto norm = [&](const TT& x, const std::string& n) {
-    return F::layer_norm(x, F::LayerNormFuncOptions({c.d_model})
-                                .weight(param(params, n + ".weight"))
-                                .bias(param(params, n + ".bias"))
-                                .eps(c.layer_norm_eps));
-  };
-  auto ff = [&](const TT& x) {
-    TT h = F::linear(x, param(params, "linear1.weight"), param(params, "linear1.bias"));
-    h = c.activation == Activation::Gelu ? F::gelu(h) : F::relu(h);
-    top.put("ffn_hidden", h.transpose(0, 1));
-    TT o = F::linear(h, param(params, "linear2.weight"), param(params, "linear2.bias"));
-    top.put("ffn_output", o.transpose(0, 1));
-    return o;
-  };
-  TT x = src;
-  if (c.norm_first) {
-    const TT n1 = norm(x, "norm1");
-    top.put("norm1", n1.transpose(0, 1));
-    x = x + sa(n1);
-    const TT n2 = norm(x, "norm2");
-    top.put("norm2", n2.transpose(0, 1));
-    x = x + ff(n2);
+  TT x = x0;
+  if (stack) {
+    // mirrors TransformerEncoderImpl::forward: the layers in turn, each with the same masks, then the norm.
+    for (int64_t i = 0; i < p.num_layers; ++i)
+      x = layer_decomposed(c, params, "layers." + std::to_string(i) + ".", x, TT(), self, cross, comps);
+    if (p.final_norm) {
+      x = F::layer_norm(x, F::LayerNormFuncOptions({c.d_model})
+                               .weight(param(params, "norm.weight"))
+                               .bias(param(params, "norm.bias"))
+                               .eps(c.layer_norm_eps));
+      Sink{comps, "", "", ""}.put("norm", x.transpose(0, 1));
+    }
+    Sink{comps, "", "", ""}.put("output", x.transpose(0, 1));
   } else {
-    x = norm(x + sa(x), "norm1");
-    top.put("norm1", x.transpose(0, 1));
-    x = norm(x + ff(x), "norm2");
+    x = layer_decomposed(c, params, "", x, memory, self, cross, comps);
   }
-  top.put("output", x.transpose(0, 1));
   TT out = x;
-
   if (m) {
-    const TT mod_mask = for_cxx_module(mask, dtype, "src_mask", run);
+    const BlockMasks mself{for_cxx_module(self.attn, dtype, decoder ? "tgt_mask" : "src_mask", run), self.kpm};
+    const BlockMasks mcross{for_cxx_module(cross.attn, dtype, "memory_mask", run), cross.kpm};
     torch::NoGradGuard guard;
-    const TT mout = m->forward(src, mod_mask, kpm);
+    const TT mout = module_forward(mself, mcross);
     run.module_ran = true;
     verify(run, "output", mout, x);
-    verified_note(run, "torch::nn::TransformerEncoderLayer", dtype);
+    verified_note(run, what, dtype);
     out = mout;
   }
   run.result.outputs["output"] = to_dtensor(from_seq_first(out, batched, c.batch_first), dtype);
@@ -466,7 +562,9 @@ TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const
       case ModuleKind::MultiheadAttention:
         return run_mha(p, dtype, collect_components);
       case ModuleKind::TransformerEncoderLayer:
-        return run_encoder(p, dtype, collect_components);
+      case ModuleKind::TransformerEncoder:
+      case ModuleKind::TransformerDecoderLayer:
+        return run_layers(p, dtype, collect_components);
       case ModuleKind::ScaledDotProductAttention:
         return run_sdpa(p, dtype, collect_components);
     }

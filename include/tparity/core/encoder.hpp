@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tparity/core/attention.hpp"
 
@@ -62,5 +63,28 @@ struct EncoderInputs {
 template <class T>
 Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T>& w, const EncoderInputs<T>& in,
                                 Observer<T>* obs = nullptr);
+
+// ---- the stack: torch.nn.TransformerEncoder ----------------------------------------------------
+
+struct EncoderStackConfig {
+  EncoderConfig layer;  // every layer's configuration
+  int64_t num_layers = 1;
+  bool norm = false;  // a final LayerNorm(d_model, eps = layer.layer_norm_eps)
+};
+
+// state_dict: layers.N.* (each an encoder layer's names), norm.weight and norm.bias when norm.
+template <class T>
+struct EncoderStackWeights {
+  std::vector<EncoderWeights<T>> layers;
+  Tensor<T> norm_weight, norm_bias;
+};
+
+// mirrors torch.nn.TransformerEncoder.forward(src, mask, src_key_padding_mask), torch 1.13, on its
+// documented path (no nested tensors): every layer gets the same mask and key padding mask, then
+// the final norm. Inputs as for the encoder layer (src_mask is forward()'s `mask`).
+// Components: layers.N.<the layer's components>, norm (when present), output.
+template <class T>
+Tensor<T> encoder_forward(const EncoderStackConfig& cfg, const EncoderStackWeights<T>& w, const EncoderInputs<T>& in,
+                          Observer<T>* obs = nullptr);
 
 }  // namespace tparity

@@ -25,7 +25,9 @@ struct CaseSpec {
   int64_t dim = 1;        // E / d_model (sdpa: q and k feature size)
   int64_t value_dim = 0;  // sdpa only: v's feature size; 0: dim
   int64_t heads = 1;
-  int64_t ffn = 0;   // encoder dim_feedforward
+  int64_t ffn = 0;        // encoder/decoder dim_feedforward
+  int64_t layers = 1;      // TransformerEncoder num_layers
+  bool final_norm = false;  // TransformerEncoder norm
   bool bias = true;  // MultiheadAttention bias (the encoder's attention always has bias)
   Activation activation = Activation::Relu;
   MaskKind mask = MaskKind::None;
@@ -37,7 +39,8 @@ struct CaseSpec {
   std::string describe() const;  // "MultiheadAttention B=50 T=100 d=64 heads=4 bias=off mask=causal"
 };
 
-// single, batched, multihead, block, sdpa: the seeds' experiments.
+// single, batched, multihead, block, sdpa: the seeds' experiments; encoder (a stack of three
+// layers and a final norm) and decoder (a decoder layer over a memory).
 std::vector<CaseSpec> default_cases();
 
 // Weights drawn as torch 1.13 initialises the module (xavier_uniform for in_proj, kaiming-uniform

@@ -8,12 +8,22 @@
 #include <utility>
 #include <vector>
 
-#include "tparity/core/encoder.hpp"
+#include "tparity/core/decoder.hpp"
 #include "tparity/harness/dtensor.hpp"
 
 namespace tparity {
 
-enum class ModuleKind { MultiheadAttention, TransformerEncoderLayer, ScaledDotProductAttention };
+enum class ModuleKind {
+  MultiheadAttention,
+  TransformerEncoderLayer,
+  TransformerEncoder,
+  TransformerDecoderLayer,
+  ScaledDotProductAttention,
+};
+
+// The modules fixture format v1 knows (sdpa is a run case only), and their names for messages.
+bool fixture_module(ModuleKind m);
+std::string fixture_module_names();  // "\"MultiheadAttention\", \"TransformerEncoderLayer\", ..."
 
 std::string module_name(ModuleKind m);                 // torch's class name; "ScaledDotProductAttention" for sdpa
 ModuleKind module_from_name(const std::string& name);  // throws std::invalid_argument
@@ -22,9 +32,11 @@ struct Problem {
   std::string name;
   std::string description;
   ModuleKind module = ModuleKind::MultiheadAttention;
-  MhaConfig mha;          // MultiheadAttention
-  MhaForward forward;     // MultiheadAttention
-  EncoderConfig encoder;  // TransformerEncoderLayer
+  MhaConfig mha;            // MultiheadAttention
+  MhaForward forward;       // MultiheadAttention
+  EncoderConfig encoder;    // TransformerEncoderLayer, TransformerDecoderLayer, each TransformerEncoder layer
+  int64_t num_layers = 1;   // TransformerEncoder
+  bool final_norm = false;  // TransformerEncoder: config "norm"
   TensorMap state_dict;
   TensorMap inputs;
   TensorMap outputs;          // as PyTorch returned them (fixtures only)

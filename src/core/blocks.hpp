@@ -1,0 +1,91 @@
+// The blocks the encoder and decoder layers are built from (internal to src/core). Everything here
+// works on batched, batch-first (B, T, d) tensors.
+#pragma once
+
+#include <string>
+
+#include "tparity/core/attention.hpp"
+#include "tparity/core/encoder.hpp"
+#include "tparity/core/ops.hpp"
+
+namespace tparity::detail {
+
+template <class T>
+void need(const Tensor<T>& t, const std::string& name, const Shape& s) {
+  if (t.shape != s)
+    throw ShapeError("state_dict." + name + ": expected shape " + to_string(s) + ", got " +
+                     (t.empty() ? std::string("none") : to_string(t.shape)));
+}
+
+// A key padding mask of an unbatched call, (S), as the (1, S) the batched blocks take.
+template <class T>
+Mask<T> batch_key_padding(Mask<T> m, bool batched, int64_t S, const std::string& name) {
+  if (batched || !m.present()) return m;
+  if (m.shape() != Shape{S})
+    throw ShapeError(name + ": expected shape " + to_string({S}) + " (S) for unbatched input, got shape " +
+                     to_string(m.shape()));
+  Shape& s = m.is_bool() ? m.bools.shape : m.floats.shape;
+  s.insert(s.begin(), 1);
+  return m;
+}
+
+// mirrors torch.nn.LayerNorm over the last dim
+template <class T>
+Tensor<T> layer_norm(const Tensor<T>& x, const Tensor<T>& g, const Tensor<T>& b, double eps) {
+  Tensor<T> out(x.shape);
+  const int64_t C = x.size(-1);
+  layernorm_forward(out.ptr(), x.ptr(), g.ptr(), b.ptr(), T(eps), x.numel() / C, C);
+  return out;
+}
+
+template <class T>
+Tensor<T> add(const Tensor<T>& a, const Tensor<T>& b) {
+  Tensor<T> out(a.shape);
+  add_forward(out.ptr(), a.ptr(), b.ptr(), a.numel());
+  return out;
+}
+
+// _ff_block: linear2(activation(linear1(x))). Components: ffn_hidden (after the activation), ffn_output.
+template <class T>
+Tensor<T> feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1, const Tensor<T>& w2,
+                       const Tensor<T>& b2, const Tensor<T>& x, Observer<T>* obs) {
+  const int64_t d = x.size(-1), F = w1.size(0), N = x.numel() / d;
+  Shape hs = x.shape;
+  hs.back() = F;
+  Tensor<T> hidden(hs);
+  linear_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F);
+  if (act == Activation::Relu)
+    relu_forward(hidden.ptr(), hidden.ptr(), hidden.numel());
+  else
+    gelu_forward(hidden.ptr(), hidden.ptr(), hidden.numel());
+  if (obs) obs->on("ffn_hidden", hidden);
+  Tensor<T> out(x.shape);
+  linear_forward(out.ptr(), hidden.ptr(), w2.ptr(), b2.ptr(), N, F, d);
+  if (obs) obs->on("ffn_output", out);
+  return out;
+}
+
+// _sa_block / _mha_block: attention(q, kv, kv, attn_mask, key_padding_mask, need_weights=False)[0],
+// its components under `prefix` ("sa." -> sa.q ... sa.context) and its output as `output_name`.
+template <class T>
+Tensor<T> attention_block(const MhaConfig& cfg, const MhaWeights<T>& w, const Tensor<T>& q, const Tensor<T>& kv,
+                          const Mask<T>& attn_mask, const Mask<T>& kpm, Observer<T>* obs, const std::string& prefix,
+                          const std::string& output_name) {
+  MhaConfig c = cfg;
+  c.batch_first = true;
+  PrefixObserver<T> scoped(obs, prefix, "output", output_name);
+  return mha_forward(c, MhaForward{false, true}, w, MhaInputs<T>{q, kv, kv, attn_mask, kpm},
+                     PrefixObserver<T>::wrap(obs, scoped))
+      .output;
+}
+
+// Checks a module input's rank and last dim; returns whether it is batched.
+template <class T>
+bool check_src(const Tensor<T>& src, int64_t d, const std::string& name);
+
+// One encoder layer on batch-first x (B, T, d), masks already batched.
+template <class T>
+Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, Tensor<T> x, const Mask<T>& mask,
+                        const Mask<T>& kpm, Observer<T>* obs);
+
+}  // namespace tparity::detail
