@@ -162,7 +162,7 @@ std::string label(const CaseSpec& s) {
   if (s.kv_seq && s.kv_seq != s.seq) l += fmt::format(" S={}", s.kv_seq);
   l += fmt::format(" d={}", s.dim);
   if (s.module != ModuleKind::ScaledDotProductAttention) l += fmt::format(" heads={}", s.heads);
-  if (s.module == ModuleKind::TransformerEncoderLayer) l += fmt::format(" ffn={}", s.ffn);
+  if (s.ffn > 0) l += fmt::format(" ffn={}", s.ffn);
   return l;
 }
 
@@ -271,7 +271,7 @@ nlohmann::json point_json(const Point& p) {
 
 int sweep(const SweepOptions& o) {
   const CaseSpec base = find_case(o.case_name);
-  const bool encoder = base.module == ModuleKind::TransformerEncoderLayer;
+  const bool ffn_case = base.ffn > 0;  // the cases with a feed-forward (encoder and decoder layers, stacks)
   const bool sdpa = base.module == ModuleKind::ScaledDotProductAttention;
   auto axis = [](const std::optional<std::string>& text, const char* option, int64_t min,
                  int64_t fallback) -> std::vector<int64_t> {
@@ -281,9 +281,8 @@ int sweep(const SweepOptions& o) {
     return InputError(
         fmt::format("option {}: does not apply to case {} ({} {})", option, base.name, module_name(base.module), why));
   };
-  if (o.ffn && !encoder) throw refuse("--ffn", "has no feed-forward; only block has");
+  if (o.ffn && !ffn_case) throw refuse("--ffn", "has no feed-forward");
   if (o.heads && sdpa) throw refuse("--heads", "has no heads");
-  if (o.kv_seq && encoder) throw refuse("--kv-seq", "is self-attention");
   const std::vector<int64_t> batches = axis(o.batch, "--batch", 0, 1), seqs = axis(o.seq, "--seq", 1, base.seq),
                              kv_seqs = axis(o.kv_seq, "--kv-seq", 1, base.kv_seq),
                              dims = axis(o.dim, "--dim", 1, base.dim), heads = axis(o.heads, "--heads", 1, base.heads),
@@ -291,8 +290,9 @@ int sweep(const SweepOptions& o) {
   const Shard shard = o.shard ? parse_shard(*o.shard) : Shard{};
   for (const auto& [option, file] : {std::pair{"--csv", o.csv}, std::pair{"--json", o.json}})
     if (file && file->empty()) throw InputError(fmt::format("option {}: expected a file name, got \"\"", option));
-  if (o.csv && o.json && std::filesystem::absolute(*o.csv) == std::filesystem::absolute(*o.json))
-    throw InputError(fmt::format("option --json: expected a file other than --csv's, got \"{}\" for both", *o.json));
+  if (o.csv && o.json && std::filesystem::weakly_canonical(*o.csv) == std::filesystem::weakly_canonical(*o.json))
+    throw InputError(
+        fmt::format("option --json: expected a file other than --csv's, got \"{}\" and --csv \"{}\"", *o.json, *o.csv));
 
   // The grid, in a fixed order: batch, dim, heads, ffn, seq, kv-seq (the last varies fastest).
   std::vector<Point> grid;
@@ -325,14 +325,10 @@ int sweep(const SweepOptions& o) {
   const size_t P = grid.size(), begin = size_t(shard.index) * P / size_t(shard.count),
                end = size_t(shard.index + 1) * P / size_t(shard.count);
   const std::vector<Point> mine(grid.begin() + std::ptrdiff_t(begin), grid.begin() + std::ptrdiff_t(end));
-  // make_problem refuses what the checks above do not (a mask the module lacks): the grid's first point
-  // that runs, so that every shard refuses alike, and this shard's points, before anything runs.
+  // make_problem refuses what the checks above do not (a mask the module lacks, a kv-seq for a
+  // self-attention encoder): every point of the grid, so that every shard refuses alike, before
+  // anything runs. It draws the inputs, a small cost next to evaluating them.
   for (const Point& p : grid)
-    if (p.skip.empty()) {
-      make_problem(p.spec);
-      break;
-    }
-  for (const Point& p : mine)
     if (p.skip.empty()) make_problem(p.spec);
   for (const std::optional<std::string>& f : {o.csv, o.json})
     if (f) probe_writable(*f);
@@ -384,7 +380,7 @@ int sweep(const SweepOptions& o) {
          {{"batch", batches},
           {"dim", dims},
           {"heads", grid_axis(heads, !sdpa)},
-          {"ffn", grid_axis(ffns, encoder)},
+          {"ffn", grid_axis(ffns, ffn_case)},
           {"seq", seqs},
           {"kv_seq", grid_axis(kv_seqs, kv_seqs != std::vector<int64_t>{0})}}},
         {"mask", mask_kind_name(grid.front().spec.mask)},
@@ -417,25 +413,38 @@ void register_sweep(CLI::App& app, Action& action) {
   auto o = std::make_shared<SweepOptions>();
   CLI::App* cmd = app.add_subcommand(
       "sweep", "Run one case over a grid of sizes: every component's error on every leg, as CSV and JSON");
-  cmd->add_option("--case", o->case_name, "The case whose sizes are swept: " + case_names())->capture_default_str();
-  cmd->add_option("--seq", o->seq, "Query sequence lengths L (T), e.g. 16,64,256,1024 (default: the case's)");
+  cmd->add_option("--case", o->case_name, "The case whose sizes are swept: " + case_names())
+      ->type_name("NAME")
+      ->capture_default_str();
+  cmd->add_option("--seq", o->seq, "Query sequence lengths L (T), e.g. 16,64,256,1024 (default: the case's)")
+      ->type_name("LIST");
   cmd->add_option("--kv-seq", o->kv_seq,
-                  "Key/value sequence lengths S (attention cases; default: the case's, S = L for self-attention)");
-  cmd->add_option("--dim", o->dim, "Embedding dimensions E (d_model) (default: the case's)");
-  cmd->add_option("--heads", o->heads, "Head counts (not sdpa; default: the case's)");
-  cmd->add_option("--batch", o->batch, "Batch sizes B, 0 = unbatched input (default: 1, not the case's)");
-  cmd->add_option("--ffn", o->ffn, "Encoder dim_feedforward values (block only; default: the case's)");
+                  "Key/value (memory) sequence lengths S; not for self-attention encoders (default: the case's; "
+                  "S = L for self-attention)")
+      ->type_name("LIST");
+  cmd->add_option("--dim", o->dim, "Embedding dimensions E (d_model) (default: the case's)")->type_name("LIST");
+  cmd->add_option("--heads", o->heads, "Head counts; not for sdpa (default: the case's)")->type_name("LIST");
+  cmd->add_option("--batch", o->batch, "Batch sizes B, 0 = unbatched input (default: 1, not the case's)")
+      ->type_name("LIST");
+  cmd->add_option("--ffn", o->ffn, "dim_feedforward values; cases with a feed-forward only (default: the case's)")
+      ->type_name("LIST");
   cmd->add_option("--mask", o->mask,
                   "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding); "
                   "default: the case's")
       ->check(CLI::IsMember({"none", "causal", "random", "padding"}));
-  cmd->add_option("--seed", o->seed, "Seed of weights and inputs at every point (default: the case's own)");
+  cmd->add_option("--seed", o->seed, "Seed of weights and inputs at every point (default: the case's own)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.empty() || v[0] != '-' ? std::string() : "expected a non-negative integer, got \"" + v + "\"";
+          },
+          ""));
   cmd->add_flag("--random-params", o->random_params,
                 "Draw biases and LayerNorm affine at random instead of torch's constant init");
   cmd->add_option("--shard", o->shard,
-                  "I/N: run only the I-th of N contiguous, equal slices of the grid, counted from 0 (0/4 .. 3/4)");
-  cmd->add_option("--csv", o->csv, "Write one row per point and component here");
-  cmd->add_option("--json", o->json, "Write the whole sweep here, every point's full report");
+                  "Run only the I-th of N contiguous, equal slices of the grid, counted from 0 (0/4 .. 3/4)")
+      ->type_name("I/N");
+  cmd->add_option("--csv", o->csv, "Write one row per point and component here")->type_name("FILE");
+  cmd->add_option("--json", o->json, "Write the whole sweep here, every point's full report")->type_name("FILE");
   cmd->add_option("--max-elements", o->max_elements,
                   "Refuse (exit 2) a grid with a point whose largest tensor exceeds this many elements")
       ->check(CLI::Range(int64_t(1), kMaxSize))
@@ -445,7 +454,8 @@ void register_sweep(CLI::App& app, Action& action) {
       "batch, dim, heads, ffn, seq, kv-seq (the last varies fastest); an axis not given keeps the case's value,\n"
       "except batch, which is 1 so that long sequences fit. Points where heads does not divide dim are skipped\n"
       "with a note; a point above --max-elements refuses the whole grid before anything runs.\n"
-      "CSV columns: " +
+      "CSV: one row per point and component: the point's sizes, then per leg <leg>_rel_l2, <leg>_bound for\n"
+      "the gated legs, hand32_vs_torch32_l2 (the seeds' figure), and the component's pass (true|false):\n" +
       csv_columns() +
       "\n(kv_seq is S, equal to seq for self-attention; ffn is 0 where it does not apply; numbers as 1.234560e-07).\n"
       "JSON: {\"sweep\": {case, module, axes, grid, mask, seed, random_params, max_elements, grid_points, shard},\n"
