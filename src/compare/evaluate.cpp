@@ -20,13 +20,31 @@ void add_reference_notes(CaseReport& r, const TorchRun& run, const char* label) 
   if (!run.failure.empty()) r.fail(fmt::format("case {}: reference {}: {}", r.name, label, run.failure));
 }
 
-// Every component on the propagated legs and, through the hand core teacher-forced with torch64's
-// components (each op fed the reference's own inputs), on the local ones.
-void compare_every_component(CaseReport& r, const Problem& p, const RunResult& h64, const RunResult& h32,
-                             const TorchRun& t64, const TorchRun& t32, const std::string& where,
+// Every component on the propagated legs and, through the implementation teacher-forced with
+// torch64's components (each op fed the reference's own inputs), on the local ones. An
+// implementation without components is compared on its outputs.
+void compare_every_component(CaseReport& r, const Problem& p, const Implementation& impl, const RunResult& h64,
+                             const RunResult& h32, const TorchRun& t64, const TorchRun& t32,
                              const GatePolicy& policy) {
-  const RunResult l64 = run_hand(p, DType::Float64, true, where, &t64.result.components);
-  const RunResult l32 = run_hand(p, DType::Float32, true, where, &t64.result.components);
+  if (h64.components.empty() || h32.components.empty()) {
+    const Components a64 = outputs_as_components(h64.outputs), a32 = outputs_as_components(h32.outputs),
+                     b64 = outputs_as_components(t64.result.outputs), b32 = outputs_as_components(t32.result.outputs);
+    std::vector<std::string> names;
+    for (const Component& c : b64) names.push_back(c.name);
+    r.notes.push_back(impl.name + " returns no components: its outputs are compared");
+    compare_components(r, names, {{"hand64", &a64}, {"hand32", &a32}, {"torch64", &b64}, {"torch32", &b32}},
+                       standard_legs(), policy, {"hand64", "hand32", "torch64", "torch32"});
+    return;
+  }
+  if (!impl.teacher_forcing) {
+    compare_components(r, component_names(p),
+                       {{"hand64", &h64.components}, {"hand32", &h32.components},
+                        {"torch64", &t64.result.components}, {"torch32", &t32.result.components}},
+                       standard_legs(), policy, {"torch64", "torch32"});
+    return;
+  }
+  const RunResult l64 = impl.run(p, DType::Float64, &t64.result.components);
+  const RunResult l32 = impl.run(p, DType::Float32, &t64.result.components);
   const Implementations impls{{"hand64", &h64.components},         {"hand32", &h32.components},
                               {"torch64", &t64.result.components}, {"torch32", &t32.result.components},
                               {"local_hand64", &l64.components},   {"local_hand32", &l32.components}};
@@ -36,8 +54,16 @@ void compare_every_component(CaseReport& r, const Problem& p, const RunResult& h
 
 }  // namespace
 
+Implementation hand_core() {
+  return Implementation{"hand core",
+                        [](const Problem& p, DType dtype, const Components* teacher) {
+                          return run_hand(p, dtype, true, "case " + p.name, teacher);
+                        },
+                        true};
+}
+
 CaseReport evaluate_problem(const Problem& p, const std::string& description, std::optional<uint64_t> seed,
-                            const GatePolicy& policy) {
+                            const GatePolicy& policy, const Implementation& impl) {
   CaseReport r;
   r.name = p.name;
   r.description = description;
@@ -45,25 +71,27 @@ CaseReport evaluate_problem(const Problem& p, const std::string& description, st
   r.has_seed = seed.has_value();
   r.seed = seed.value_or(0);
   const std::string where = "case " + p.name;
-  const RunResult h64 = run_hand(p, DType::Float64, true, where);
-  const RunResult h32 = run_hand(p, DType::Float32, true, where);
+  const RunResult h64 = impl.run(p, DType::Float64, nullptr);
+  const RunResult h32 = impl.run(p, DType::Float32, nullptr);
   const TorchRun t64 = run_torch(p, DType::Float64, true, where);
   const TorchRun t32 = run_torch(p, DType::Float32, true, where);
   add_reference_notes(r, t64, "torch64");
   add_reference_notes(r, t32, "torch32");
-  compare_every_component(r, p, h64, h32, t64, t32, where, policy);
+  if (impl.name != hand_core().name) r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
+  compare_every_component(r, p, impl, h64, h32, t64, t32, policy);
   return r;
 }
 
-std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where, const GatePolicy& policy) {
+std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where, const GatePolicy& policy,
+                                      const Implementation& impl) {
   CaseReport r;
   r.name = p.name;
   r.description = summary(p) + " [fixture " + where + "]";
   r.config = config_json(p);
 
-  // Components only when LibTorch is there to compare them with.
-  const RunResult h64 = run_hand(p, DType::Float64, torch_available(), where);
-  const RunResult h32 = run_hand(p, DType::Float32, torch_available(), where);
+  const RunResult h64 = impl.run(p, DType::Float64, nullptr);
+  const RunResult h32 = impl.run(p, DType::Float32, nullptr);
+  if (impl.name != hand_core().name) r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
   const Components hand64 = outputs_as_components(h64.outputs), hand32 = outputs_as_components(h32.outputs);
 
   // The stored outputs: Python PyTorch's.
@@ -103,7 +131,7 @@ std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where
     cr.description =
         "every component against the LibTorch decomposition, which the fixture's leg libtorch64_vs_torch64 verifies";
     cr.config = r.config;
-    compare_every_component(cr, p, h64, h32, t64, t32, where, policy);
+    compare_every_component(cr, p, impl, h64, h32, t64, t32, policy);
     reports.push_back(std::move(cr));
   }
   if (torch64.empty())

@@ -2,6 +2,7 @@
 // component by component.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,15 +12,32 @@
 
 namespace tparity {
 
-// hand64, hand32, torch64, torch32 on every component; the reference decomposition must reproduce
-// LibTorch's module. `where` names the case for messages. Requires LibTorch.
+// The implementation under test: the built-in hand core, or a user's (see include/tparity/api.hpp).
+// The legs call it "hand" whichever it is.
+struct Implementation {
+  std::string name = "hand core";
+  // Outputs ("output", and "attn_weights" when the module returns them, laid out as the module
+  // returns them) and, where it has them, components under component_names(p) in their canonical
+  // layout. With a teacher (only asked for when teacher_forcing is true), each component is
+  // replaced by the teacher's value as soon as computed.
+  std::function<RunResult(const Problem& p, DType dtype, const Components* teacher)> run;
+  bool teacher_forcing = false;
+};
+
+// The handwritten core of this project, with components and teacher forcing.
+Implementation hand_core();
+
+// hand64, hand32, torch64, torch32 on every component (on the outputs alone when the
+// implementation returns no components); the reference decomposition must reproduce LibTorch's
+// module; with teacher forcing, the local legs too. Requires LibTorch.
 CaseReport evaluate_problem(const Problem& p, const std::string& description, std::optional<uint64_t> seed,
-                            const GatePolicy& policy);
+                            const GatePolicy& policy, const Implementation& impl = hand_core());
 
 // A fixture against its stored outputs: torch64 and torch32 are what Python PyTorch returned
 // ("outputs" in float64, "outputs_float32"); where those lack a precision, LibTorch supplies it.
 // With LibTorch, also libtorch64_vs_torch64 (the C++ reference against Python) and a second report,
 // "<name>/components", with every component against the LibTorch decomposition.
-std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where, const GatePolicy& policy);
+std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where, const GatePolicy& policy,
+                                      const Implementation& impl = hand_core());
 
 }  // namespace tparity
