@@ -5,6 +5,7 @@
 #include <map>
 
 #include "support.hpp"
+#include "tparity/api.hpp"
 #include "tparity/compare/evaluate.hpp"
 #include "tparity/compare/report.hpp"
 #include "tparity/fixture/fixture.hpp"
@@ -218,4 +219,30 @@ TEST_CASE("parity: every committed fixture through LibTorch and the hand core", 
     for (const CaseReport& r : rs) require_pass(r);
     CHECK(rs[0].components.at(0).leg("libtorch64_vs_torch64") != nullptr);
   }
+}
+
+TEST_CASE("parity: a user implementation through the library API / outputs only / and one that is wrong", "[parity]") {
+  // Outputs without components: compared on the outputs, in the module's layout.
+  const Implementation outputs_only{"outputs only", [](const Problem& p, DType dtype, const Components*) {
+                                      RunResult r = run_hand(p, dtype, false, p.name);
+                                      r.components.clear();
+                                      return r;
+                                    }};
+  std::vector<CaseReport> rs = check_cases(outputs_only, {"multihead", "decoder"});
+  REQUIRE(rs.size() == 2);
+  CHECK(exit_code(rs) == 0);
+  CHECK(rs[0].components.size() == 2);  // output, attn_weights
+  CHECK(rs[1].components.size() == 1);  // output
+  CHECK(rs[0].components[0].name == "output");
+  // A wrong one: every output off by one part in 1e6.
+  const Implementation off{"off by 1e-6", [](const Problem& p, DType dtype, const Components*) {
+                             RunResult r = run_hand(p, dtype, false, p.name);
+                             for (auto& [k, t] : r.outputs)
+                               for (double& x : t.data) x *= 1 + 1e-6;
+                             return r;
+                           }};
+  rs = check_cases(off, {"single"});
+  CHECK(exit_code(rs) == 1);
+  CHECK_THAT(rs[0].failures.at(0), Catch::StartsWith("case single: component output: leg hand64_vs_torch64"));
+  CHECK_THROWS_WITH(check_cases(off, {"nope"}), Catch::Contains("expected case names among single"));
 }

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <map>
 
-#include "tparity/compare/report.hpp"
+#include "tparity/api.hpp"
 
 namespace tparity::cli {
 
@@ -17,18 +17,8 @@ void add_format_option(CLI::App& cmd, Format& format) {
 }
 
 int emit(const std::vector<CaseReport>& reports, Format format) {
-  int failed = 0;
-  for (const CaseReport& r : reports) failed += r.pass ? 0 : 1;
-  if (format == Format::Json) {
-    std::fputs((to_json(reports).dump(2) + "\n").c_str(), stdout);
-  } else {
-    for (const CaseReport& r : reports) std::fputs((render_table(r) + "\n").c_str(), stdout);
-    std::fputs(
-        fmt::format("{} case(s): {} passed, {} failed\n", reports.size(), reports.size() - size_t(failed), failed)
-            .c_str(),
-        stdout);
-  }
-  return failed ? kFail : kPass;
+  print_reports(reports, stdout, format == Format::Json);
+  return exit_code(reports) ? kFail : kPass;
 }
 
 }  // namespace tparity::cli
