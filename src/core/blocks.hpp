@@ -54,10 +54,7 @@ Tensor<T> feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1,
   hs.back() = F;
   Tensor<T> hidden(hs);
   linear_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F);
-  if (act == Activation::Relu)
-    relu_forward(hidden.ptr(), hidden.ptr(), hidden.numel());
-  else
-    gelu_forward(hidden.ptr(), hidden.ptr(), hidden.numel());
+  activation_forward(act, hidden.ptr(), hidden.ptr(), hidden.numel());
   if (obs) obs->on("ffn_hidden", hidden);
   Tensor<T> out(x.shape);
   linear_forward(out.ptr(), hidden.ptr(), w2.ptr(), b2.ptr(), N, F, d);
@@ -82,6 +79,10 @@ Tensor<T> attention_block(const MhaConfig& cfg, const MhaWeights<T>& w, const Te
 // Checks a module input's rank and last dim; returns whether it is batched.
 template <class T>
 bool check_src(const Tensor<T>& src, int64_t d, const std::string& name);
+
+// An encoder layer's feed-forward and norm parameters against the config; names under `prefix`.
+template <class T>
+void check_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const std::string& prefix);
 
 // One encoder layer on batch-first x (B, T, d), masks already batched.
 template <class T>

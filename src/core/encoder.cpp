@@ -112,7 +112,8 @@ Tensor<T> encoder_forward(const EncoderStackConfig& cfg, const EncoderStackWeigh
                                         const EncoderInputs<T>&, Observer<T>*);                                        \
   template Tensor<T> detail::encoder_layer<T>(const EncoderConfig&, const EncoderWeights<T>&, Tensor<T>,               \
                                               const Mask<T>&, const Mask<T>&, Observer<T>*);                           \
-  template bool detail::check_src<T>(const Tensor<T>&, int64_t, const std::string&);
+  template bool detail::check_src<T>(const Tensor<T>&, int64_t, const std::string&);                                   \
+  template void detail::check_layer<T>(const EncoderConfig&, const EncoderWeights<T>&, const std::string&);
 TPARITY_INSTANTIATE(float)
 TPARITY_INSTANTIATE(double)
 #undef TPARITY_INSTANTIATE

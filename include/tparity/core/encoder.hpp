@@ -5,17 +5,16 @@
 #include <vector>
 
 #include "tparity/core/attention.hpp"
+#include "tparity/core/ops.hpp"
 
 namespace tparity {
-
-enum class Activation { Relu, Gelu };
 
 // Constructor arguments of torch.nn.TransformerEncoderLayer (dropout is always 0).
 struct EncoderConfig {
   int64_t d_model = 0;
   int64_t nhead = 1;
   int64_t dim_feedforward = 2048;
-  Activation activation = Activation::Relu;
+  Activation activation = Activation::Relu;  // torch takes relu or gelu; the core computes any
   double layer_norm_eps = 1e-5;
   bool batch_first = false;
   bool norm_first = false;
