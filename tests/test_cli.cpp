@@ -65,7 +65,18 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --mask diagonal", "--mask"},
            {"run --format xml", "--format"},
            {"run --case nope",
-            "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, got \"nope\""},
+            "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
+            "matmul, bmm, softmax, layernorm, got \"nope\""},
+           {"run --activation swish", "--activation"},
+           {"run --case block --activation tanh", "case block: config.activation: expected relu or gelu"},
+           {"run --case embed --dim 15 --heads 5", "case embed: dim must be even"},
+           {"run --case embed --batch 0", "case embed: batch must be >= 1"},
+           {"run --case embed --mask causal", "option --mask: TokenEncoder takes no mask"},
+           {"run --case vit --dim 64", "case vit: dim is channels x patch^2 = 192 for a ViT, got 64"},
+           {"run --case vit --seq 5", "case vit: seq is the number of patches (H/p)(W/p) = 16 for a ViT, got 5"},
+           {"run --case vit --heads 5", "case vit: heads 5 does not divide d = 192"},
+           {"run --case vit --max-elements 100000", "above --max-elements 100000"},
+           {"run --case matmul --batch 1000000 --max-elements 1000000", "above --max-elements 1000000"},
            {"run --case multihead --heads 3", "heads 3 does not divide dim 64"},
            {"run --case sdpa --mask padding", "option --mask: padding needs a key_padding_mask"},
            {"run --case batched --max-elements 1000", "above --max-elements 1000"},
@@ -200,9 +211,10 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   Result r = tparity("run");
   CHECK(r.code == 0);
   for (const char* c :
-       {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder", "case decoder"})
+       {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder", "case decoder",
+        "case embed", "case vit", "case matmul", "case bmm", "case softmax", "case layernorm"})
     CHECK_THAT(r.out, Catch::Contains(c));
-  CHECK_THAT(r.out, Catch::Contains("7 case(s): 7 passed, 0 failed"));
+  CHECK_THAT(r.out, Catch::Contains("13 case(s): 13 passed, 0 failed"));
 
   r = tparity("run --case sdpa --case single --format json");
   REQUIRE(r.code == 0);
@@ -225,6 +237,21 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
       "--seed 9");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("B=3 T=7 S=11 d=24 heads=6 bias=on mask=random random_params  (seed 9)"));
+
+  // The new cases take the options that mean something for them: a ViT's --activation is its head's.
+  r = tparity("run --case vit --batch 3 --heads 4 --ffn 20 --activation softplus --random-params");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("ViT B=3 image=3x32x32 patch=8 (16 patches, d=192) heads=4 ffn=20 relu layers=2 "
+                                    "head=[64, 10] softplus random_params"));
+  CHECK_THAT(r.out, Catch::Contains("head.0.act"));
+  r = tparity("run --case embed --batch 3 --seq 9 --dim 12 --heads 3 --ffn 7 --activation gelu");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("TokenEncoder B=3 T=9 vocab=1000 d=12 heads=3 ffn=7 gelu layers=6"));
+  r = tparity("run --case bmm --case matmul --batch 0 --case softmax --case layernorm");
+  CHECK(r.code == 0);
+  for (const char* c : {"Matmul [3, 5, 4] @ [3, 4, 3]", "Matmul [4, 10, 3] @ [3, 6]", "Softmax [100, 100] scale=8",
+                        "LayerNorm [100, 64] offset=100 affine"})
+    CHECK_THAT(r.out, Catch::Contains(c));
 }
 
 TEST_CASE("cli: gate passes against the committed baseline and writes JUnit XML", "[cli][torch]") {

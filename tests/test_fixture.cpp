@@ -148,6 +148,11 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
        "bad.json: state_dict.out_proj.bias.data: expected 16 values (the product of shape [16]), got 15"},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["dtype"] = "float16"; },
        "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"float16\""},
+      {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["dtype"] = "int64"; },
+       "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"int64\""},
+      {[](nlohmann::json& j) { j["module"] = "ViT"; },
+       "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
+       "\"TransformerDecoderLayer\", got \"ViT\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = "abc"; },
        "bad.json: state_dict.out_proj.bias.data[3]: expected a number or \"inf\", \"-inf\", \"nan\", got \"abc\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = nullptr; },

@@ -9,6 +9,8 @@
 #include "support.hpp"
 #include "tparity/compare/metrics.hpp"
 #include "tparity/core/models.hpp"
+#include "tparity/harness/cases.hpp"
+#include "tparity/harness/hand.hpp"
 #include "tparity/harness/rng.hpp"
 #include "twin.hpp"
 
@@ -463,4 +465,74 @@ TEST_CASE("models: the ViT against a long-double twin / every head activation", 
     for (size_t i = 0; i < logits.size(); ++i) want.data[i] = double(logits[i]);
     close(vit_forward(c, w, image), want, 1e-12);
   }
+}
+
+TEST_CASE("models: token ids out of range or not ids are refused / never a crash", "[models]") {
+  CaseSpec s = default_cases().at(7);
+  REQUIRE(s.name == "embed");
+  s.batch = 2, s.seq = 5, s.dim = 8, s.heads = 2, s.ffn = 4, s.layers = 1, s.vocab = 10;
+  Problem p = make_problem(s);
+  // The core: an id equal to vocab, and a negative one.
+  TokenEncoderConfig c = p.token;
+  Rng rng(1);
+  TokenEncoderWeights<double> w{to_tensor<double>(p.state_dict.at("embedding.weight")), {random_layer(rng, c.layer)}};
+  Tensor<int64_t> tokens({2, 5}, int64_t(3));
+  tokens.data[7] = 10;
+  CHECK_THROWS_WITH(token_encoder_forward(c, w, tokens),
+                    Catch::Contains("tokens: id 10 at [1, 2] is out of range for an embedding of 10 rows"));
+  tokens.data[7] = -1;
+  CHECK_THROWS_AS(token_encoder_forward(c, w, tokens), ShapeError);
+  // The harness: validation names the input and the index; the hand runner says where.
+  Problem bad = p;
+  bad.inputs["tokens"].data[7] = 10;
+  CHECK_THROWS_WITH(validate(bad, "case embed"),
+                    "case embed: inputs.tokens[1, 2]: token id 10 is out of range for num_embeddings 10 (expected "
+                    "0 <= id < 10)");
+  CHECK_THROWS_WITH(run_hand(bad, DType::Float32, false, "case embed"),
+                    Catch::StartsWith("case embed: inputs.tokens: id 10 at [1, 2] is out of range"));
+  bad.inputs["tokens"].data[7] = 2.5;
+  CHECK_THROWS_WITH(validate(bad, "case embed"),
+                    "case embed: inputs.tokens[1, 2]: expected an integer token id, got 2.5");
+  CHECK_THROWS_WITH(run_hand(bad, DType::Float64, false, "case embed"),
+                    Catch::StartsWith("case embed: inputs.tokens: expected integer token ids"));
+  // Ids are not floats, and floats are not ids.
+  bad = p;
+  bad.inputs["tokens"].dtype = DType::Float32;
+  CHECK_THROWS_WITH(validate(bad, "case embed"),
+                    "case embed: inputs.tokens: expected an int64 tensor of token ids, got float32");
+  CaseSpec v = default_cases().at(8);
+  REQUIRE(v.name == "vit");
+  Problem img = make_problem(v);
+  img.inputs["image"].dtype = DType::Int64;
+  CHECK_THROWS_WITH(validate(img, "case vit"),
+                    "case vit: inputs.image: expected a float32 or float64 tensor, got int64");
+  img = make_problem(v);
+  img.state_dict["head.0.bn.running_var"].dtype = DType::Int64;
+  CHECK_THROWS_WITH(validate(img, "case vit"),
+                    "case vit: state_dict.head.0.bn.running_var: expected a float32 or float64 tensor, got int64");
+}
+
+TEST_CASE("models: the state dict names of the new run cases", "[models]") {
+  CaseSpec v = default_cases().at(8);
+  v.head = {5, 4, 3};
+  v.layers = 1;
+  const Problem p = make_problem(v);
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : expected_state_dict(p))
+    if (name.rfind("layers.", 0) != 0) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"head.0.linear.weight", "head.0.linear.bias", "head.0.bn.weight",
+                                          "head.0.bn.bias", "head.0.bn.running_mean", "head.0.bn.running_var",
+                                          "head.1.linear.weight", "head.1.linear.bias", "head.1.bn.weight",
+                                          "head.1.bn.bias", "head.1.bn.running_mean", "head.1.bn.running_var",
+                                          "head.out.weight", "head.out.bias"});
+  // The first Linear takes the flattened encoder output: 16 patches x 192 features.
+  CHECK(p.state_dict.at("head.0.linear.weight").shape == Shape{5, 16 * 192});
+  CHECK(p.state_dict.at("head.out.weight").shape == Shape{3, 4});
+  // Running statistics are drawn, not torch's 0 and 1: var within U(0.5, 1.5), mean not all zero.
+  const DTensor& var = p.state_dict.at("head.0.bn.running_var");
+  const DTensor& mean = p.state_dict.at("head.0.bn.running_mean");
+  for (double x : var.data) CHECK((x >= 0.5 && x <= 1.5));
+  double mean_l2 = 0;
+  for (double x : mean.data) mean_l2 += x * x;
+  CHECK(mean_l2 > 0);
 }

@@ -29,8 +29,54 @@ MaskKind mask_kind_from_name(const std::string& s) {
   throw std::invalid_argument("expected none, causal, random or padding, got \"" + s + "\"");
 }
 
+namespace {
+
+std::string widths(const std::vector<int64_t>& v) {
+  std::string s;
+  for (int64_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return "[" + s + "]";
+}
+
+bool op_case(ModuleKind m) { return m == ModuleKind::Matmul || m == ModuleKind::Softmax || m == ModuleKind::LayerNorm; }
+
+}  // namespace
+
+std::pair<Shape, Shape> matmul_operands(const CaseSpec& s) {
+  auto lead = [&](Shape shape, bool batched) {
+    if (batched && s.batch) shape.insert(shape.begin(), s.batch);
+    return shape;
+  };
+  return {lead(s.lhs, s.lhs_batched), lead(s.rhs, s.rhs_batched)};
+}
+
 std::string CaseSpec::describe() const {
   std::string s = module_name(module);
+  switch (module) {
+    case ModuleKind::TokenEncoder:
+      return s + fmt::format(" B={} T={} vocab={} d={} heads={} ffn={} {} layers={}{}", batch, seq, vocab, dim, heads,
+                             ffn, activation_name(activation), layers, random_params ? " random_params" : "");
+    case ModuleKind::ViT:
+      return s +
+             fmt::format(" B={} image={}x{}x{} patch={} ({} patches, d={}) heads={} ffn={} {} layers={} head={} {}{}",
+                         batch, channels, image_height, image_width, patch, seq, dim, heads, ffn,
+                         activation_name(activation), layers, widths(head), activation_name(head_activation),
+                         random_params ? " random_params" : "");
+    case ModuleKind::Matmul: {
+      const auto [a, b] = matmul_operands(*this);
+      return s + " " + to_string(a) + " @ " + to_string(b);
+    }
+    case ModuleKind::Softmax:
+    case ModuleKind::LayerNorm: {
+      Shape shape{seq, module == ModuleKind::Softmax ? (kv_seq ? kv_seq : seq) : dim};
+      if (batch) shape.insert(shape.begin(), batch);
+      s += " " + to_string(shape);
+      if (input_offset != 0) s += fmt::format(" offset={:g}", input_offset);
+      if (input_scale != 1) s += fmt::format(" scale={:g}", input_scale);
+      return s + (module == ModuleKind::Softmax ? " dim=-1" : " affine");
+    }
+    default:
+      break;
+  }
   s += batch ? fmt::format(" B={}", batch) : std::string(" unbatched");
   s += fmt::format(" T={}", seq);
   if (kv_seq && kv_seq != seq) s += fmt::format(" S={}", kv_seq);
@@ -43,7 +89,7 @@ std::string CaseSpec::describe() const {
   if (module == ModuleKind::MultiheadAttention) s += bias ? " bias=on" : " bias=off";
   if (module == ModuleKind::TransformerEncoderLayer || module == ModuleKind::TransformerEncoder ||
       module == ModuleKind::TransformerDecoderLayer) {
-    s += fmt::format(" ffn={} {}", ffn, activation == Activation::Gelu ? "gelu" : "relu");
+    s += fmt::format(" ffn={} {}", ffn, activation_name(activation));
     if (zero_ffn_bias) s += " ffn_bias=0";
   }
   if (module == ModuleKind::TransformerEncoder) s += fmt::format(" layers={}{}", layers, final_norm ? "+norm" : "");
@@ -76,6 +122,24 @@ std::vector<CaseSpec> default_cases() {
       c("decoder", M::TransformerDecoderLayer, 8, 20, 30, 64, 0, 4, 128, true, K::Causal, false, 7),
   };
   cases[5].layers = 3, cases[5].final_norm = true;
+
+  // seed 004's front: its own numbers (it fed zeros; uniform ids are a stronger test)
+  CaseSpec embed = c("embed", M::TokenEncoder, 2, 100, 0, 300, 0, 5, 100, true, K::None, false, 8);
+  embed.vocab = 1000, embed.layers = 6;
+  // seed 004's ViT, scaled down: 32x32 images in 8x8 patches (16 patches of 3 * 64 = 192 features)
+  CaseSpec vit = c("vit", M::ViT, 2, 16, 0, 192, 0, 6, 100, true, K::None, false, 9);
+  vit.channels = 3, vit.image_height = 32, vit.image_width = 32, vit.patch = 8, vit.layers = 2, vit.head = {64, 10};
+  // seed 000's (5, 4, 10, 3) @ (3, 6) and seed 003's (10, 3, 5, 4) @ (10, 3, 4, 3)
+  CaseSpec matmul = c("matmul", M::Matmul, 5, 1, 0, 1, 0, 1, 0, false, K::None, false, 10);
+  matmul.lhs = {4, 10, 3}, matmul.rhs = {3, 6}, matmul.lhs_batched = true;
+  CaseSpec bmm = c("bmm", M::Matmul, 10, 1, 0, 1, 0, 1, 0, false, K::None, false, 11);
+  bmm.lhs = {3, 5, 4}, bmm.rhs = {3, 4, 3}, bmm.lhs_batched = bmm.rhs_batched = true;
+  // scores-like rows, scaled so they are peaked; a layer norm whose rows sit around 100
+  CaseSpec softmax = c("softmax", M::Softmax, 50, 100, 100, 1, 0, 1, 0, false, K::None, false, 12);
+  softmax.input_scale = 8;
+  CaseSpec layernorm = c("layernorm", M::LayerNorm, 50, 100, 0, 64, 0, 1, 0, false, K::None, false, 13);
+  layernorm.input_offset = 100;
+  cases.insert(cases.end(), {embed, vit, matmul, bmm, softmax, layernorm});
   return cases;
 }
 
@@ -175,6 +239,32 @@ void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::str
 
 Shape batched(int64_t B, int64_t T, int64_t d) { return B ? Shape{B, T, d} : Shape{T, d}; }
 
+// Seed 004's ViTHead at torch's init: per hidden width a Linear and a BatchNorm1d (its affine 1/0
+// unless random_params; running statistics always drawn so eval mode has something to apply), then
+// the output Linear.
+void vit_head_params(Rng& rng, const CaseSpec& s, int64_t fan_in, TensorMap& sd) {
+  for (size_t i = 0; i + 1 < s.head.size(); ++i) {
+    const std::string prefix = "head." + std::to_string(i) + ".";
+    const int64_t w = s.head[i];
+    sd[prefix + "linear.weight"] = uniform(rng, {w, fan_in}, linear_bound(fan_in));
+    sd[prefix + "linear.bias"] = uniform(rng, {w}, linear_bound(fan_in));
+    DTensor g = constant({w}, 1.0), b = constant({w}, 0.0);
+    if (s.random_params) {
+      for (double& x : g.data) x = round_to_float(1.0 + rng.uniform(-0.2, 0.2));
+      for (double& x : b.data) x = round_to_float(rng.uniform(-0.2, 0.2));
+    }
+    sd[prefix + "bn.weight"] = g;
+    sd[prefix + "bn.bias"] = b;
+    sd[prefix + "bn.running_mean"] = normal(rng, {w}, 0.1);
+    DTensor var = constant({w}, 0.0);
+    for (double& x : var.data) x = round_to_float(rng.uniform(0.5, 1.5));
+    sd[prefix + "bn.running_var"] = var;
+    fan_in = w;
+  }
+  sd["head.out.weight"] = uniform(rng, {s.head.back(), fan_in}, linear_bound(fan_in));
+  sd["head.out.bias"] = uniform(rng, {s.head.back()}, linear_bound(fan_in));
+}
+
 // An encoder or decoder layer's feed-forward and LayerNorms (norm1..norm<norms>), torch's init.
 void layer_params(Rng& rng, const CaseSpec& s, const std::string& prefix, int norms, TensorMap& sd) {
   const int64_t d = s.dim, F = s.ffn;
@@ -198,6 +288,24 @@ Problem make_problem(const CaseSpec& s) {
   positive("heads", s.heads);
   if (s.kv_seq < 0) throw InputError(fmt::format("case {}: kv-seq must be positive, got {}", s.name, s.kv_seq));
 
+  if (s.module == ModuleKind::TokenEncoder || s.module == ModuleKind::ViT || op_case(s.module)) {
+    if (s.mask != MaskKind::None)
+      throw InputError(
+          fmt::format("option --mask: {} takes no mask, got {}", module_name(s.module), mask_kind_name(s.mask)));
+  }
+  if (s.module == ModuleKind::TokenEncoder || s.module == ModuleKind::ViT) {
+    if (!s.batch)
+      throw InputError(fmt::format("case {}: batch must be >= 1 (seed 004's {} takes batched input)", s.name,
+                                   module_name(s.module)));
+    if (s.kv_seq && s.kv_seq != s.seq)
+      throw InputError(fmt::format("case {}: kv-seq does not apply to a self-attention encoder", s.name));
+    positive("ffn", s.ffn);
+    positive("layers", s.layers);
+    if (s.activation != Activation::Relu && s.activation != Activation::Gelu)
+      throw InputError(fmt::format("case {}: activation {}: the encoder layers' feed-forward takes relu or gelu",
+                                   s.name, activation_name(s.activation)));
+  }
+
   Rng rng(s.seed);
   Problem p;
   p.name = s.name;
@@ -205,6 +313,22 @@ Problem make_problem(const CaseSpec& s) {
   p.module = s.module;
   const int64_t L = s.seq, S = s.kv_seq ? s.kv_seq : s.seq, B = s.batch;
   const bool self = s.kv_seq == 0 || s.kv_seq == s.seq;
+  auto encoder_layer_config = [&] {
+    EncoderConfig c;
+    c.d_model = s.dim;
+    c.nhead = s.heads;
+    c.dim_feedforward = s.ffn;
+    c.activation = s.activation;
+    c.batch_first = true;
+    return c;
+  };
+  auto stack_params = [&](const EncoderConfig& c) {
+    for (int64_t i = 0; i < s.layers; ++i) {
+      const std::string prefix = "layers." + std::to_string(i) + ".";
+      mha_params(rng, c.self_attn(), s.random_params, prefix + "self_attn.", p.state_dict);
+      layer_params(rng, s, prefix, 2, p.state_dict);
+    }
+  };
   switch (s.module) {
     case ModuleKind::MultiheadAttention: {
       if (s.dim % s.heads)
@@ -270,6 +394,92 @@ Problem make_problem(const CaseSpec& s) {
       p.inputs["key"] = normal(rng, shape(S, s.dim));
       p.inputs["value"] = normal(rng, shape(S, Ev));
       add_masks(rng, s, L, S, "attn_mask", "", p.inputs);
+      break;
+    }
+    case ModuleKind::TokenEncoder: {
+      positive("vocab", s.vocab);
+      if (s.dim % 2)
+        throw InputError(
+            fmt::format("case {}: dim must be even for seed 004's positional encoding, got {}", s.name, s.dim));
+      if (s.dim % s.heads)
+        throw InputError(fmt::format("case {}: heads {} does not divide dim {}", s.name, s.heads, s.dim));
+      p.token.vocab = s.vocab;
+      p.token.layer = encoder_layer_config();
+      p.token.num_layers = s.layers;
+      p.state_dict["embedding.weight"] = normal(rng, {s.vocab, s.dim});  // nn.Embedding: N(0, 1)
+      stack_params(p.token.layer);
+      DTensor ids{DType::Int64, {B, L}, std::vector<double>(size_t(B * L))};
+      for (double& id : ids.data) id = double(rng.integer(0, s.vocab - 1));
+      p.inputs["tokens"] = ids;
+      break;
+    }
+    case ModuleKind::ViT: {
+      positive("channels", s.channels);
+      positive("image height", s.image_height);
+      positive("image width", s.image_width);
+      positive("patch", s.patch);
+      if (s.image_height % s.patch || s.image_width % s.patch)
+        throw InputError(fmt::format("case {}: image {}x{} is not a multiple of the patch size {}", s.name,
+                                     s.image_height, s.image_width, s.patch));
+      VitConfig& v = p.vit;
+      v.channels = s.channels, v.image_height = s.image_height, v.image_width = s.image_width, v.patch = s.patch;
+      if (s.dim != v.d_model())
+        throw InputError(
+            fmt::format("case {}: dim is channels x patch^2 = {} for a ViT, got {}", s.name, v.d_model(), s.dim));
+      if (s.seq != v.num_patches())
+        throw InputError(fmt::format("case {}: seq is the number of patches (H/p)(W/p) = {} for a ViT, got {}", s.name,
+                                     v.num_patches(), s.seq));
+      if (s.dim % 2)
+        throw InputError(
+            fmt::format("case {}: channels x patch^2 = {} must be even for seed 004's positional "
+                        "encoding",
+                        s.name, s.dim));
+      if (s.dim % s.heads)
+        throw InputError(fmt::format("case {}: heads {} does not divide d = {}", s.name, s.heads, s.dim));
+      if (s.head.empty()) throw InputError(fmt::format("case {}: the head needs at least one width", s.name));
+      for (int64_t w : s.head) positive("head width", w);
+      v.layer = encoder_layer_config();
+      v.num_layers = s.layers;
+      v.head = s.head;
+      v.head_activation = s.head_activation;
+      stack_params(v.layer);
+      vit_head_params(rng, s, v.num_patches() * v.d_model(), p.state_dict);
+      DTensor image{DType::Float64, {B, s.channels, s.image_height, s.image_width}, {}};
+      image.data.resize(size_t(numel(image.shape)));
+      for (double& x : image.data) x = round_to_float(rng.uniform());  // torch.rand
+      p.inputs["image"] = image;
+      break;
+    }
+    case ModuleKind::Matmul: {
+      const auto [a, b] = matmul_operands(s);
+      for (const Shape& shape : {a, b})
+        for (int64_t d : shape)
+          if (d <= 0)
+            throw InputError(fmt::format("case {}: operand sizes must be positive, got {}", s.name, to_string(shape)));
+      try {
+        (void)matmul_shape(a, b);
+      } catch (const ShapeError& e) {
+        throw InputError(fmt::format("case {}: {}", s.name, e.what()));
+      }
+      p.inputs["input"] = normal(rng, a);
+      p.inputs["other"] = normal(rng, b);
+      break;
+    }
+    case ModuleKind::Softmax:
+    case ModuleKind::LayerNorm: {
+      const bool ln = s.module == ModuleKind::LayerNorm;
+      const Shape shape = batched(B, L, ln ? s.dim : S);
+      if (ln) {
+        p.normalized = s.dim;
+        DTensor w = constant({s.dim}, 0.0), b = constant({s.dim}, 0.0);
+        for (double& x : w.data) x = round_to_float(1.0 + rng.uniform(-0.2, 0.2));
+        for (double& x : b.data) x = round_to_float(rng.uniform(-0.2, 0.2));
+        p.state_dict["weight"] = w;
+        p.state_dict["bias"] = b;
+      }
+      DTensor x = normal(rng, shape);
+      for (double& v : x.data) v = round_to_float(s.input_offset + s.input_scale * v);
+      p.inputs["input"] = x;
       break;
     }
   }

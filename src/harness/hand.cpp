@@ -1,10 +1,12 @@
 #include "tparity/harness/hand.hpp"
 
+#include <cmath>
 #include <stdexcept>
 
 #include "tparity/core/attention.hpp"
 #include "tparity/core/decoder.hpp"
 #include "tparity/core/encoder.hpp"
+#include "tparity/core/models.hpp"
 
 namespace tparity {
 
@@ -81,6 +83,28 @@ Tensor<T> input(const Problem& p, const std::string& name) {
 }
 
 template <class T>
+std::vector<EncoderWeights<T>> stack_weights(const Problem& p, int64_t num_layers) {
+  std::vector<EncoderWeights<T>> layers;
+  for (int64_t i = 0; i < num_layers; ++i) layers.push_back(encoder_weights<T>(p, "layers." + std::to_string(i) + "."));
+  return layers;
+}
+
+// Token ids as int64; a value that is not an integer id (a problem built by hand and never
+// validated) is refused rather than cast.
+Tensor<int64_t> ids(const Problem& p, const std::string& name) {
+  const DTensor* t = p.input(name);
+  if (!t) throw std::invalid_argument(name + ": missing");
+  Tensor<int64_t> out;
+  out.shape = t->shape;
+  for (double x : t->data) {
+    if (!(x == std::floor(x)) || std::fabs(x) > 0x1p53)
+      throw std::invalid_argument(name + ": expected integer token ids, got " + std::to_string(x));
+    out.data.push_back(int64_t(x));
+  }
+  return out;
+}
+
+template <class T>
 RunResult run(const Problem& p, bool collect, const Components* teacher) {
   RunResult r;
   Collect<T> collector(r.components, teacher);
@@ -137,6 +161,39 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
     case ModuleKind::ScaledDotProductAttention: {
       r.outputs["output"] = to_dtensor(sdpa_forward(input<T>(p, "query"), input<T>(p, "key"), input<T>(p, "value"),
                                                     to_mask<T>(p.input("attn_mask")), obs));
+      break;
+    }
+    case ModuleKind::TokenEncoder: {
+      TokenEncoderWeights<T> w{param<T>(p, "embedding.weight"), stack_weights<T>(p, p.token.num_layers)};
+      r.outputs["output"] = to_dtensor(token_encoder_forward(p.token, w, ids(p, "tokens"), obs));
+      break;
+    }
+    case ModuleKind::ViT: {
+      VitWeights<T> w;
+      w.layers = stack_weights<T>(p, p.vit.num_layers);
+      for (size_t i = 0; i + 1 < p.vit.head.size(); ++i) {
+        const std::string pre = "head." + std::to_string(i) + ".";
+        w.head.push_back({param<T>(p, pre + "linear.weight"), param<T>(p, pre + "linear.bias"),
+                          param<T>(p, pre + "bn.weight"), param<T>(p, pre + "bn.bias"),
+                          param<T>(p, pre + "bn.running_mean"), param<T>(p, pre + "bn.running_var")});
+      }
+      w.out_weight = param<T>(p, "head.out.weight");
+      w.out_bias = param<T>(p, "head.out.bias");
+      r.outputs["output"] = to_dtensor(vit_forward(p.vit, w, input<T>(p, "image"), obs));
+      break;
+    }
+    case ModuleKind::Matmul:
+      r.outputs["output"] = to_dtensor(matmul(input<T>(p, "input"), input<T>(p, "other"), obs));
+      break;
+    case ModuleKind::Softmax:
+      r.outputs["output"] = to_dtensor(softmax_lastdim(input<T>(p, "input"), obs));
+      break;
+    case ModuleKind::LayerNorm: {
+      const Tensor<T> x = input<T>(p, "input");
+      if (x.dim() < 1 || x.size(-1) != p.normalized)
+        throw ShapeError("input: expected last dim normalized_shape = " + std::to_string(p.normalized) +
+                         ", got shape " + to_string(x.shape));
+      r.outputs["output"] = to_dtensor(layer_norm_lastdim(x, param<T>(p, "weight"), param<T>(p, "bias"), p.eps, obs));
       break;
     }
   }
@@ -206,6 +263,29 @@ std::vector<std::string> component_names(const Problem& p) {
       return layer_components(p.encoder.norm_first, true);
     case ModuleKind::ScaledDotProductAttention:
       return {"scores", "attn_weights", "output"};
+    case ModuleKind::TokenEncoder:
+    case ModuleKind::ViT: {
+      const bool vit = p.module == ModuleKind::ViT;
+      std::vector<std::string> n{vit ? "patches" : "embedding", "pos_encoding"};
+      const int64_t layers = vit ? p.vit.num_layers : p.token.num_layers;
+      const bool norm_first = vit ? p.vit.layer.norm_first : p.token.layer.norm_first;
+      for (int64_t i = 0; i < layers; ++i)
+        for (const std::string& c : layer_components(norm_first, false))
+          n.push_back("layers." + std::to_string(i) + "." + c);
+      if (!vit) {
+        n.push_back("output");
+        return n;
+      }
+      for (size_t i = 0; i + 1 < p.vit.head.size(); ++i)
+        for (const char* c : {"linear", "bn", "act"}) n.push_back("head." + std::to_string(i) + "." + c);
+      n.push_back("output");
+      return n;
+    }
+    case ModuleKind::Matmul:
+    case ModuleKind::Softmax:
+      return {"output"};
+    case ModuleKind::LayerNorm:
+      return {"mean", "rstd", "output"};
   }
   return {};
 }

@@ -2,14 +2,25 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace tparity {
 
 namespace {
-const ModuleKind kAllModules[] = {ModuleKind::MultiheadAttention, ModuleKind::TransformerEncoderLayer,
-                                  ModuleKind::TransformerEncoder, ModuleKind::TransformerDecoderLayer,
-                                  ModuleKind::ScaledDotProductAttention};
+const ModuleKind kAllModules[] = {ModuleKind::MultiheadAttention,
+                                  ModuleKind::TransformerEncoderLayer,
+                                  ModuleKind::TransformerEncoder,
+                                  ModuleKind::TransformerDecoderLayer,
+                                  ModuleKind::ScaledDotProductAttention,
+                                  ModuleKind::TokenEncoder,
+                                  ModuleKind::ViT,
+                                  ModuleKind::Matmul,
+                                  ModuleKind::Softmax,
+                                  ModuleKind::LayerNorm};
+const Activation kAllActivations[] = {Activation::Relu, Activation::Gelu,     Activation::Tanh,     Activation::Sigmoid,
+                                      Activation::Silu, Activation::Softplus, Activation::LeakyRelu};
 }  // namespace
 
 std::string module_name(ModuleKind m) {
@@ -24,11 +35,53 @@ std::string module_name(ModuleKind m) {
       return "TransformerDecoderLayer";
     case ModuleKind::ScaledDotProductAttention:
       return "ScaledDotProductAttention";
+    case ModuleKind::TokenEncoder:
+      return "TokenEncoder";
+    case ModuleKind::ViT:
+      return "ViT";
+    case ModuleKind::Matmul:
+      return "Matmul";
+    case ModuleKind::Softmax:
+      return "Softmax";
+    case ModuleKind::LayerNorm:
+      return "LayerNorm";
   }
   return "?";
 }
 
-bool fixture_module(ModuleKind m) { return m != ModuleKind::ScaledDotProductAttention; }
+bool fixture_module(ModuleKind m) {
+  return m == ModuleKind::MultiheadAttention || m == ModuleKind::TransformerEncoderLayer ||
+         m == ModuleKind::TransformerEncoder || m == ModuleKind::TransformerDecoderLayer;
+}
+
+std::string activation_name(Activation a) {
+  switch (a) {
+    case Activation::Relu:
+      return "relu";
+    case Activation::Gelu:
+      return "gelu";
+    case Activation::Tanh:
+      return "tanh";
+    case Activation::Sigmoid:
+      return "sigmoid";
+    case Activation::Silu:
+      return "silu";
+    case Activation::Softplus:
+      return "softplus";
+    case Activation::LeakyRelu:
+      return "leakyrelu";
+  }
+  return "?";
+}
+
+Activation activation_from_name(const std::string& name) {
+  std::string names;
+  for (Activation a : kAllActivations) {
+    if (activation_name(a) == name) return a;
+    names += (names.empty() ? "" : ", ") + activation_name(a);
+  }
+  throw std::invalid_argument("expected one of " + names + ", got \"" + name + "\"");
+}
 
 ModuleKind module_from_name(const std::string& name) {
   for (ModuleKind m : kAllModules)
@@ -82,6 +135,33 @@ void layer_state(const EncoderConfig& c, const std::string& prefix, int norms,
   }
 }
 
+// An encoder stack's layers.N.* for every layer.
+void layers_state(const EncoderConfig& c, int64_t num_layers, std::vector<std::pair<std::string, Shape>>& out) {
+  for (int64_t i = 0; i < num_layers; ++i) {
+    const std::string prefix = "layers." + std::to_string(i) + ".";
+    mha_state(c.self_attn(), prefix + "self_attn.", out);
+    layer_state(c, prefix, 2, out);
+  }
+}
+
+// Seed 004's ViTHead: head.<i>.linear, head.<i>.bn per hidden width, head.out. (torch's
+// bn.num_batches_tracked buffer is left out: eval mode never reads it.)
+void vit_head_state(const VitConfig& v, std::vector<std::pair<std::string, Shape>>& out) {
+  int64_t in = v.num_patches() * v.d_model();
+  for (size_t i = 0; i + 1 < v.head.size(); ++i) {
+    const std::string prefix = "head." + std::to_string(i) + ".";
+    const int64_t w = v.head[i];
+    out.push_back({prefix + "linear.weight", {w, in}});
+    out.push_back({prefix + "linear.bias", {w}});
+    for (const char* n : {"weight", "bias", "running_mean", "running_var"}) out.push_back({prefix + "bn." + n, {w}});
+    in = w;
+  }
+  if (!v.head.empty()) {
+    out.push_back({"head.out.weight", {v.head.back(), in}});
+    out.push_back({"head.out.bias", {v.head.back()}});
+  }
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p) {
@@ -96,11 +176,7 @@ std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p)
       layer_state(c, "", 2, out);
       break;
     case ModuleKind::TransformerEncoder:
-      for (int64_t i = 0; i < p.num_layers; ++i) {
-        const std::string prefix = "layers." + std::to_string(i) + ".";
-        mha_state(c.self_attn(), prefix + "self_attn.", out);
-        layer_state(c, prefix, 2, out);
-      }
+      layers_state(c, p.num_layers, out);
       if (p.final_norm) {
         out.push_back({"norm.weight", {c.d_model}});
         out.push_back({"norm.bias", {c.d_model}});
@@ -111,41 +187,101 @@ std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p)
       mha_state(c.self_attn(), "multihead_attn.", out);
       layer_state(c, "", 3, out);
       break;
+    case ModuleKind::TokenEncoder:
+      out.push_back({"embedding.weight", {p.token.vocab, p.token.layer.d_model}});
+      layers_state(p.token.layer, p.token.num_layers, out);
+      break;
+    case ModuleKind::ViT:
+      layers_state(p.vit.layer, p.vit.num_layers, out);
+      vit_head_state(p.vit, out);
+      break;
+    case ModuleKind::LayerNorm:
+      if (p.affine) {
+        out.push_back({"weight", {p.normalized}});
+        out.push_back({"bias", {p.normalized}});
+      }
+      break;
     case ModuleKind::ScaledDotProductAttention:
+    case ModuleKind::Matmul:
+    case ModuleKind::Softmax:
       break;  // no parameters
   }
   return out;
 }
 
 std::vector<InputSpec> expected_inputs(ModuleKind m) {
+  constexpr InputKind F = InputKind::Float, M = InputKind::Mask;
   switch (m) {
     case ModuleKind::MultiheadAttention:
-      return {{"query", true, false},
-              {"key", true, false},
-              {"value", true, false},
-              {"attn_mask", false, true},
-              {"key_padding_mask", false, true}};
+      return {{"query", true, F},
+              {"key", true, F},
+              {"value", true, F},
+              {"attn_mask", false, M},
+              {"key_padding_mask", false, M}};
     case ModuleKind::TransformerEncoderLayer:
-      return {{"src", true, false}, {"src_mask", false, true}, {"src_key_padding_mask", false, true}};
+      return {{"src", true, F}, {"src_mask", false, M}, {"src_key_padding_mask", false, M}};
     case ModuleKind::TransformerEncoder:
-      return {{"src", true, false}, {"mask", false, true}, {"src_key_padding_mask", false, true}};
+      return {{"src", true, F}, {"mask", false, M}, {"src_key_padding_mask", false, M}};
     case ModuleKind::TransformerDecoderLayer:
-      return {{"tgt", true, false},
-              {"memory", true, false},
-              {"tgt_mask", false, true},
-              {"memory_mask", false, true},
-              {"tgt_key_padding_mask", false, true},
-              {"memory_key_padding_mask", false, true}};
+      return {{"tgt", true, F},
+              {"memory", true, F},
+              {"tgt_mask", false, M},
+              {"memory_mask", false, M},
+              {"tgt_key_padding_mask", false, M},
+              {"memory_key_padding_mask", false, M}};
     case ModuleKind::ScaledDotProductAttention:
-      return {{"query", true, false}, {"key", true, false}, {"value", true, false}, {"attn_mask", false, true}};
+      return {{"query", true, F}, {"key", true, F}, {"value", true, F}, {"attn_mask", false, M}};
+    case ModuleKind::TokenEncoder:
+      return {{"tokens", true, InputKind::Ids}};
+    case ModuleKind::ViT:
+      return {{"image", true, F}};
+    case ModuleKind::Matmul:
+      return {{"input", true, F}, {"other", true, F}};
+    case ModuleKind::Softmax:
+    case ModuleKind::LayerNorm:
+      return {{"input", true, F}};
   }
   return {};
 }
+
+namespace {
+
+// "[1, 7]": the multi-index of flat position i in shape s.
+std::string index_of(const Shape& s, int64_t i) {
+  Shape idx(s.size());
+  for (size_t d = s.size(); d-- > 0;) {
+    idx[d] = s[d] ? i % s[d] : 0;
+    i = s[d] ? i / s[d] : 0;
+  }
+  return to_string(idx);
+}
+
+}  // namespace
 
 void validate(const Problem& p, const std::string& where) {
   auto fail = [&](const std::string& what) { throw InputError(where + ": " + what); };
   auto positive = [&](const char* field, int64_t v) {
     if (v <= 0) fail(fmt::format("config.{}: expected a positive integer, got {}", field, v));
+  };
+  // An encoder layer's configuration, as torch's TransformerEncoderLayer takes it.
+  auto layer_config = [&](const EncoderConfig& c) {
+    positive("d_model", c.d_model);
+    positive("nhead", c.nhead);
+    positive("dim_feedforward", c.dim_feedforward);
+    if (c.d_model % c.nhead)
+      fail(fmt::format("config.nhead: expected a divisor of d_model {}, got {}", c.d_model, c.nhead));
+    if (!(c.layer_norm_eps > 0))
+      fail(fmt::format("config.layer_norm_eps: expected a positive number, got {}", c.layer_norm_eps));
+    if (c.activation != Activation::Relu && c.activation != Activation::Gelu)
+      fail(fmt::format("config.activation: expected relu or gelu (torch's TransformerEncoderLayer), got {}",
+                       activation_name(c.activation)));
+  };
+  auto even_d = [&](int64_t d) {
+    if (d % 2)
+      fail(
+          fmt::format("config.d_model: expected an even size (seed 004's positional encoding pairs sin and cos "
+                      "columns), got {}",
+                      d));
   };
   switch (p.module) {
     case ModuleKind::MultiheadAttention:
@@ -162,15 +298,41 @@ void validate(const Problem& p, const std::string& where) {
       [[fallthrough]];
     case ModuleKind::TransformerEncoderLayer:
     case ModuleKind::TransformerDecoderLayer:
-      positive("d_model", p.encoder.d_model);
-      positive("nhead", p.encoder.nhead);
-      positive("dim_feedforward", p.encoder.dim_feedforward);
-      if (p.encoder.d_model % p.encoder.nhead)
-        fail(fmt::format("config.nhead: expected a divisor of d_model {}, got {}", p.encoder.d_model, p.encoder.nhead));
-      if (!(p.encoder.layer_norm_eps > 0))
-        fail(fmt::format("config.layer_norm_eps: expected a positive number, got {}", p.encoder.layer_norm_eps));
+      layer_config(p.encoder);
+      break;
+    case ModuleKind::TokenEncoder:
+      positive("num_embeddings", p.token.vocab);
+      positive("num_layers", p.token.num_layers);
+      layer_config(p.token.layer);
+      even_d(p.token.layer.d_model);
+      break;
+    case ModuleKind::ViT: {
+      const VitConfig& v = p.vit;
+      positive("channels", v.channels);
+      positive("image_size", std::min(v.image_height, v.image_width));
+      positive("patch_size", v.patch);
+      if (v.image_height % v.patch || v.image_width % v.patch)
+        fail(fmt::format("config.image_size: expected multiples of patch_size {}, got [{}, {}]", v.patch,
+                         v.image_height, v.image_width));
+      if (v.layer.d_model != v.d_model())
+        fail(
+            fmt::format("config.d_model: expected channels x patch_size^2 = {}, got {}", v.d_model(), v.layer.d_model));
+      positive("num_layers", v.num_layers);
+      layer_config(v.layer);
+      even_d(v.layer.d_model);
+      if (v.head.empty()) fail("config.head_neurons: expected at least one width (the output's), got none");
+      for (int64_t w : v.head)
+        if (w <= 0) fail(fmt::format("config.head_neurons: expected positive widths, got {}", w));
+      if (!(v.bn_eps > 0)) fail(fmt::format("config.bn_eps: expected a positive number, got {}", v.bn_eps));
+      break;
+    }
+    case ModuleKind::LayerNorm:
+      positive("normalized_shape", p.normalized);
+      if (!(p.eps > 0)) fail(fmt::format("config.eps: expected a positive number, got {}", p.eps));
       break;
     case ModuleKind::ScaledDotProductAttention:
+    case ModuleKind::Matmul:
+    case ModuleKind::Softmax:
       break;
   }
 
@@ -180,8 +342,9 @@ void validate(const Problem& p, const std::string& where) {
     auto it = p.state_dict.find(name);
     if (it == p.state_dict.end())
       fail(fmt::format("state_dict.{}: missing (expected shape {})", name, to_string(shape)));
-    if (it->second.dtype == DType::Bool)
-      fail(fmt::format("state_dict.{}: expected a float32 or float64 tensor, got bool", name));
+    if (it->second.dtype == DType::Bool || it->second.dtype == DType::Int64)
+      fail(fmt::format("state_dict.{}: expected a float32 or float64 tensor, got {}", name,
+                       dtype_name(it->second.dtype)));
     if (it->second.shape != shape)
       fail(
           fmt::format("state_dict.{}: expected shape {}, got {}", name, to_string(shape), to_string(it->second.shape)));
@@ -198,8 +361,31 @@ void validate(const Problem& p, const std::string& where) {
       if (s.required) fail(fmt::format("inputs.{}: missing", s.name));
       continue;
     }
-    if (!s.is_mask && t->dtype == DType::Bool)
-      fail(fmt::format("inputs.{}: expected a float32 or float64 tensor, got bool", s.name));
+    const bool is_float = t->dtype == DType::Float32 || t->dtype == DType::Float64;
+    switch (s.kind) {
+      case InputKind::Float:
+        if (!is_float)
+          fail(fmt::format("inputs.{}: expected a float32 or float64 tensor, got {}", s.name, dtype_name(t->dtype)));
+        break;
+      case InputKind::Mask:
+        if (t->dtype == DType::Int64) fail(fmt::format("inputs.{}: expected a bool or float mask, got int64", s.name));
+        break;
+      case InputKind::Ids: {
+        if (t->dtype != DType::Int64)
+          fail(fmt::format("inputs.{}: expected an int64 tensor of token ids, got {}", s.name, dtype_name(t->dtype)));
+        const int64_t vocab = p.token.vocab;
+        for (size_t i = 0; i < t->data.size(); ++i) {
+          const double id = t->data[i];
+          if (!(id == std::floor(id)))
+            fail(fmt::format("inputs.{}{}: expected an integer token id, got {}", s.name,
+                             index_of(t->shape, int64_t(i)), id));
+          if (id < 0 || id >= double(vocab))
+            fail(fmt::format("inputs.{}{}: token id {} is out of range for num_embeddings {} (expected 0 <= id < {})",
+                             s.name, index_of(t->shape, int64_t(i)), id, vocab, vocab));
+        }
+        break;
+      }
+    }
   }
   for (const auto& [name, t] : p.inputs)
     if (!seen.count(name)) fail(fmt::format("inputs.{}: not an argument of {}.forward()", name, module_name(p.module)));
@@ -222,7 +408,7 @@ nlohmann::json config_json(const Problem& p) {
       j = {{"d_model", c.d_model},
            {"nhead", c.nhead},
            {"dim_feedforward", c.dim_feedforward},
-           {"activation", c.activation == Activation::Gelu ? "gelu" : "relu"},
+           {"activation", activation_name(c.activation)},
            {"layer_norm_eps", c.layer_norm_eps},
            {"batch_first", c.batch_first},
            {"norm_first", c.norm_first}};
@@ -232,7 +418,41 @@ nlohmann::json config_json(const Problem& p) {
       }
       break;
     }
+    case ModuleKind::TokenEncoder: {
+      const EncoderConfig& c = p.token.layer;
+      j = {{"num_embeddings", p.token.vocab},
+           {"d_model", c.d_model},
+           {"nhead", c.nhead},
+           {"dim_feedforward", c.dim_feedforward},
+           {"activation", activation_name(c.activation)},
+           {"layer_norm_eps", c.layer_norm_eps},
+           {"num_layers", p.token.num_layers}};
+      break;
+    }
+    case ModuleKind::ViT: {
+      const VitConfig& v = p.vit;
+      j = {{"channels", v.channels},
+           {"image_size", {v.image_height, v.image_width}},
+           {"patch_size", v.patch},
+           {"d_model", v.layer.d_model},
+           {"nhead", v.layer.nhead},
+           {"dim_feedforward", v.layer.dim_feedforward},
+           {"activation", activation_name(v.layer.activation)},
+           {"layer_norm_eps", v.layer.layer_norm_eps},
+           {"num_layers", v.num_layers},
+           {"head_neurons", v.head},
+           {"head_activation", activation_name(v.head_activation)},
+           {"bn_eps", v.bn_eps}};
+      break;
+    }
+    case ModuleKind::Softmax:
+      j = {{"dim", -1}};
+      break;
+    case ModuleKind::LayerNorm:
+      j = {{"normalized_shape", {p.normalized}}, {"eps", p.eps}, {"elementwise_affine", p.affine}};
+      break;
     case ModuleKind::ScaledDotProductAttention:
+    case ModuleKind::Matmul:
       j = nlohmann::json::object();
       break;
   }
@@ -270,16 +490,39 @@ std::string summary(const Problem& p) {
       if (p.module == ModuleKind::TransformerEncoder)
         s += fmt::format(" layers={}{}", p.num_layers, p.final_norm ? " +norm" : "");
       s += fmt::format(" d={} heads={} ffn={} {} eps={:g}{}{}", c.d_model, c.nhead, c.dim_feedforward,
-                       c.activation == Activation::Gelu ? "gelu" : "relu", c.layer_norm_eps,
-                       c.norm_first ? " norm_first" : "", c.batch_first ? " batch_first" : " seq_first");
+                       activation_name(c.activation), c.layer_norm_eps, c.norm_first ? " norm_first" : "",
+                       c.batch_first ? " batch_first" : " seq_first");
       for (const InputSpec& in : expected_inputs(p.module))
-        s += in.is_mask ? mask_of(in.name.c_str()) : fmt::format(" {}={}", in.name, shape_of(in.name.c_str()));
+        s += in.kind == InputKind::Mask ? mask_of(in.name.c_str())
+                                        : fmt::format(" {}={}", in.name, shape_of(in.name.c_str()));
       return s;
     }
     case ModuleKind::ScaledDotProductAttention:
       return fmt::format("scaled dot-product attention q={} k={} v={}", shape_of("query"), shape_of("key"),
                          shape_of("value")) +
              mask_of("attn_mask");
+    case ModuleKind::TokenEncoder: {
+      const EncoderConfig& c = p.token.layer;
+      return fmt::format("TokenEncoder vocab={} d={} heads={} ffn={} {} layers={} tokens={}", p.token.vocab, c.d_model,
+                         c.nhead, c.dim_feedforward, activation_name(c.activation), p.token.num_layers,
+                         shape_of("tokens"));
+    }
+    case ModuleKind::ViT: {
+      const VitConfig& v = p.vit;
+      std::string head;
+      for (int64_t w : v.head) head += (head.empty() ? "" : ", ") + std::to_string(w);
+      return fmt::format("ViT image={} patch={} ({} patches, d={}) heads={} ffn={} {} layers={} head=[{}] {}",
+                         shape_of("image"), v.patch, v.num_patches(), v.d_model(), v.layer.nhead,
+                         v.layer.dim_feedforward, activation_name(v.layer.activation), v.num_layers, head,
+                         activation_name(v.head_activation));
+    }
+    case ModuleKind::Matmul:
+      return fmt::format("matmul input={} other={}", shape_of("input"), shape_of("other"));
+    case ModuleKind::Softmax:
+      return fmt::format("softmax dim=-1 input={}", shape_of("input"));
+    case ModuleKind::LayerNorm:
+      return fmt::format("layer_norm normalized_shape=[{}] eps={:g}{} input={}", p.normalized, p.eps,
+                         p.affine ? " affine" : "", shape_of("input"));
   }
   return "";
 }

@@ -1,9 +1,11 @@
 // The LibTorch reference: torch::nn modules and their op-by-op functional decomposition.
 #include "tparity/torch/reference.hpp"
 
+#include <ATen/ExpandUtils.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -49,11 +51,13 @@ namespace {
 
 torch::ScalarType scalar_type(DType d) { return d == DType::Float32 ? torch::kFloat : torch::kDouble; }
 
-// Float data in the run's dtype; bool stays bool.
+// Float data in the run's dtype; bool stays bool, int64 (token ids) stays int64.
 TT to_torch(const DTensor& t, DType dtype) {
   std::vector<double> copy = t.data;
   TT x = torch::from_blob(copy.data(), t.shape, torch::kDouble).clone();
-  return t.dtype == DType::Bool ? x.to(torch::kBool) : x.to(scalar_type(dtype));
+  if (t.dtype == DType::Bool) return x.to(torch::kBool);
+  if (t.dtype == DType::Int64) return x.to(torch::kLong);
+  return x.to(scalar_type(dtype));
 }
 
 Tensor<double> to_hand(const TT& x) {
@@ -89,10 +93,40 @@ Params state_params(const Problem& p, DType dtype) {
   return ps;
 }
 
+// BatchNorm's num_batches_tracked: a buffer torch keeps for training (momentum=None), never read in
+// eval mode; tparity's state dicts leave it out.
+bool training_only_buffer(const std::string& name) {
+  const std::string tail = "num_batches_tracked";
+  return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 Params module_params(const torch::nn::Module& m) {
   Params ps;
   for (const auto& kv : m.named_parameters()) ps[kv.key()] = kv.value().detach();
+  for (const auto& kv : m.named_buffers())
+    if (!training_only_buffer(kv.key())) ps[kv.key()] = kv.value().detach();
   return ps;
+}
+
+// mirrors an activation module's functional form (nn's default options).
+TT activation(Activation a, const TT& x) {
+  switch (a) {
+    case Activation::Relu:
+      return F::relu(x);
+    case Activation::Gelu:
+      return F::gelu(x);
+    case Activation::Tanh:
+      return torch::tanh(x);
+    case Activation::Sigmoid:
+      return torch::sigmoid(x);
+    case Activation::Silu:
+      return F::silu(x);
+    case Activation::Softplus:
+      return F::softplus(x, F::SoftplusFuncOptions().beta(1).threshold(20));
+    case Activation::LeakyRelu:
+      return F::leaky_relu(x, F::LeakyReLUFuncOptions().negative_slope(0.01));
+  }
+  return x;
 }
 
 TT param(const Params& ps, const std::string& name) {
@@ -254,7 +288,18 @@ std::string module_limitation(const Problem& p) {
       return mha_limitation(p, p.module == ModuleKind::TransformerEncoder ? "mask" : "src_mask",
                             "src_key_padding_mask");
     }
+    case ModuleKind::TokenEncoder:
+    case ModuleKind::ViT: {
+      const EncoderConfig& c = p.module == ModuleKind::ViT ? p.vit.layer : p.token.layer;
+      if (c.norm_first) return "norm_first: the 1.13 C++ TransformerEncoderLayer has no norm_first option";
+      if (c.layer_norm_eps != 1e-5)
+        return "layer_norm_eps != 1e-5: the 1.13 C++ TransformerEncoderLayer has no layer_norm_eps option";
+      return "";
+    }
     case ModuleKind::ScaledDotProductAttention:
+    case ModuleKind::Matmul:
+    case ModuleKind::Softmax:
+    case ModuleKind::LayerNorm:
       return "";
   }
   return "";
@@ -265,14 +310,17 @@ namespace {
 void load_state(torch::nn::Module& m, const Problem& p, DType dtype, const std::string& where) {
   torch::NoGradGuard guard;
   std::set<std::string> names;
-  for (auto& kv : m.named_parameters()) {
-    names.insert(kv.key());
-    auto it = p.state_dict.find(kv.key());
+  auto load = [&](const std::string& name, TT& value) {
+    names.insert(name);
+    auto it = p.state_dict.find(name);
     if (it == p.state_dict.end())
-      throw InputError(where + ": state_dict." + kv.key() +
+      throw InputError(where + ": state_dict." + name +
                        ": LibTorch's module has this parameter, the state dict has not");
-    kv.value().copy_(to_torch(it->second, dtype));
-  }
+    value.copy_(to_torch(it->second, dtype));
+  };
+  for (auto& kv : m.named_parameters()) load(kv.key(), kv.value());
+  for (auto& kv : m.named_buffers())  // BatchNorm's running statistics
+    if (!training_only_buffer(kv.key())) load(kv.key(), kv.value());
   for (const auto& [name, t] : p.state_dict)
     if (!names.count(name))
       throw InputError(where + ": state_dict." + name + ": LibTorch's module has no such parameter");
@@ -304,6 +352,14 @@ TT for_cxx_module(const TT& mask, DType dtype, const char* name, TorchRun& run) 
                       " passed to the C++ module as its additive -inf/0 form (the 1.13 C++ module adds a bool mask "
                       "as 0/1)");
   return bool_to_additive(mask, scalar_type(dtype));
+}
+
+// A verification to a stated tolerance instead of bit for bit.
+std::string fmt_note(const std::string& what, DType dtype, double l2, double bound) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, " within the summation-order bound (%s): l2 %.3g <= 2 K u || |A| |B| || = %.3g",
+                dtype_name(dtype).c_str(), l2, bound);
+  return what + buf + "; not bit for bit: the two run different kernels, which round the K-term sums differently";
 }
 
 void verified_note(TorchRun& run, const std::string& what, DType dtype) {
@@ -389,7 +445,7 @@ TT layer_decomposed(const EncoderConfig& c, const Params& ps, const std::string&
   };
   auto ff = [&](const TT& v) {
     TT h = F::linear(v, param(ps, prefix + "linear1.weight"), param(ps, prefix + "linear1.bias"));
-    h = c.activation == Activation::Gelu ? F::gelu(h) : F::relu(h);
+    h = activation(c.activation, h);
     top.put("ffn_hidden", h.transpose(0, 1));
     TT o = F::linear(h, param(ps, prefix + "linear2.weight"), param(ps, prefix + "linear2.bias"));
     top.put("ffn_output", o.transpose(0, 1));
@@ -554,6 +610,290 @@ TorchRun run_sdpa(const Problem& p, DType dtype, bool collect) {
   return run;
 }
 
+// ---- seed 004's models ------------------------------------------------------------------------
+
+// Seed 004's PositionalEncoding table, first T rows, from its own torch code, in the run's dtype:
+// X = arange(T).reshape(-1, 1) / pow(10000, arange(0, d, 2) / d); P[:, 0::2] = sin(X); P[:, 1::2] = cos(X).
+// (The seed builds it in float32 whatever the model's dtype; here float64 runs get the float64 table.)
+TT positional_table(int64_t T, int64_t d, DType dtype) {
+  const auto o = torch::TensorOptions().dtype(scalar_type(dtype));
+  const TT X = torch::arange(T, o).reshape({-1, 1}) / torch::pow(10000, torch::arange(0, d, 2, o) / d);
+  TT P = torch::zeros({T, d}, o);
+  P.slice(1, 0, d, 2).copy_(torch::sin(X));
+  P.slice(1, 1, d, 2).copy_(torch::cos(X));
+  return P;
+}
+
+// Seed 004's Patcher.forward, verbatim: (B, C, H, W) -> (B, n, C * p * p).
+TT patcher(const TT& image, int64_t p) {
+  const int64_t b = image.size(0), c = image.size(1);
+  return image.unfold(-2, p, p).unfold(-2, p, p).reshape({b, c, -1, p * p}).transpose(1, 2).reshape({b, -1, c * p * p});
+}
+
+// The activation modules seed 004's get_activation picks, as a callable (nn's default options).
+std::function<TT(const TT&)> activation_module(Activation a) {
+  auto wrap = [](auto m) { return std::function<TT(const TT&)>([m](const TT& x) mutable { return m->forward(x); }); };
+  switch (a) {
+    case Activation::Relu:
+      return wrap(torch::nn::ReLU());
+    case Activation::Gelu:
+      return wrap(torch::nn::GELU());
+    case Activation::Tanh:
+      return wrap(torch::nn::Tanh());
+    case Activation::Sigmoid:
+      return wrap(torch::nn::Sigmoid());
+    case Activation::Silu:
+      return wrap(torch::nn::SiLU());
+    case Activation::Softplus:
+      return wrap(torch::nn::Softplus(torch::nn::SoftplusOptions().beta(1).threshold(20)));
+    case Activation::LeakyRelu:
+      return wrap(torch::nn::LeakyReLU(torch::nn::LeakyReLUOptions().negative_slope(0.01)));
+  }
+  return {};
+}
+
+// The stack of torch::nn::TransformerEncoderLayer modules under "layers" (names layers.N.*).
+torch::nn::ModuleList encoder_layers(torch::nn::Module& parent, const EncoderConfig& c, int64_t n) {
+  auto layers = parent.register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < n; ++i) layers->push_back(torch::nn::TransformerEncoderLayer(encoder_options(c)));
+  return layers;
+}
+
+// The layers in turn on batch-first x, through the modules (1.13's C++ layer is sequence-first).
+TT forward_layers(const torch::nn::ModuleList& layers, const TT& x) {
+  TT s = x.transpose(0, 1);
+  for (const auto& layer : *layers) s = layer->as<torch::nn::TransformerEncoderLayer>()->forward(s);
+  return s.transpose(0, 1);
+}
+
+// The same, op by op (layer_decomposed), components under layers.N.
+TT decomposed_layers(const EncoderConfig& c, int64_t n, const Params& ps, const TT& x, Components* comps) {
+  TT s = x.transpose(0, 1);
+  for (int64_t i = 0; i < n; ++i)
+    s = layer_decomposed(c, ps, "layers." + std::to_string(i) + ".", s, TT(), BlockMasks{}, BlockMasks{}, comps);
+  return s.transpose(0, 1);
+}
+
+// Seed 004's TransformerEncoder assembled from LibTorch modules: torch::nn::Embedding, the seed's
+// positional encoding (torch ops), torch::nn::TransformerEncoderLayer x N.
+TorchRun run_token_encoder(const Problem& p, DType dtype, bool collect) {
+  TorchRun run;
+  const TokenEncoderConfig& c = p.token;
+  const TT tokens = input(p, "tokens", dtype);
+  const TT P = positional_table(tokens.size(1), c.layer.d_model, dtype);
+
+  const std::string limitation = module_limitation(p);
+  std::shared_ptr<torch::nn::Module> m;
+  torch::nn::Embedding embedding{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  if (limitation.empty()) {
+    m = std::make_shared<torch::nn::Module>();
+    embedding = m->register_module("embedding", torch::nn::Embedding(c.vocab, c.layer.d_model));
+    layers = encoder_layers(*m, c.layer, c.num_layers);
+    m->to(scalar_type(dtype));
+    m->eval();
+    load_state(*m, p, dtype, "LibTorch");
+  } else {
+    run.notes.push_back("no LibTorch module run: " + limitation);
+  }
+  const Params params = m ? module_params(*m) : state_params(p, dtype);
+
+  Components* comps = collect ? &run.result.components : nullptr;
+  const Sink sink{comps, "", "", ""};
+  TT x = F::embedding(tokens, param(params, "embedding.weight"));
+  sink.put("embedding", x);
+  x = x + P;
+  sink.put("pos_encoding", x);
+  x = decomposed_layers(c.layer, c.num_layers, params, x, comps);
+  sink.put("output", x);
+  TT out = x;
+  if (m) {
+    torch::NoGradGuard guard;
+    const TT mout = forward_layers(layers, embedding->forward(tokens) + P);
+    run.module_ran = true;
+    verify(run, "output", mout, x);
+    verified_note(run, "torch::nn::Embedding + torch::nn::TransformerEncoderLayer x" + std::to_string(c.num_layers),
+                  dtype);
+    out = mout;
+  }
+  run.result.outputs["output"] = to_dtensor(out, dtype);
+  return run;
+}
+
+// Seed 004's ViT assembled from LibTorch modules: its Patcher and positional encoding (torch ops),
+// torch::nn::TransformerEncoderLayer x N, X.view(B, -1), then per hidden width torch::nn::Linear,
+// torch::nn::BatchNorm1d (eval) and the activation module, and the output torch::nn::Linear.
+TorchRun run_vit(const Problem& p, DType dtype, bool collect) {
+  TorchRun run;
+  const VitConfig& c = p.vit;
+  const TT image = input(p, "image", dtype);
+  const int64_t B = image.size(0);
+  const size_t hidden = c.head.size() - 1;
+  const TT P = positional_table(c.num_patches(), c.d_model(), dtype);
+
+  const std::string limitation = module_limitation(p);
+  std::shared_ptr<torch::nn::Module> m;
+  torch::nn::ModuleList layers{nullptr};
+  std::vector<torch::nn::Linear> linears;
+  std::vector<torch::nn::BatchNorm1d> norms;
+  torch::nn::Linear out_linear{nullptr};
+  if (limitation.empty()) {
+    m = std::make_shared<torch::nn::Module>();
+    layers = encoder_layers(*m, c.layer, c.num_layers);
+    auto head = m->register_module("head", std::make_shared<torch::nn::Module>());
+    int64_t in = c.num_patches() * c.d_model();
+    for (size_t i = 0; i < hidden; ++i) {
+      auto block = head->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
+      linears.push_back(block->register_module("linear", torch::nn::Linear(in, c.head[i])));
+      norms.push_back(
+          block->register_module("bn", torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(c.head[i]).eps(c.bn_eps))));
+      in = c.head[i];
+    }
+    out_linear = head->register_module("out", torch::nn::Linear(in, c.head.back()));
+    m->to(scalar_type(dtype));
+    m->eval();
+    load_state(*m, p, dtype, "LibTorch");
+  } else {
+    run.notes.push_back("no LibTorch module run: " + limitation);
+  }
+  const Params params = m ? module_params(*m) : state_params(p, dtype);
+
+  Components* comps = collect ? &run.result.components : nullptr;
+  const Sink sink{comps, "", "", ""};
+  const TT patches = patcher(image, c.patch);
+  sink.put("patches", patches);
+  TT x = patches + P;
+  sink.put("pos_encoding", x);
+  x = decomposed_layers(c.layer, c.num_layers, params, x, comps).reshape({B, -1});  // X.view(B, -1)
+  for (size_t i = 0; i < hidden; ++i) {
+    const std::string pre = "head." + std::to_string(i) + ".";
+    x = F::linear(x, param(params, pre + "linear.weight"), param(params, pre + "linear.bias"));
+    sink.put(pre + "linear", x);
+    x = F::batch_norm(x, param(params, pre + "bn.running_mean"), param(params, pre + "bn.running_var"),
+                      F::BatchNormFuncOptions()
+                          .weight(param(params, pre + "bn.weight"))
+                          .bias(param(params, pre + "bn.bias"))
+                          .training(false)
+                          .eps(c.bn_eps));
+    sink.put(pre + "bn", x);
+    x = activation(c.head_activation, x);
+    sink.put(pre + "act", x);
+  }
+  x = F::linear(x, param(params, "head.out.weight"), param(params, "head.out.bias"));
+  sink.put("output", x);
+  TT out = x;
+  if (m) {
+    torch::NoGradGuard guard;
+    const std::function<TT(const TT&)> act = activation_module(c.head_activation);
+    TT y = forward_layers(layers, patcher(image, c.patch) + P).reshape({B, -1});
+    for (size_t i = 0; i < hidden; ++i) y = act(norms[i]->forward(linears[i]->forward(y)));
+    y = out_linear->forward(y);
+    run.module_ran = true;
+    verify(run, "output", y, x);
+    verified_note(run,
+                  "torch::nn::TransformerEncoderLayer x" + std::to_string(c.num_layers) +
+                      " + torch::nn::Linear / BatchNorm1d (eval) / " + activation_name(c.head_activation) + " head",
+                  dtype);
+    out = y;
+  }
+  run.result.outputs["output"] = to_dtensor(out, dtype);
+  return run;
+}
+
+// ---- the op-level cases --------------------------------------------------------------------------
+
+// torch::matmul, checked against its broadcasting definition: torch::bmm over the operands expanded
+// to the common batch (1-D operands as a row / a column, their dim dropped after). matmul may take
+// another route to the same numbers (it folds the batch of a >= 3-D input times a 2-D other into one
+// mm, which BLAS sums in its own order), so where the two are not bit for bit they must agree within
+// the bound any two summation orders of K products obey: ||difference|| <= 2 K u || |A| |B| ||.
+TorchRun run_matmul(const Problem& p, DType dtype, bool collect) {
+  TorchRun run;
+  const TT a = input(p, "input", dtype), b = input(p, "other", dtype);
+  TT out;
+  {
+    torch::NoGradGuard guard;
+    out = torch::matmul(a, b);
+  }
+  Sink{collect ? &run.result.components : nullptr, "", "", ""}.put("output", out);
+
+  const TT a2 = a.dim() == 1 ? a.unsqueeze(0) : a, b2 = b.dim() == 1 ? b.unsqueeze(-1) : b;
+  const int64_t M = a2.size(-2), K = a2.size(-1), N = b2.size(-1);
+  const std::vector<int64_t> batch =
+      at::infer_size(a2.sizes().slice(0, size_t(a2.dim() - 2)), b2.sizes().slice(0, size_t(b2.dim() - 2)));
+  auto with = [&](int64_t r, int64_t c) {
+    std::vector<int64_t> s = batch;
+    s.push_back(r), s.push_back(c);
+    return s;
+  };
+  TT ref = torch::bmm(a2.expand(with(M, K)).reshape({-1, M, K}), b2.expand(with(K, N)).reshape({-1, K, N}))
+               .reshape(with(M, N));
+  if (b.dim() == 1) ref = ref.squeeze(-1);
+  if (a.dim() == 1) ref = ref.squeeze(-2);
+  run.module_ran = true;
+  const Metrics diff = measure(to_hand(out), to_hand(ref));
+  const std::string what = "torch::bmm over the explicitly broadcast operands reproduces torch::matmul";
+  if (diff.clean() && diff.l2 == 0) {
+    run.notes.push_back(what + " bit for bit (" + dtype_name(dtype) + ")");
+  } else {
+    const double u = dtype == DType::Float32 ? 0x1p-24 : 0x1p-53;
+    const double bound = 2.0 * double(K) * u *
+                         torch::matmul(a.to(torch::kDouble).abs(), b.to(torch::kDouble).abs()).norm().item<double>();
+    if (!diff.clean() || diff.l2 > bound)
+      run.failure = "torch::matmul and torch::bmm over the explicitly broadcast operands differ: l2 " +
+                    std::to_string(diff.l2) + " > bound 2 K u || |A| |B| || = " + std::to_string(bound);
+    else
+      run.notes.push_back(fmt_note(what, dtype, diff.l2, bound));
+  }
+  run.verified = run.failure.empty();
+  run.result.outputs["output"] = to_dtensor(out, dtype);
+  return run;
+}
+
+// torch::softmax(x, -1), checked against the torch::nn::Softmax(dim=-1) module.
+TorchRun run_softmax(const Problem& p, DType dtype, bool collect) {
+  TorchRun run;
+  const TT x = input(p, "input", dtype);
+  const TT out = torch::softmax(x, -1);
+  Sink{collect ? &run.result.components : nullptr, "", "", ""}.put("output", out);
+  {
+    torch::NoGradGuard guard;
+    torch::nn::Softmax m(torch::nn::SoftmaxOptions(-1));
+    run.module_ran = true;
+    verify(run, "output", m->forward(x), out);
+    verified_note(run, "torch::nn::Softmax(dim=-1)", dtype);
+  }
+  run.result.outputs["output"] = to_dtensor(out, dtype);
+  return run;
+}
+
+// at::native_layer_norm (output, and the mean and rstd it returns beside it), checked against the
+// torch::nn::LayerNorm module loaded with the same weight and bias.
+TorchRun run_layer_norm(const Problem& p, DType dtype, bool collect) {
+  TorchRun run;
+  const TT x = input(p, "input", dtype);
+  const Shape lead(x.sizes().begin(), x.sizes().end() - 1);
+  torch::nn::LayerNorm m(torch::nn::LayerNormOptions({p.normalized}).eps(p.eps).elementwise_affine(p.affine));
+  m->to(scalar_type(dtype));
+  m->eval();
+  load_state(*m, p, dtype, "LibTorch");
+  const Params params = module_params(*m);
+  const auto [out, mean, rstd] =
+      at::native_layer_norm(x, {p.normalized}, param(params, "weight"), param(params, "bias"), p.eps);
+  const Sink sink{collect ? &run.result.components : nullptr, "", "", ""};
+  sink.put("mean", mean.reshape(lead));
+  sink.put("rstd", rstd.reshape(lead));
+  sink.put("output", out);
+  {
+    torch::NoGradGuard guard;
+    run.module_ran = true;
+    verify(run, "output", m->forward(x), out);
+    verified_note(run, "torch::nn::LayerNorm", dtype);
+  }
+  run.result.outputs["output"] = to_dtensor(out, dtype);
+  return run;
+}
+
 }  // namespace
 
 TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const std::string& where) {
@@ -567,6 +907,16 @@ TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const
         return run_layers(p, dtype, collect_components);
       case ModuleKind::ScaledDotProductAttention:
         return run_sdpa(p, dtype, collect_components);
+      case ModuleKind::TokenEncoder:
+        return run_token_encoder(p, dtype, collect_components);
+      case ModuleKind::ViT:
+        return run_vit(p, dtype, collect_components);
+      case ModuleKind::Matmul:
+        return run_matmul(p, dtype, collect_components);
+      case ModuleKind::Softmax:
+        return run_softmax(p, dtype, collect_components);
+      case ModuleKind::LayerNorm:
+        return run_layer_norm(p, dtype, collect_components);
     }
   } catch (const c10::Error& e) {
     std::string msg = e.what_without_backtrace();

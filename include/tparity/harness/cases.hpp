@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tparity/harness/problem.hpp"
@@ -25,10 +26,17 @@ struct CaseSpec {
   int64_t dim = 1;        // E / d_model (sdpa: q and k feature size)
   int64_t value_dim = 0;  // sdpa only: v's feature size; 0: dim
   int64_t heads = 1;
-  int64_t ffn = 0;        // encoder/decoder dim_feedforward
-  int64_t layers = 1;      // TransformerEncoder num_layers
-  bool final_norm = false;  // TransformerEncoder norm
-  bool bias = true;  // MultiheadAttention bias (the encoder's attention always has bias)
+  int64_t ffn = 0;                                                     // encoder/decoder dim_feedforward
+  int64_t layers = 1;                                                  // TransformerEncoder num_layers
+  bool final_norm = false;                                             // TransformerEncoder norm
+  int64_t vocab = 0;                                                   // TokenEncoder: nn.Embedding num_embeddings
+  int64_t channels = 0, image_height = 0, image_width = 0, patch = 0;  // ViT (d = channels * patch^2)
+  std::vector<int64_t> head;                      // ViT head_neurons: hidden widths, then the output width
+  Activation head_activation = Activation::Relu;  // ViT head; `activation` is its encoder layers'
+  Shape lhs, rhs;                                 // Matmul: input and other without their leading batch dim
+  bool lhs_batched = false, rhs_batched = false;  // Matmul: `batch` leads the operand (nothing when batch is 0)
+  double input_scale = 1, input_offset = 0;       // Softmax, LayerNorm: input = offset + scale * N(0, 1)
+  bool bias = true;                               // MultiheadAttention bias (the encoder's attention always has bias)
   Activation activation = Activation::Relu;
   MaskKind mask = MaskKind::None;
   bool zero_ffn_bias = false;  // the seeds' block zeroes linear1.bias and linear2.bias
@@ -40,12 +48,21 @@ struct CaseSpec {
 };
 
 // single, batched, multihead, block, sdpa: the seeds' experiments; encoder (a stack of three
-// layers and a final norm) and decoder (a decoder layer over a memory).
+// layers and a final norm) and decoder (a decoder layer over a memory); embed and vit: seed 004's
+// token encoder and ViT; matmul, bmm, softmax, layernorm: the building blocks the seeds exercise on
+// their own (seed 000's and 003's products, scores-like softmax rows, layer norm around a large mean).
 std::vector<CaseSpec> default_cases();
 
+// A Matmul case's operand shapes: lhs and rhs with `batch` prepended to those marked batched.
+std::pair<Shape, Shape> matmul_operands(const CaseSpec& spec);
+
 // Weights drawn as torch 1.13 initialises the module (xavier_uniform for in_proj, kaiming-uniform
-// bounds 1/sqrt(fan_in) for linears, constants for biases and LayerNorm unless random_params), inputs
-// from N(0, 1); every value is rounded to float32 so both precisions see the same numbers.
+// bounds 1/sqrt(fan_in) for linears, nn.Embedding N(0, 1), constants for biases, LayerNorm and
+// BatchNorm affine unless random_params), inputs from N(0, 1); every value is rounded to float32 so
+// both precisions see the same numbers. BatchNorm running statistics are always drawn (running_mean
+// ~ N(0, 0.1^2), running_var ~ U(0.5, 1.5)), and the LayerNorm op case always draws its affine
+// parameters (1 + U(-0.2, 0.2), U(-0.2, 0.2)), so that the semantics they carry are exercised. Token
+// ids are uniform in [0, vocab); images uniform in [0, 1) like the seed's torch.rand.
 // The layout is batch_first, as in the seeds. Throws InputError for impossible specs.
 Problem make_problem(const CaseSpec& spec);
 

@@ -1,5 +1,6 @@
 // A dtype-tagged tensor for data that crosses a boundary (fixtures, cases, the torch runner):
-// values are held as double, which represents every float32 and bool exactly.
+// values are held as double, which represents every float32, bool, and int64 below 2^53 exactly
+// (int64 tensors are token ids, far below that).
 #pragma once
 
 #include <map>
@@ -11,9 +12,9 @@
 
 namespace tparity {
 
-enum class DType { Float32, Float64, Bool };
+enum class DType { Float32, Float64, Bool, Int64 };
 
-std::string dtype_name(DType d);                 // "float32" | "float64" | "bool"
+std::string dtype_name(DType d);                 // "float32" | "float64" | "bool" | "int64"
 DType dtype_from_name(const std::string& name);  // throws std::invalid_argument
 
 struct DTensor {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tparity/core/decoder.hpp"
+#include "tparity/core/models.hpp"
 #include "tparity/harness/dtensor.hpp"
 
 namespace tparity {
@@ -19,24 +20,42 @@ enum class ModuleKind {
   TransformerEncoder,
   TransformerDecoderLayer,
   ScaledDotProductAttention,
+  TokenEncoder,  // seed 004's TransformerEncoder: nn.Embedding, PositionalEncoding, encoder layers
+  ViT,           // seed 004's ViT: Patcher, PositionalEncoding, encoder layers, ViTHead (eval)
+  Matmul,        // torch.matmul with batch broadcasting
+  Softmax,       // torch.softmax over the last dim
+  LayerNorm,     // torch.nn.functional.layer_norm over the last dim
 };
 
-// The modules fixture format v1 knows (sdpa is a run case only), and their names for messages.
+// The modules fixture format v1 knows (sdpa and the modules after it are run cases only), and their
+// names for messages.
 bool fixture_module(ModuleKind m);
 std::string fixture_module_names();  // "\"MultiheadAttention\", \"TransformerEncoderLayer\", ..."
 
-std::string module_name(ModuleKind m);                 // torch's class name; "ScaledDotProductAttention" for sdpa
+// torch's class name; "ScaledDotProductAttention" for sdpa, the seed's class names ("TokenEncoder" for
+// its TransformerEncoder, "ViT"), "Matmul", "Softmax", "LayerNorm" for the op cases.
+std::string module_name(ModuleKind m);
 ModuleKind module_from_name(const std::string& name);  // throws std::invalid_argument
+
+// Activation names as torch and seed 004's get_activation spell them: relu, gelu, tanh, sigmoid,
+// silu, softplus, leakyrelu.
+std::string activation_name(Activation a);
+Activation activation_from_name(const std::string& name);  // throws std::invalid_argument
 
 struct Problem {
   std::string name;
   std::string description;
   ModuleKind module = ModuleKind::MultiheadAttention;
-  MhaConfig mha;            // MultiheadAttention
-  MhaForward forward;       // MultiheadAttention
-  EncoderConfig encoder;    // TransformerEncoderLayer, TransformerDecoderLayer, each TransformerEncoder layer
-  int64_t num_layers = 1;   // TransformerEncoder
-  bool final_norm = false;  // TransformerEncoder: config "norm"
+  MhaConfig mha;             // MultiheadAttention
+  MhaForward forward;        // MultiheadAttention
+  EncoderConfig encoder;     // TransformerEncoderLayer, TransformerDecoderLayer, each TransformerEncoder layer
+  int64_t num_layers = 1;    // TransformerEncoder
+  bool final_norm = false;   // TransformerEncoder: config "norm"
+  TokenEncoderConfig token;  // TokenEncoder
+  VitConfig vit;             // ViT
+  int64_t normalized = 0;    // LayerNorm: normalized_shape, the input's last dim
+  double eps = 1e-5;         // LayerNorm: eps
+  bool affine = true;        // LayerNorm: elementwise_affine (state_dict weight and bias)
   TensorMap state_dict;
   TensorMap inputs;
   TensorMap outputs;          // as PyTorch returned them (fixtures only)
@@ -51,11 +70,15 @@ struct Problem {
 // The state_dict names and shapes torch 1.13's module has for this configuration, in its order.
 std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p);
 
-// The forward() tensor arguments the module takes: {name, required, may_be_bool}.
+// What an input holds: float values (float32 or float64), a mask (bool or float), or token ids
+// (int64, integers in [0, vocab)). Ids are never floats and floats never ids.
+enum class InputKind { Float, Mask, Ids };
+
+// The forward() tensor arguments the module takes.
 struct InputSpec {
   std::string name;
   bool required;
-  bool is_mask;
+  InputKind kind;
 };
 std::vector<InputSpec> expected_inputs(ModuleKind m);
 

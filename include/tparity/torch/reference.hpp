@@ -2,7 +2,10 @@
 // only src/torch/reference.cpp includes <torch/torch.h>.
 //
 // For a problem it does two things, in float32 or float64:
-//  1. runs LibTorch's own module (torch::nn::MultiheadAttention, torch::nn::TransformerEncoderLayer)
+//  1. runs LibTorch's own module (torch::nn::MultiheadAttention, torch::nn::TransformerEncoderLayer;
+//     for seed 004's models the same assembled from torch::nn::Embedding, TransformerEncoderLayer,
+//     Linear, BatchNorm1d and the activation modules; for the op cases torch::nn::Softmax,
+//     torch::nn::LayerNorm, and torch::bmm over explicitly broadcast operands for torch::matmul)
 //     loaded with the problem's state dict, where the 1.13 C++ module can express the config;
 //  2. rebuilds every component with torch functional ops from the same parameters, mirroring the
 //     module's forward op by op,
