@@ -65,7 +65,10 @@ std::string render_table(const CaseReport& r) {
     auto value = [](const Leg& l, const std::string& f) {
       return sci(f == "l2" ? l.m.l2 : f == "max_abs" ? l.m.max_abs : f == "bound" ? l.bound : l.m.rel_l2);
     };
-    std::string h1 = fmt::format("  {:<18} {:<14}", "", ""), h2 = fmt::format("  {:<18} {:<14}", "component", "shape");
+    size_t cw = 18;  // the component column fits the longest name ("layers.11.sa.attn_weights")
+    for (const ComponentReport& c : r.components) cw = std::max(cw, c.name.size());
+    std::string h1 = fmt::format("  {:<{}} {:<14}", "", cw, ""),
+                h2 = fmt::format("  {:<{}} {:<14}", "component", cw, "shape");
     for (const Leg* l : legs) {
       const size_t n = fields(*l).size();
       h1 += fmt::format(" {:<{}}", short_leg(l->name), 10 * n - 1);
@@ -75,7 +78,7 @@ std::string render_table(const CaseReport& r) {
     if (growth) h2 += fmt::format(" {:>6}", "growth");
     out += h1 + "\n" + h2 + "  verdict  non-finite (matched)\n";
     for (const ComponentReport& c : r.components) {
-      std::string row = fmt::format("  {:<18} {:<14}", c.name, compact_shape(c.shape));
+      std::string row = fmt::format("  {:<{}} {:<14}", c.name, cw, compact_shape(c.shape));
       int64_t nan = 0, inf = 0;
       for (const Leg* col : legs) {
         const Leg* l = c.leg(col->name);
