@@ -24,61 +24,6 @@ namespace tparity::cli {
 
 namespace {
 
-// --- What run and sweep share (cmd_run.cpp holds its own copy of these; proposed: move this block
-// to common.hpp/common.cpp and let run call it). -----------------------------------------------------
-
-// Sizes and options that override a default case's, as run and sweep take them.
-struct CaseOverrides {
-  std::optional<int64_t> batch, seq, kv_seq, dim, value_dim, heads, ffn;
-  std::optional<std::string> bias, activation, mask;
-  std::optional<uint64_t> seed;
-  bool random_params = false;
-};
-
-void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
-  if (o.batch) s.batch = *o.batch;
-  if (o.seq) s.seq = *o.seq;
-  if (o.kv_seq) s.kv_seq = *o.kv_seq;
-  if (o.dim) s.dim = *o.dim;
-  if (o.value_dim) s.value_dim = *o.value_dim;
-  if (o.heads) s.heads = *o.heads;
-  if (o.ffn) s.ffn = *o.ffn;
-  if (o.bias) s.bias = *o.bias == "on";
-  if (o.activation) s.activation = *o.activation == "gelu" ? Activation::Gelu : Activation::Relu;
-  if (o.mask) s.mask = mask_kind_from_name(*o.mask);
-  if (o.seed) s.seed = *o.seed;
-  if (o.random_params) s.random_params = true;
-}
-
-std::string case_names() {
-  std::string names;
-  for (const CaseSpec& c : default_cases()) names += (names.empty() ? "" : ", ") + c.name;
-  return names;
-}
-
-CaseSpec find_case(const std::string& name) {
-  for (const CaseSpec& c : default_cases())
-    if (c.name == name) return c;
-  throw InputError(fmt::format("option --case: expected one of {}, got \"{}\"", case_names(), name));
-}
-
-// Elements of the largest tensor a case materialises: the (B, H, L, S) scores, the (B, T, ffn)
-// hidden layer, the weights. Long double: the product of four user-given sizes may overflow int64.
-long double largest_tensor(const CaseSpec& s) {
-  const long double B = s.batch ? s.batch : 1, L = s.seq, S = s.kv_seq ? s.kv_seq : s.seq;
-  const long double widest = std::max<int64_t>({s.dim, s.ffn, s.value_dim});
-  return std::max({B * s.heads * L * S, B * std::max(L, S) * widest, 3.0L * widest * widest});
-}
-
-void check_size(const CaseSpec& s, int64_t max_elements) {
-  if (largest_tensor(s) > (long double)max_elements)
-    throw InputError(
-        fmt::format("case {}: sizes (batch {}, seq {}, kv-seq {}, dim {}, heads {}, ffn {}) give a tensor of "
-                    "{:.3g} elements, above --max-elements {} (each element costs 8 bytes per copy)",
-                    s.name, s.batch, s.seq, s.kv_seq ? s.kv_seq : s.seq, s.dim, s.heads, s.ffn,
-                    double(largest_tensor(s)), max_elements));
-}
-
 // --- sweep ------------------------------------------------------------------------------------------
 
 constexpr int64_t kMaxSize = std::numeric_limits<int64_t>::max() / 2;  // as run's size options
@@ -211,27 +156,6 @@ void probe_writable(const std::string& path) {
   if (!f) throw InputError(path + ": cannot write output: " + std::strerror(errno));
   std::fclose(f);
   std::remove(tmp.c_str());
-}
-
-// As write_json_file: through a temporary file in the same directory and a rename.
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = temp_name(path);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw InputError(path + ": cannot write output: " + std::strerror(errno));
-    out << text;
-    out.flush();
-    if (!out) {
-      const std::string err = std::strerror(errno);
-      std::remove(tmp.c_str());
-      throw InputError(path + ": cannot write output: " + err);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw InputError(path + ": cannot write output: " + err);
-  }
 }
 
 // The CSV's header: the point, the component, per leg its rel_l2 (and bound when gated; and l2, the
@@ -432,12 +356,7 @@ void register_sweep(CLI::App& app, Action& action) {
                   "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding); "
                   "default: the case's")
       ->check(CLI::IsMember({"none", "causal", "random", "padding"}));
-  cmd->add_option("--seed", o->seed, "Seed of weights and inputs at every point (default: the case's own)")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            return v.empty() || v[0] != '-' ? std::string() : "expected a non-negative integer, got \"" + v + "\"";
-          },
-          ""));
+  add_seed_option(*cmd, o->seed, "Seed of weights and inputs at every point (default: the case's own)");
   cmd->add_flag("--random-params", o->random_params,
                 "Draw biases and LayerNorm affine at random instead of torch's constant init");
   cmd->add_option("--shard", o->shard,

@@ -16,6 +16,99 @@ void add_format_option(CLI::App& cmd, Format& format) {
       ->default_str("table");
 }
 
+void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
+  if (o.batch) s.batch = *o.batch;
+  if (o.seq) s.seq = *o.seq;
+  if (o.kv_seq) s.kv_seq = *o.kv_seq;
+  if (o.dim) s.dim = *o.dim;
+  if (o.value_dim) s.value_dim = *o.value_dim;
+  if (o.heads) s.heads = *o.heads;
+  if (o.ffn) s.ffn = *o.ffn;
+  if (o.bias) s.bias = *o.bias == "on";
+  if (o.activation) {  // a ViT's is its head's (its encoder layers keep the seed's relu)
+    const Activation a = activation_from_name(*o.activation);
+    (s.module == ModuleKind::ViT ? s.head_activation : s.activation) = a;
+  }
+  if (o.mask) s.mask = mask_kind_from_name(*o.mask);
+  if (o.seed) s.seed = *o.seed;
+  if (o.random_params) s.random_params = true;
+}
+
+std::string case_names() {
+  std::string names;
+  for (const CaseSpec& c : default_cases()) names += (names.empty() ? "" : ", ") + c.name;
+  return names;
+}
+
+CaseSpec find_case(const std::string& name) {
+  for (const CaseSpec& c : default_cases())
+    if (c.name == name) return c;
+  throw InputError(fmt::format("option --case: expected one of {}, got \"{}\"", case_names(), name));
+}
+
+// Elements of the largest tensor a case materialises: the (B, H, L, S) scores, the (B, T, ffn)
+// hidden layer, the weights; the embedding table, the image and the ViT head's first Linear
+// (n * d inputs); an op case's operands and output. Long double: the product of four user-given sizes
+// may overflow int64.
+long double largest_tensor(const CaseSpec& s) {
+  const long double B = s.batch ? s.batch : 1, L = s.seq, S = s.kv_seq ? s.kv_seq : s.seq;
+  const long double widest = std::max<int64_t>({s.dim, s.ffn, s.value_dim});
+  const long double attention = std::max({B * s.heads * L * S, B * std::max(L, S) * widest, 3.0L * widest * widest});
+  switch (s.module) {
+    case ModuleKind::TokenEncoder:
+      return std::max(attention, (long double)s.vocab * s.dim);
+    case ModuleKind::ViT: {
+      // seq and dim are checked against the image when the case is made; size by the image itself
+      const long double p = s.patch > 0 ? s.patch : 1, n = (s.image_height / p) * (s.image_width / p),
+                        d = (long double)s.channels * p * p;
+      long double m = std::max({B * s.channels * s.image_height * s.image_width, B * s.heads * n * n,
+                                B * n * std::max<long double>(d, s.ffn), 3.0L * d * d});
+      long double in = n * d;
+      for (int64_t w : s.head) m = std::max(m, in * w), in = w;
+      return m;
+    }
+    case ModuleKind::Matmul: {
+      const auto [a, b] = matmul_operands(s);
+      long double na = 1, nb = 1, out = 1;
+      for (int64_t x : a) na *= x;
+      for (int64_t x : b) nb *= x;
+      // the output: the broadcast batch (the larger of each pair of aligned dims) times M x N
+      const size_t ra = a.size() >= 2 ? a.size() - 2 : 0, rb = b.size() >= 2 ? b.size() - 2 : 0;
+      for (size_t i = 0; i < std::max(ra, rb); ++i) {
+        const long double da = i < ra ? a[ra - 1 - i] : 1, db = i < rb ? b[rb - 1 - i] : 1;
+        out *= std::max(da, db);
+      }
+      if (a.size() >= 2) out *= a[a.size() - 2];
+      if (b.size() >= 2) out *= b.back();
+      return std::max({na, nb, out});
+    }
+    case ModuleKind::Softmax:
+      return B * L * S;
+    case ModuleKind::LayerNorm:
+      return B * L * s.dim;
+    default:
+      return attention;
+  }
+}
+
+void check_size(const CaseSpec& s, int64_t max_elements) {
+  if (largest_tensor(s) > (long double)max_elements)
+    throw InputError(
+        fmt::format("case {}: sizes (batch {}, seq {}, kv-seq {}, dim {}, heads {}, ffn {}) give a tensor of "
+                    "{:.3g} elements, above --max-elements {} (each element costs 8 bytes per copy)",
+                    s.name, s.batch, s.seq, s.kv_seq ? s.kv_seq : s.seq, s.dim, s.heads, s.ffn,
+                    double(largest_tensor(s)), max_elements));
+}
+
+CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const std::string& help) {
+  return cmd.add_option("--seed", seed, help)
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.empty() || v[0] != '-' ? std::string() : "expected a non-negative integer, got \"" + v + "\"";
+          },
+          ""));
+}
+
 int emit(const std::vector<CaseReport>& reports, Format format) {
   print_reports(reports, stdout, format == Format::Json);
   return exit_code(reports) ? kFail : kPass;

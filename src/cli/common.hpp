@@ -3,10 +3,12 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tparity/compare/legs.hpp"
+#include "tparity/harness/cases.hpp"
 
 namespace tparity::cli {
 
@@ -20,6 +22,23 @@ void register_eval(CLI::App& app, Action& action);
 void register_check(CLI::App& app, Action& action);
 void register_gate(CLI::App& app, Action& action);
 void register_sweep(CLI::App& app, Action& action);
+
+// Sizes and options that override a default case's, as run and sweep take them.
+struct CaseOverrides {
+  std::optional<int64_t> batch, seq, kv_seq, dim, value_dim, heads, ffn;
+  std::optional<std::string> bias, activation, mask;
+  std::optional<uint64_t> seed;
+  bool random_params = false;
+};
+void apply_overrides(CaseSpec& s, const CaseOverrides& o);
+
+std::string case_names();                     // "single, batched, ..."
+CaseSpec find_case(const std::string& name);  // InputError naming --case
+// Elements of the largest tensor a case materialises; InputError naming --max-elements above the cap.
+long double largest_tensor(const CaseSpec& s);
+void check_size(const CaseSpec& s, int64_t max_elements);
+// --seed: a non-negative integer (CLI11 alone would wrap -1 to 2^64-1).
+CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const std::string& help);
 
 enum class Format { Table, Json };
 void add_format_option(CLI::App& cmd, Format& format);
