@@ -1,0 +1,110 @@
+// General matrix multiply for the handwritten core, BLIS style (flame/blis, flame/blislab): packing,
+// a macro-kernel and a register-tile micro-kernel, with explicit SIMD chosen at run time among
+// AVX-512, AVX2 and scalar. No BLAS, no torch. Every sum accumulates in T.
+//
+// Arguments follow BLAS ?gemm in row-major order (cblas_sgemm(CblasRowMajor, ...) translates one to
+// one); every matrix is row-major with a leading dimension, its row stride in elements.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tparity {
+
+// What to do to each finished tile of C while it is still in cache, in this order:
+//   C[i, j] = activation(alpha * (op(A) op(B))[i, j] + beta * C[i, j] + bias[j]) + residual[i, j]
+// Each field is optional (null: skipped). The result is the same, bit for bit, as gemm() followed by
+// the unfused passes (bias add, activation over each row, add_forward of the residual).
+template <class T>
+struct GemmEpilogue {
+  const T* bias = nullptr;  // (N): added to every row (torch.nn.functional.linear's bias)
+  // Elementwise, applied in place to row segments of C: out and inp are the same pointer, n the
+  // segment's length. relu_forward<T> and gelu_forward<T> of ops.hpp fit as they are.
+  void (*activation)(T* out, const T* inp, int64_t n) = nullptr;
+  const T* residual = nullptr;  // (M, N) with row stride ldr, added last (the residual connection)
+  int64_t ldr = 0;
+};
+
+// mirrors torch.addmm(beta * C, op(A), op(B), alpha=alpha) / BLAS ?gemm, row-major.
+// op(A) is (M, K): A is (M, K) with row stride lda, or (K, M) when trans_a
+// op(B) is (K, N): B is (K, N) with row stride ldb, or (N, K) when trans_b (torch.nn.Linear's weight)
+// C is (M, N) with row stride ldc; C = alpha * op(A) op(B) + beta * C, then the epilogue if given.
+// beta == 0 overwrites C without reading it (NaN in C does not survive); alpha == 0 or K == 0 reads
+// neither A nor B. The sum over K runs in kc-deep slices (GemmBlocking::kc), k ascending in each,
+// each slice's sum added to C with one fused multiply-add (alpha * slice + C).
+// threads: how many threads split the rows of C (they share the packed B). 1, the default, runs on
+// the caller's thread alone; more start threads - 1 std::threads for this call and join them before
+// returning (no pool stays behind to compete with LibTorch's). Shapes are checked with asserts only:
+// the callers are the core's ops, which know their shapes.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc, const GemmEpilogue<T>* epilogue = nullptr, int threads = 1);
+
+// batch independent gemm() calls: matrix b of A starts at A + b * stride_a, likewise B and C (and
+// the epilogue's residual, at residual + b * stride_r; its bias is shared). For attention's q k^T and
+// weights v over (batch * heads). threads split the batch.
+template <class T>
+void gemm_strided_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
+                          const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                          T* C, int64_t ldc, int64_t stride_c, const GemmEpilogue<T>* epilogue = nullptr,
+                          int64_t stride_r = 0, int threads = 1);
+
+// --- the instruction set ------------------------------------------------------------------------
+// The micro-kernel in use: the best the CPU has (AVX-512 F, else AVX2 with FMA, else scalar), unless
+// the environment variable TPARITY_ISA (scalar, avx2 or avx512) or gemm_force_isa() says otherwise.
+enum class GemmIsa { Scalar, Avx2, Avx512 };
+
+const char* to_string(GemmIsa isa);  // "scalar", "avx2", "avx512"
+// "scalar", "avx2" or "avx512"; throws std::invalid_argument naming the string otherwise.
+GemmIsa parse_gemm_isa(const std::string& name);
+
+// Whether this CPU (and this build: the kernels exist only for x86-64) can run the path.
+bool gemm_isa_available(GemmIsa isa);
+
+// The path gemm() takes now. TPARITY_ISA is read at the first call (and after gemm_reset_isa()); if
+// it names an unknown or unavailable path, this and every gemm() call throw std::invalid_argument
+// saying so (a configuration error, not a silent fallback).
+GemmIsa gemm_isa();
+
+// Forces a path for the whole process (tests, benchmarks); throws std::invalid_argument, naming the
+// path and the CPU feature it lacks, if the path is not available. gemm_reset_isa() drops the forced
+// path and reads TPARITY_ISA again at the next call.
+void gemm_force_isa(GemmIsa isa);
+void gemm_reset_isa();
+
+// --- for tests and tuning: the kernels behind each path -----------------------------------------
+namespace gemm_detail {
+
+// Block sizes of one path (BLISlab's names):
+//   mr x nr  the register tile of C the micro-kernel holds (nr runs along C's rows, in SIMD lanes);
+//   kc       the depth of a packed slice;
+//   mc       rows of op(A) packed at a time (mc x kc, kept in L2);
+//   nc       columns of op(B) packed at a time (kc x nc, kept in L3).
+struct GemmBlocking {
+  int mr, nr, kc, mc, nc;
+};
+
+// The micro-kernel contract, written once:
+//   C(mr x nr) = alpha * A(mr x kc) * B(kc x nr) + beta * C
+// A packed by columns (A[k * mr + i]), B packed by rows (B[k * nr + j]); C row-major with row stride
+// ldc, any alignment. beta == 0 writes C without reading it. The sum over k runs k ascending in T
+// and is added to beta * C with one fused multiply-add where the path has FMA.
+template <class T>
+using MicroKernel = void (*)(int64_t kc, const T* A, const T* B, T* C, int64_t ldc, T alpha, T beta);
+
+template <class T>
+struct KernelInfo {
+  GemmBlocking blocking;
+  MicroKernel<T> kernel;
+};
+
+// The path's kernel and block sizes; throws std::invalid_argument if the path is not available.
+template <class T>
+KernelInfo<T> kernel_info(GemmIsa isa);
+
+// The three-loop reference micro-kernel: the same contract for any mr, nr, in plain loops.
+template <class T>
+void reference_microkernel(int mr, int nr, int64_t kc, const T* A, const T* B, T* C, int64_t ldc, T alpha, T beta);
+
+}  // namespace gemm_detail
+}  // namespace tparity

@@ -1,0 +1,398 @@
+// The GEMM's front: the choice of instruction set, the packing buffers, the threads, and the calls
+// that need no kernel (K == 0, alpha == 0). The five loops are in gemm_driver.hpp, the kernels in
+// gemm_kernels_<isa>.cpp.
+#include "tparity/core/gemm.hpp"
+
+#include <atomic>
+#include <cassert>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "gemm_driver.hpp"
+#include "gemm_kernels.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TPARITY_GEMM_X86 1
+#else
+#define TPARITY_GEMM_X86 0
+#endif
+
+namespace tparity {
+namespace gemm_impl {
+
+// Where the threads of one call meet: a counter and a phase, spinning (two cores, short waits), then
+// yielding.
+class Barrier {
+ public:
+  void reset(int n) { n_ = n; }
+  void wait() {
+    const unsigned phase = phase_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      phase_.fetch_add(1, std::memory_order_acq_rel);  // publishes every thread's work before the barrier
+      return;
+    }
+    for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; ++spins)
+      if (spins > 4000) std::this_thread::yield();
+  }
+
+ private:
+  int n_ = 1;
+  std::atomic<int> arrived_{0};
+  std::atomic<unsigned> phase_{0};
+};
+
+void barrier_wait(Barrier* barrier) { barrier->wait(); }
+
+namespace {
+
+// --- the instruction set -------------------------------------------------------------------------
+
+// The CPU feature a path lacks on this machine, or "" when it can run. AVX-512 F and AVX2 both come
+// with FMA on every CPU that has them, but the kernels use it, so it is checked too.
+// (__builtin_cpu_supports also checks that the OS saves the wider registers.)
+std::string missing_feature(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Scalar:
+      return "";
+    case GemmIsa::Avx2:
+#if TPARITY_GEMM_X86
+      __builtin_cpu_init();
+      if (!__builtin_cpu_supports("avx2")) return "avx2";
+      if (!__builtin_cpu_supports("fma")) return "fma";
+      return "";
+#else
+      return "x86-64 (this build has no AVX2 kernels)";
+#endif
+    case GemmIsa::Avx512:
+#if TPARITY_GEMM_X86
+      __builtin_cpu_init();
+      if (!__builtin_cpu_supports("avx512f")) return "avx512f";
+      if (!__builtin_cpu_supports("fma")) return "fma";
+      return "";
+#else
+      return "x86-64 (this build has no AVX-512 kernels)";
+#endif
+  }
+  return "a known instruction set";
+}
+
+std::string unavailable_message(GemmIsa isa) {
+  return std::string("gemm: the ") + to_string(isa) + " path needs the CPU feature " + missing_feature(isa) +
+         ", which this machine does not have";
+}
+
+GemmIsa best_available() {
+  if (missing_feature(GemmIsa::Avx512).empty()) return GemmIsa::Avx512;
+  if (missing_feature(GemmIsa::Avx2).empty()) return GemmIsa::Avx2;
+  return GemmIsa::Scalar;
+}
+
+// TPARITY_ISA: the path it asks for, or why it cannot be had.
+struct EnvChoice {
+  bool set = false;
+  GemmIsa isa = GemmIsa::Scalar;
+  std::string error;
+};
+
+EnvChoice read_env() {
+  EnvChoice c;
+  const char* s = std::getenv("TPARITY_ISA");
+  if (!s || !*s) return c;
+  try {
+    c.isa = parse_gemm_isa(s);
+  } catch (const std::invalid_argument& e) {
+    c.error = std::string("TPARITY_ISA: ") + e.what();
+    return c;
+  }
+  if (!missing_feature(c.isa).empty())
+    c.error = "TPARITY_ISA=" + std::string(s) + ": " + unavailable_message(c.isa);
+  else
+    c.set = true;
+  return c;
+}
+
+// The path in use: a GemmIsa, or kUnresolved until the first call after start-up or
+// gemm_reset_isa() reads TPARITY_ISA (a bad TPARITY_ISA leaves it unresolved, so every call throws).
+constexpr int kUnresolved = -1;
+std::atomic<int> current_isa{kUnresolved};
+std::mutex resolve_mutex;
+
+GemmIsa resolve_isa() {
+  const std::lock_guard<std::mutex> lock(resolve_mutex);
+  const int c = current_isa.load(std::memory_order_acquire);
+  if (c != kUnresolved) return GemmIsa(c);
+  const EnvChoice env = read_env();
+  if (!env.error.empty()) throw std::invalid_argument(env.error);
+  const GemmIsa isa = env.set ? env.isa : best_available();
+  current_isa.store(int(isa), std::memory_order_release);
+  return isa;
+}
+
+// --- the paths -----------------------------------------------------------------------------------
+
+template <class T>
+Path<T> make_path(GemmIsa isa) {
+  switch (isa) {
+#if TPARITY_GEMM_X86
+    case GemmIsa::Avx512:
+      return avx512_path<T>();
+    case GemmIsa::Avx2:
+      return avx2_path<T>();
+#endif
+    default:
+      return scalar_path<T>();
+  }
+}
+
+// The path's entry points; isa must be available (the AVX files' code runs only after that check).
+template <class T>
+const Path<T>& path_for(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Avx512: {
+      static const Path<T> p = make_path<T>(GemmIsa::Avx512);
+      return p;
+    }
+    case GemmIsa::Avx2: {
+      static const Path<T> p = make_path<T>(GemmIsa::Avx2);
+      return p;
+    }
+    default: {
+      static const Path<T> p = make_path<T>(GemmIsa::Scalar);
+      return p;
+    }
+  }
+}
+
+// --- threads -------------------------------------------------------------------------------------
+
+// body(tid, nthreads, barrier) on the caller's thread and threads - 1 new ones, joined before the
+// return. Threads are started per call, not pooled: nothing stays behind to compete with LibTorch's
+// pool. If the system refuses a thread, the team is smaller (nthreads says how large).
+template <class F>
+void run_on_threads(int threads, const F& body) {
+  if (threads <= 1) {
+    body(0, 1, nullptr);
+    return;
+  }
+  std::atomic<int> team{0};  // 0 until every thread that will run has started
+  Barrier barrier;
+  auto worker = [&](int tid) {
+    int n;
+    while ((n = team.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
+    body(tid, n, &barrier);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(size_t(threads - 1));
+  for (int t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(worker, t);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  const int n = int(pool.size()) + 1;
+  barrier.reset(n);
+  team.store(n, std::memory_order_release);
+  worker(0);
+  for (std::thread& t : pool) t.join();
+}
+
+// --- packing buffers -----------------------------------------------------------------------------
+
+// Grows, never shrinks; one per calling thread. (Not re-entrant: an epilogue's activation must not
+// call gemm.)
+class Scratch {
+ public:
+  ~Scratch() { std::free(p_); }
+  void* get(size_t bytes) {
+    if (bytes > size_) {
+      std::free(p_);
+      size_ = 0;
+      const size_t n = (bytes + 63) / 64 * 64;
+      p_ = std::aligned_alloc(64, n);
+      if (!p_) throw std::bad_alloc();
+      size_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+thread_local Scratch scratch;
+
+// Elements of one workspace for an M x N x K problem split over nthreads row ranges.
+struct WorkspaceShape {
+  int64_t b, a_stride;
+  int64_t total(int nthreads) const { return b + nthreads * a_stride; }
+};
+
+WorkspaceShape workspace_shape(const GemmBlocking& bs, int64_t M, int64_t N, int64_t K, int nthreads) {
+  const int64_t kc = min64(bs.kc, K);
+  const int64_t nc = round_up(min64(bs.nc, N), bs.nr);
+  const int64_t rows = round_up((M + nthreads - 1) / nthreads, bs.mr);
+  const int64_t mc = round_up(min64(bs.mc, rows), bs.mr);
+  return {round_up(kc * nc, 16), round_up(mc * kc, 16)};
+}
+
+template <class T>
+Workspace<T> carve(T* base, const WorkspaceShape& s) {
+  return {base, base + s.b, s.a_stride};
+}
+
+// --- the calls that need no kernel ---------------------------------------------------------------
+
+// C = beta * C (0 when beta is 0, whatever C held), then the epilogue: K == 0 or alpha == 0.
+template <class T>
+void scale_only(int64_t M, int64_t N, T beta, T* C, int64_t ldc, const GemmEpilogue<T>* ep) {
+  for (int64_t i = 0; i < M; ++i) {
+    T* c = C + i * ldc;
+    for (int64_t j = 0; j < N; ++j) c[j] = beta == T(0) ? T(0) : beta * c[j];
+    if (ep) apply_epilogue(*ep, c, ldc, i, 0, 1, N);
+  }
+}
+
+template <class T>
+Problem<T> make_problem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                        const T* B, int64_t ldb, T beta, T* C, int64_t ldc, const GemmEpilogue<T>* ep) {
+  assert(M >= 0 && N >= 0 && K >= 0);
+  assert(ldc >= (N > 0 ? N : 1));
+  assert(lda >= ((trans_a ? M : K) > 0 ? (trans_a ? M : K) : 1));
+  assert(ldb >= ((trans_b ? K : N) > 0 ? (trans_b ? K : N) : 1));
+  return {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep};
+}
+
+}  // namespace
+}  // namespace gemm_impl
+
+using namespace gemm_impl;
+
+// --- the instruction set ---------------------------------------------------------------------------
+
+const char* to_string(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Scalar:
+      return "scalar";
+    case GemmIsa::Avx2:
+      return "avx2";
+    case GemmIsa::Avx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+GemmIsa parse_gemm_isa(const std::string& name) {
+  for (GemmIsa isa : {GemmIsa::Scalar, GemmIsa::Avx2, GemmIsa::Avx512})
+    if (name == to_string(isa)) return isa;
+  throw std::invalid_argument("gemm: unknown instruction set '" + name + "' (expected scalar, avx2 or avx512)");
+}
+
+bool gemm_isa_available(GemmIsa isa) { return missing_feature(isa).empty(); }
+
+GemmIsa gemm_isa() {
+  const int c = current_isa.load(std::memory_order_acquire);
+  return c != kUnresolved ? GemmIsa(c) : resolve_isa();
+}
+
+void gemm_force_isa(GemmIsa isa) {
+  if (!gemm_isa_available(isa)) throw std::invalid_argument(unavailable_message(isa));
+  current_isa.store(int(isa), std::memory_order_release);
+}
+
+void gemm_reset_isa() { current_isa.store(kUnresolved, std::memory_order_release); }
+
+// --- gemm ------------------------------------------------------------------------------------------
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc, const GemmEpilogue<T>* epilogue, int threads) {
+  const Problem<T> p = make_problem(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue);
+  if (M == 0 || N == 0) return;
+  const Path<T>& path = path_for<T>(gemm_isa());
+  if (K == 0 || alpha == T(0)) return scale_only(M, N, beta, C, ldc, epilogue);
+  threads = threads < 1 ? 1 : threads;
+  const WorkspaceShape shape = workspace_shape(path.blocking, M, N, K, threads);
+  const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape);
+  run_on_threads(threads, [&](int tid, int nthreads, Barrier* barrier) { path.run(p, ws, tid, nthreads, barrier); });
+}
+
+template <class T>
+void gemm_strided_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
+                          const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                          T* C, int64_t ldc, int64_t stride_c, const GemmEpilogue<T>* epilogue, int64_t stride_r,
+                          int threads) {
+  assert(batch >= 0);
+  (void)make_problem(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue);
+  if (batch == 0 || M == 0 || N == 0) return;
+  const Path<T>& path = path_for<T>(gemm_isa());
+  const bool no_kernel = K == 0 || alpha == T(0);
+  threads = threads < 1 ? 1 : int(min64(threads, batch));
+  // Each thread takes every nthreads-th matrix, serially, in its own workspace.
+  const WorkspaceShape shape = workspace_shape(path.blocking, M, N, K, 1);
+  T* const base = static_cast<T*>(scratch.get(size_t(shape.total(1) * threads) * sizeof(T)));
+  run_on_threads(threads, [&](int tid, int nthreads, Barrier*) {
+    const Workspace<T> ws = carve(base + tid * shape.total(1), shape);
+    for (int64_t b = tid; b < batch; b += nthreads) {
+      GemmEpilogue<T> ep;
+      if (epilogue) {
+        ep = *epilogue;
+        if (ep.residual) ep.residual += b * stride_r;
+      }
+      T* Cb = C + b * stride_c;
+      if (no_kernel) {
+        scale_only(M, N, beta, Cb, ldc, epilogue ? &ep : nullptr);
+        continue;
+      }
+      const Problem<T> p{trans_a, trans_b, M,     N,  K,   alpha, A + b * stride_a, lda, B + b * stride_b,
+                         ldb,     beta,    Cb,    ldc, epilogue ? &ep : nullptr};
+      path.run(p, ws, 0, 1, nullptr);
+    }
+  });
+}
+
+// --- for tests ---------------------------------------------------------------------------------------
+
+namespace gemm_detail {
+
+template <class T>
+KernelInfo<T> kernel_info(GemmIsa isa) {
+  if (!gemm_isa_available(isa)) throw std::invalid_argument(unavailable_message(isa));
+  const Path<T>& path = path_for<T>(isa);
+  return {path.blocking, path.kernel};
+}
+
+template <class T>
+void reference_microkernel(int mr, int nr, int64_t kc, const T* A, const T* B, T* C, int64_t ldc, T alpha, T beta) {
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) {
+      T acc = T(0);
+      for (int64_t k = 0; k < kc; ++k) acc += A[k * mr + i] * B[k * nr + j];
+      T& c = C[i * ldc + j];
+      c = beta == T(0) ? alpha * acc : alpha * acc + beta * c;
+    }
+}
+
+}  // namespace gemm_detail
+
+#define TPARITY_INSTANTIATE(T)                                                                                    \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*,   \
+                        int64_t, const GemmEpilogue<T>*, int);                                                    \
+  template void gemm_strided_batched<T>(int64_t, bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t,     \
+                                        int64_t, const T*, int64_t, int64_t, T, T*, int64_t, int64_t,             \
+                                        const GemmEpilogue<T>*, int64_t, int);                                    \
+  template gemm_detail::KernelInfo<T> gemm_detail::kernel_info<T>(GemmIsa);                                       \
+  template void gemm_detail::reference_microkernel<T>(int, int, int64_t, const T*, const T*, T*, int64_t, T, T);
+TPARITY_INSTANTIATE(float)
+TPARITY_INSTANTIATE(double)
+#undef TPARITY_INSTANTIATE
+
+}  // namespace tparity
