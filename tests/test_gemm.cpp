@@ -133,8 +133,9 @@ int64_t run_against_twin(const Case& c, Rng& rng, bool integers) {
           integers ? 0.0L : (gamma_n(c.K + 2, unit_roundoff<T>()) + gamma_n(c.K + 2, 0x1p-64L)) * scale;
       const long double got = C(i, j);
       if (!(std::fabs(got - exact) <= tol)) {
-        if (bad == 0) UNSCOPED_INFO("first bad element C[" << i << ", " << j << "] = " << double(got) << ", expected "
-                                                           << double(exact) << " within " << double(tol));
+        if (bad == 0)
+          UNSCOPED_INFO("first bad element C[" << i << ", " << j << "] = " << double(got) << ", expected "
+                                               << double(exact) << " within " << double(tol));
         ++bad;
       }
     }
@@ -145,8 +146,8 @@ int64_t run_against_twin(const Case& c, Rng& rng, bool integers) {
 // The sizes the brief of each path makes interesting: 0, 1, 2, its register tile and blocks +-1,
 // and a few hundred.
 std::vector<int64_t> edge_sizes(const GemmBlocking& bs) {
-  const std::set<int64_t> s{0,           1,           2,           bs.mr - 1,   bs.mr,      bs.mr + 1, bs.nr - 1,
-                            bs.nr + 1,   bs.kc - 1,   bs.kc + 1,   bs.mc - 1,   bs.mc + 1,  300};
+  const std::set<int64_t> s{0,         1,         2,         bs.mr - 1, bs.mr,     bs.mr + 1, bs.nr - 1,
+                            bs.nr + 1, bs.kc - 1, bs.kc + 1, bs.mc - 1, bs.mc + 1, 300};
   return {s.begin(), s.end()};
 }
 
@@ -169,36 +170,42 @@ std::vector<Case> edge_cases(const GemmBlocking& bs) {
 TEMPLATE_TEST_CASE("gemm micro-kernels agree exactly with the three-loop reference on integers", "[gemm]", float,
                    double) {
   // Integers in [-4, 4], kc <= 300: every product and sum is exact, so the fast micro-kernel and the
-  // reference must agree bit for bit whatever their order of operations.
+  // reference must agree bit for bit whatever their order of operations. A packed by columns, and
+  // A read in place from a row-major matrix with a wider row stride; the full tile and the narrower
+  // tiles its last vector masks (n from nr - lanes + 1 to nr); C's columns from n on untouched.
   using T = TestType;
   Rng rng(101);
   for (GemmIsa isa : available_isas()) {
     const gemm_detail::KernelInfo<T> info = gemm_detail::kernel_info<T>(isa);
-    const int mr = info.blocking.mr, nr = info.blocking.nr;
+    const int mr = info.blocking.mr, nr = info.blocking.nr, lanes = info.lanes;
     const int64_t KC = info.blocking.kc;
     for (int64_t kc : {int64_t(0), int64_t(1), int64_t(2), KC - 1, KC, KC + 1, int64_t(300)})
-      for (const auto& ab : {std::pair<double, double>{1, 0}, {1, 1}, {-2, 0.5}, {0.5, -1}}) {
-        CAPTURE(to_string(isa), mr, nr, kc, ab.first, ab.second);
-        std::vector<T> Ap(size_t(mr * kc)), Bp(size_t(kc * nr));
-        for (T& x : Ap) x = T(rng.integer(-4, 4));
-        for (T& x : Bp) x = T(rng.integer(-4, 4));
-        const int64_t ldc = nr + 5;  // a row stride wider than the tile; the 5 extra columns must stay NaN
-        std::vector<T> C(size_t(mr * ldc), T(kNaN));
-        if (ab.second != 0)
-          for (int i = 0; i < mr; ++i)
-            for (int j = 0; j < nr; ++j) C[size_t(i * ldc + j)] = T(rng.integer(-4, 4));
-        std::vector<T> fast = C, ref = C;
-        info.kernel(kc, Ap.data(), Bp.data(), fast.data(), ldc, T(ab.first), T(ab.second));
-        gemm_detail::reference_microkernel<T>(mr, nr, kc, Ap.data(), Bp.data(), ref.data(), ldc, T(ab.first),
-                                              T(ab.second));
-        int64_t bad = 0;
-        for (int i = 0; i < mr; ++i)
-          for (int64_t j = 0; j < ldc; ++j) {
-            const T f = fast[size_t(i * ldc + j)], r = ref[size_t(i * ldc + j)];
-            if (j < nr ? !(f == r) : !(std::isnan(f) && std::isnan(r))) ++bad;
+      for (const int n : std::set<int>{nr, nr - 1, nr - lanes / 2, nr - lanes + 1})
+        for (const bool packed : {true, false})
+          for (const auto& ab : {std::pair<double, double>{1, 0}, {1, 1}, {-2, 0.5}, {0.5, -1}}) {
+            if (n <= nr - lanes) continue;  // the scalar path (lanes 1) has only n = nr
+            CAPTURE(to_string(isa), mr, nr, n, kc, packed, ab.first, ab.second);
+            const int64_t rs_a = packed ? 1 : kc + 3, cs_a = packed ? mr : 1;
+            std::vector<T> A(size_t(packed ? mr * kc : mr * rs_a)), B(size_t(kc * nr));
+            for (T& x : A) x = T(rng.integer(-4, 4));
+            for (T& x : B) x = T(rng.integer(-4, 4));
+            const int64_t ldc = nr + 5;  // wider than the tile: columns n.. must stay NaN
+            std::vector<T> C(size_t(mr * ldc), T(kNaN));
+            if (ab.second != 0)
+              for (int i = 0; i < mr; ++i)
+                for (int j = 0; j < n; ++j) C[size_t(i * ldc + j)] = T(rng.integer(-4, 4));
+            std::vector<T> fast = C, ref = C;
+            info.kernel(kc, A.data(), rs_a, cs_a, B.data(), fast.data(), ldc, n, T(ab.first), T(ab.second));
+            gemm_detail::reference_microkernel<T>(mr, nr, kc, A.data(), rs_a, cs_a, B.data(), ref.data(), ldc, n,
+                                                  T(ab.first), T(ab.second));
+            int64_t bad = 0;
+            for (int i = 0; i < mr; ++i)
+              for (int64_t j = 0; j < ldc; ++j) {
+                const T f = fast[size_t(i * ldc + j)], r = ref[size_t(i * ldc + j)];
+                if (j < n ? !(f == r) : !(std::isnan(f) && std::isnan(r))) ++bad;
+              }
+            CHECK(bad == 0);
           }
-        CHECK(bad == 0);
-      }
   }
 }
 
@@ -318,8 +325,7 @@ TEMPLATE_TEST_CASE("gemm epilogue equals the unfused passes bit for bit", "[gemm
           std::vector<T> fused(size_t(s.M * s.N)), ref(size_t(s.M * s.N));
           for (size_t e = 0; e < fused.size(); ++e) fused[e] = ref[e] = T(rng.normal());
           const int64_t lda = s.K > 0 ? s.K : 1, ldb = tb ? lda : (s.N > 0 ? s.N : 1);
-          gemm<T>(false, tb, s.M, s.N, s.K, T(1), A.data(), lda, B.data(), ldb, beta, fused.data(), s.N, &ep,
-                  threads);
+          gemm<T>(false, tb, s.M, s.N, s.K, T(1), A.data(), lda, B.data(), ldb, beta, fused.data(), s.N, &ep, threads);
           unfused<T>(false, tb, s.M, s.N, s.K, T(1), A.data(), lda, B.data(), ldb, beta, ref.data(), s.N, ep);
           CHECK(std::memcmp(fused.data(), ref.data(), fused.size() * sizeof(T)) == 0);
         }
@@ -352,8 +358,8 @@ TEMPLATE_TEST_CASE("gemm_strided_batched equals a loop of gemm calls", "[gemm]",
       for (int64_t b = 0; b < batch; ++b) {
         GemmEpilogue<T> epb = ep;
         epb.residual = res.data() + b * sr;
-        gemm<T>(false, true, M, N, K, T(0.25), A.data() + b * sa, K, B.data() + b * sb, K, T(0),
-                looped.data() + b * sc, N, &epb);
+        gemm<T>(false, true, M, N, K, T(0.25), A.data() + b * sa, K, B.data() + b * sb, K, T(0), looped.data() + b * sc,
+                N, &epb);
       }
       int64_t bad = 0;
       for (size_t e = 0; e < batched.size(); ++e)
@@ -403,7 +409,7 @@ TEST_CASE("gemm isa: names and availability and forcing and TPARITY_ISA", "[gemm
   gemm_reset_isa();
   const GemmIsa best = gemm_isa_available(GemmIsa::Avx512) ? GemmIsa::Avx512
                        : gemm_isa_available(GemmIsa::Avx2) ? GemmIsa::Avx2
-                                                            : GemmIsa::Scalar;
+                                                           : GemmIsa::Scalar;
   CHECK(gemm_isa() == best);
 
   setenv("TPARITY_ISA", "scalar", 1);

@@ -352,8 +352,8 @@ void gemm_strided_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, 
         scale_only(M, N, beta, Cb, ldc, epilogue ? &ep : nullptr);
         continue;
       }
-      const Problem<T> p{trans_a, trans_b, M,     N,  K,   alpha, A + b * stride_a, lda, B + b * stride_b,
-                         ldb,     beta,    Cb,    ldc, epilogue ? &ep : nullptr};
+      const Problem<T> p{trans_a, trans_b,          M,   N,    K,  alpha, A + b * stride_a,
+                         lda,     B + b * stride_b, ldb, beta, Cb, ldc,   epilogue ? &ep : nullptr};
       path.run(p, ws, 0, 1, nullptr);
     }
   });
@@ -367,15 +367,16 @@ template <class T>
 KernelInfo<T> kernel_info(GemmIsa isa) {
   if (!gemm_isa_available(isa)) throw std::invalid_argument(unavailable_message(isa));
   const Path<T>& path = path_for<T>(isa);
-  return {path.blocking, path.kernel};
+  return {path.blocking, path.lanes, path.kernel};
 }
 
 template <class T>
-void reference_microkernel(int mr, int nr, int64_t kc, const T* A, const T* B, T* C, int64_t ldc, T alpha, T beta) {
+void reference_microkernel(int mr, int nr, int64_t kc, const T* A, int64_t rs_a, int64_t cs_a, const T* B, T* C,
+                           int64_t ldc, int n, T alpha, T beta) {
   for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j) {
+    for (int j = 0; j < n; ++j) {
       T acc = T(0);
-      for (int64_t k = 0; k < kc; ++k) acc += A[k * mr + i] * B[k * nr + j];
+      for (int64_t k = 0; k < kc; ++k) acc += A[i * rs_a + k * cs_a] * B[k * nr + j];
       T& c = C[i * ldc + j];
       c = beta == T(0) ? alpha * acc : alpha * acc + beta * c;
     }
@@ -383,14 +384,15 @@ void reference_microkernel(int mr, int nr, int64_t kc, const T* A, const T* B, T
 
 }  // namespace gemm_detail
 
-#define TPARITY_INSTANTIATE(T)                                                                                    \
-  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*,   \
-                        int64_t, const GemmEpilogue<T>*, int);                                                    \
-  template void gemm_strided_batched<T>(int64_t, bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t,     \
-                                        int64_t, const T*, int64_t, int64_t, T, T*, int64_t, int64_t,             \
-                                        const GemmEpilogue<T>*, int64_t, int);                                    \
-  template gemm_detail::KernelInfo<T> gemm_detail::kernel_info<T>(GemmIsa);                                       \
-  template void gemm_detail::reference_microkernel<T>(int, int, int64_t, const T*, const T*, T*, int64_t, T, T);
+#define TPARITY_INSTANTIATE(T)                                                                                         \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*,         \
+                        int64_t, const GemmEpilogue<T>*, int);                                                         \
+  template void gemm_strided_batched<T>(int64_t, bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, int64_t, \
+                                        const T*, int64_t, int64_t, T, T*, int64_t, int64_t, const GemmEpilogue<T>*,   \
+                                        int64_t, int);                                                                 \
+  template gemm_detail::KernelInfo<T> gemm_detail::kernel_info<T>(GemmIsa);                                            \
+  template void gemm_detail::reference_microkernel<T>(int, int, int64_t, const T*, int64_t, int64_t, const T*, T*,     \
+                                                      int64_t, int, T, T);
 TPARITY_INSTANTIATE(float)
 TPARITY_INSTANTIATE(double)
 #undef TPARITY_INSTANTIATE

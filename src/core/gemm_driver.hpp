@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "gemm_kernels.hpp"
 #include "gemm_microkernel.hpp"
@@ -15,6 +16,16 @@ namespace {
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Whether the micro-kernel reads op(A) where it lies instead of from a packed copy: whenever op(A)
+// is row-major (not trans_a), its MR rows each read forward from a pointer of their own. Packing
+// would cost a pass over A per NC columns of C, a fifth of the time at N = 64; in place was as fast
+// or faster on every shape timed (K up to 4096, row strides of 8 and 16 KiB included). A transposed
+// A is packed: read in place, each k would touch a new cache line for MR elements.
+template <class T>
+bool read_a_in_place(const Problem<T>& p) {
+  return !p.trans_a;
+}
 
 // The epilogue on an m x n tile of C at C(i0, j0): bias, activation, residual, row by row.
 template <class T>
@@ -31,27 +42,60 @@ void apply_epilogue(const GemmEpilogue<T>& ep, T* C, int64_t ldc, int64_t i0, in
   }
 }
 
-// Loops 2 and 1: C(mc x nc) = alpha * Ap(mc x kc) * Bp(kc x nc) + beta * C, C pointing at C(ic, jc).
-// Walks the NR-wide panels of Bp (each stays in L1 while every MR-tall panel of Ap streams past it),
-// then the MR-tall panels of Ap. Tiles on the bottom and right edges run through a temporary MR x NR
-// tile, so the micro-kernel only ever sees whole tiles. ep (or null): applied to each tile as soon as
-// it is final.
-template <class T, int MR, int NR, MicroKernel<T> kernel>
-void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const T* Ap, const T* Bp, T* C, int64_t ldc, T alpha, T beta,
-                  const GemmEpilogue<T>* ep, int64_t ic, int64_t jc) {
+// The micro-kernels of one path, by width: by_vectors[v - 1] computes MR x n tiles, n up to
+// v * width, from B panels packed NR = NV * width wide. The narrow ones serve the right edge of C.
+template <class Lanes, int MR, int NR, class VectorCounts>
+struct KernelsByWidth;
+template <class Lanes, int MR, int NR, int... I>
+struct KernelsByWidth<Lanes, MR, NR, std::integer_sequence<int, I...>> {
+  static constexpr MicroKernel<typename Lanes::T> by_vectors[] = {&simd_microkernel<Lanes, MR, I + 1, NR>...};
+};
+
+// op(A)'s rows as the macro-kernel hands them to the micro-kernel: the MR-tall panel starting at row
+// i is at base + i * row_step, its entry (r, k) at [r * rs + k * cs]. Packed by columns: row_step kc,
+// rs 1, cs MR. Read in place (row-major op(A)): row_step = rs = lda, cs 1.
+template <class T>
+struct APanels {
+  const T* base;
+  int64_t row_step, rs, cs;
+  bool in_place;
+};
+
+// Loops 2 and 1: C(mc x nc) = alpha * A(mc x kc) * Bp(kc x nc) + beta * C, C pointing at C(ic, jc).
+// Walks the NR-wide panels of Bp (each stays close while every MR-tall panel of A streams past it),
+// then the MR-tall panels of A. At the right edge a narrower micro-kernel covers the columns left,
+// its last vector masked; tiles at the bottom edge, short of rows, run through a temporary MR x NR
+// tile. An in-place A panel at the bottom edge is first packed into edge_a (its missing rows zero),
+// so no row past op(A)'s end is read. ep (or null): applied to each tile as soon as it is final.
+template <class Lanes, int MR, int NV>
+void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const APanels<typename Lanes::T>& A, const typename Lanes::T* Bp,
+                  typename Lanes::T* C, int64_t ldc, typename Lanes::T alpha, typename Lanes::T beta,
+                  const GemmEpilogue<typename Lanes::T>* ep, int64_t ic, int64_t jc, typename Lanes::T* edge_a) {
+  using T = typename Lanes::T;
+  constexpr int W = Lanes::width, NR = NV * W;
+  using Kernels = KernelsByWidth<Lanes, MR, NR, std::make_integer_sequence<int, NV>>;
   for (int64_t jr = 0; jr < nc; jr += NR) {  // loop 2: NR columns of C, one micro-panel of Bp
     const int n = int(min64(NR, nc - jr));
-    for (int64_t ir = 0; ir < mc; ir += MR) {  // loop 1: MR rows of C, one micro-panel of Ap
+    const int nv = (n + W - 1) / W;
+    const MicroKernel<T> kernel = Kernels::by_vectors[nv - 1];
+    const T* b = Bp + jr * kc;
+    for (int64_t ir = 0; ir < mc; ir += MR) {  // loop 1: MR rows of C, one micro-panel of A
       const int m = int(min64(MR, mc - ir));
+      const T* a = A.base + ir * A.row_step;
+      int64_t rs = A.rs, cs = A.cs;
+      if (A.in_place && m < MR) {
+        pack_a_panel<MR>(m, kc, a, A.rs, false, edge_a);
+        a = edge_a, rs = 1, cs = MR;
+      }
       T* c = C + ir * ldc + jr;
-      if (m == MR && n == NR) {
-        kernel(kc, Ap + ir * kc, Bp + jr * kc, c, ldc, alpha, beta);
+      if (m == MR) {
+        kernel(kc, a, rs, cs, b, c, ldc, n, alpha, beta);
       } else {
         alignas(64) T tile[MR * NR];
         if (beta != T(0))
           for (int r = 0; r < MR; ++r)
-            for (int j = 0; j < NR; ++j) tile[r * NR + j] = r < m && j < n ? c[r * ldc + j] : T(0);
-        kernel(kc, Ap + ir * kc, Bp + jr * kc, tile, NR, alpha, beta);
+            for (int j = 0; j < n; ++j) tile[r * NR + j] = r < m ? c[r * ldc + j] : T(0);
+        kernel(kc, a, rs, cs, b, tile, NR, n, alpha, beta);
         for (int r = 0; r < m; ++r)
           for (int j = 0; j < n; ++j) c[r * ldc + j] = tile[r * NR + j];
       }
@@ -61,16 +105,20 @@ void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const T* Ap, const T* Bp, 
 }
 
 // BLISlab's five loops, as run by thread tid of nthreads (0 of 1 when serial; the threads meet at
-// barrier). The threads share the packed B and split the rows of C; each packs its own A.
-template <class T, int MR, int NR, MicroKernel<T> kernel>
-void five_loops(const Problem<T>& p, const GemmBlocking& bs, const Workspace<T>& ws, int tid, int nthreads,
-                Barrier* barrier) {
+// barrier). The threads share the packed B and split the rows of C; each packs its own A, or reads
+// a row-major op(A) in place (see read_a_in_place).
+template <class Lanes, int MR, int NV>
+void five_loops(const Problem<typename Lanes::T>& p, const GemmBlocking& bs, const Workspace<typename Lanes::T>& ws,
+                int tid, int nthreads, Barrier* barrier) {
+  using T = typename Lanes::T;
+  constexpr int NR = NV * Lanes::width;
   const int64_t KC = bs.kc, MC = bs.mc, NC = bs.nc;
   // This thread's rows of C, a whole number of MR-tall panels.
   const int64_t rows = round_up((p.M + nthreads - 1) / nthreads, MR);
   const int64_t m_begin = min64(p.M, tid * rows), m_end = min64(p.M, m_begin + rows);
   T* const Ap = ws.packed_a + tid * ws.packed_a_stride;
   T* const Bp = ws.packed_b;
+  const bool in_place = read_a_in_place(p);
 
   for (int64_t jc = 0; jc < p.N; jc += NC) {  // loop 5: NC columns of C and op(B)
     const int64_t nc = min64(NC, p.N - jc);
@@ -83,36 +131,39 @@ void five_loops(const Problem<T>& p, const GemmBlocking& bs, const Workspace<T>&
       for (int64_t q = tid; q < panels; q += nthreads) {
         const int64_t j = jc + q * NR;
         const T* src = p.trans_b ? p.B + j * p.ldb + pc : p.B + pc * p.ldb + j;
-        pack_b_panel<NR>(int(min64(NR, p.N - j)), kc, src, p.ldb, p.trans_b, Bp + q * NR * kc);
+        pack_b_panel<Lanes, NR>(int(min64(NR, p.N - j)), kc, src, p.ldb, p.trans_b, Bp + q * NR * kc);
       }
       if (nthreads > 1) barrier_wait(barrier);
       for (int64_t ic = m_begin; ic < m_end; ic += MC) {  // loop 3: MC rows of C and op(A)
         const int64_t mc = min64(MC, m_end - ic);
-        // Pack op(A)(ic : ic+mc, pc : pc+kc) into Ap, MR-tall panels.
-        for (int64_t i = 0; i < mc; i += MR) {
-          const T* src = p.trans_a ? p.A + pc * p.lda + ic + i : p.A + (ic + i) * p.lda + pc;
-          pack_a_panel<MR>(int(min64(MR, mc - i)), kc, src, p.lda, p.trans_a, Ap + i * kc);
+        APanels<T> A{p.A + ic * p.lda + pc, p.lda, p.lda, 1, true};
+        if (!in_place) {
+          // Pack op(A)(ic : ic+mc, pc : pc+kc) into Ap, MR-tall panels.
+          for (int64_t i = 0; i < mc; i += MR) {
+            const T* src = p.trans_a ? p.A + pc * p.lda + ic + i : p.A + (ic + i) * p.lda + pc;
+            pack_a_panel<MR>(int(min64(MR, mc - i)), kc, src, p.lda, p.trans_a, Ap + i * kc);
+          }
+          A = {Ap, kc, 1, MR, false};
         }
-        macro_kernel<T, MR, NR, kernel>(mc, nc, kc, Ap, Bp, p.C + ic * p.ldc + jc, p.ldc, p.alpha, beta, ep, ic,
-                                        jc);
+        macro_kernel<Lanes, MR, NV>(mc, nc, kc, A, Bp, p.C + ic * p.ldc + jc, p.ldc, p.alpha, beta, ep, ic, jc, Ap);
       }
       if (nthreads > 1) barrier_wait(barrier);  // every thread is done with Bp before the next slice repacks it
     }
   }
 }
 
-// A path built from a lane type and its block sizes: the SIMD micro-kernel and the five loops around it.
+// A path built from a lane type and its block sizes: the SIMD micro-kernels and the loops around them.
 template <class Lanes, const GemmBlocking& BS>
 struct SimdPath {
   using T = typename Lanes::T;
-  static constexpr int MR = BS.mr, NR = BS.nr;
-  static_assert(NR % Lanes::width == 0, "nr must be a whole number of vector registers");
-  static constexpr MicroKernel<T> kernel = &simd_microkernel<Lanes, MR, NR / Lanes::width>;
+  static constexpr int MR = BS.mr, NV = BS.nr / Lanes::width;
+  static_assert(BS.nr % Lanes::width == 0, "nr must be a whole number of vector registers");
+  static constexpr MicroKernel<T> kernel = &simd_microkernel<Lanes, MR, NV, BS.nr>;
 
   static void run(const Problem<T>& p, const Workspace<T>& ws, int tid, int nthreads, Barrier* barrier) {
-    five_loops<T, MR, NR, kernel>(p, BS, ws, tid, nthreads, barrier);
+    five_loops<Lanes, MR, NV>(p, BS, ws, tid, nthreads, barrier);
   }
-  static Path<T> path() { return {BS, kernel, &run}; }
+  static Path<T> path() { return {BS, Lanes::width, kernel, &run}; }
 };
 
 }  // namespace

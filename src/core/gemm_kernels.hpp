@@ -12,16 +12,20 @@ namespace tparity::gemm_impl {
 using gemm_detail::GemmBlocking;
 using gemm_detail::MicroKernel;
 
-// Every path's block sizes, in one place. {mr, nr, kc, mc, nc}: see GemmBlocking. The register tile
-// (mr x nr) fills the vector registers with accumulators: AVX-512 has 32 zmm, 12 x 2 = 24 hold C and
-// 2 hold the row of B; AVX2 has 16 ymm, 6 x 2 = 12 for C. kc keeps the kc x nr micro-panel of B in
-// the 48 KiB L1 beside the streaming A; mc x kc of packed A stays in L2 (1 MiB on the machines this
-// was tuned on, AMD Zen 5); nc x kc of packed B in L3.
+// Every path's block sizes, in one place. {mr, nr, kc, mc, nc}: see GemmBlocking.
+// The register tile (mr x nr) fills the vector registers with accumulators: AVX-512 has 32 zmm, and
+// 6 rows x 4 zmm = 24 hold C, 4 hold the row of B, 1 the broadcast of A; AVX2 has 16 ymm, 6 x 2 = 12
+// hold C. Six rows, not more: the kernel reads a row-major op(A) in place through one pointer per row.
+// kc 384: fewer passes over C (each slice of the sum reads and writes C once) against a kc x nr
+// micro-panel of B that still streams from L2 (96 KiB at nr 64 floats); mc x kc of A stays in the
+// 1 MiB L2 beside it; kc x nc of packed B in L3. Tuned on AMD Zen 5 (48 KiB L1, 1 MiB L2, 32 MiB
+// L3) by interleaved timing of the candidates; within a few percent the results were flat, and
+// these were at or near the best on every shape timed (M = 1024 or 5000, N and K 64 to 3072).
 struct Blocks {
-  static constexpr GemmBlocking avx512_float{12, 32, 256, 144, 3072};
-  static constexpr GemmBlocking avx512_double{12, 16, 256, 144, 3072};
-  static constexpr GemmBlocking avx2_float{6, 16, 256, 144, 3072};
-  static constexpr GemmBlocking avx2_double{6, 8, 256, 144, 3072};
+  static constexpr GemmBlocking avx512_float{6, 64, 384, 240, 1536};
+  static constexpr GemmBlocking avx512_double{6, 32, 384, 120, 1536};
+  static constexpr GemmBlocking avx2_float{6, 16, 384, 240, 1536};
+  static constexpr GemmBlocking avx2_double{6, 8, 384, 120, 1536};
   static constexpr GemmBlocking scalar_float{4, 4, 256, 128, 2048};
   static constexpr GemmBlocking scalar_double{4, 4, 256, 128, 2048};
 };
@@ -62,6 +66,7 @@ void barrier_wait(Barrier* barrier);
 template <class T>
 struct Path {
   GemmBlocking blocking;
+  int lanes;
   MicroKernel<T> kernel;
   void (*run)(const Problem<T>& p, const Workspace<T>& ws, int tid, int nthreads, Barrier* barrier);
 };

@@ -15,9 +15,12 @@ struct Scalar {
   static V zero() { return V(0); }
   static V load(const T* p) { return *p; }
   static void store(T* p, V v) { *p = v; }
+  static V load_first(const T* p, int) { return *p; }  // width 1: never partial
+  static void store_first(T* p, V v, int) { *p = v; }
   static V broadcast(T x) { return x; }
   static V mul(V a, V b) { return a * b; }
   static V fma(V a, V b, V c) { return a * b + c; }
+  static void transpose(const T* src, int64_t, T* dst, int64_t) { *dst = *src; }
 };
 
 }  // namespace

@@ -13,20 +13,29 @@ namespace {
 
 // Lanes is a struct of static functions over one vector register:
 //   using T (the element), V (the register); static constexpr int width (elements per register);
-//   V zero(); V load(const T*) and void store(T*, V), unaligned; V broadcast(T);
+//   V zero(); V load(const T*) and void store(T*, V), unaligned; V load_first(const T*, int n) and
+//   void store_first(T*, V, int n), the first n < width lanes only (the rest neither read nor
+//   written); V broadcast(T);
 //   V mul(V a, V b) = a * b; V fma(V a, V b, V c) = a * b + c rounded once (or twice where the
-//   path has no FMA: the scalar path).
+//   path has no FMA: the scalar path);
+//   void transpose(const T* src, int64_t lds, T* dst, int64_t ldd): dst[i * ldd + j] =
+//   src[j * lds + i] for i, j < width (packing a transposed B).
 //
-// The contract (gemm_detail::MicroKernel): C(MR x NR) = alpha * A(MR x kc) * B(kc x NR) + beta * C,
-// A packed by columns, B packed by rows, NR = NV * width. MR x NV accumulators live in registers for
-// the whole k loop: each step loads NV vectors of B's row k, broadcasts each of A's MR column entries
-// and issues MR x NV fused multiply-adds. Then alpha * acc + beta * C goes to C, once per call.
-template <class Lanes, int MR, int NV>
-void simd_microkernel(int64_t kc, const typename Lanes::T* A, const typename Lanes::T* B, typename Lanes::T* C,
-                      int64_t ldc, typename Lanes::T alpha, typename Lanes::T beta) {
+// The contract (gemm_detail::MicroKernel): C(MR x n) = alpha * A(MR x kc) * B(kc x n) + beta * C,
+// where (NV - 1) * width < n <= NV * width; A's entry (r, k) at A[r * rs_a + k * cs_a] (packed by
+// columns: rs_a = 1, cs_a = MR; or op(A) read in place); B packed by rows, row k at B + k * NRB
+// (NRB >= NV * width: a narrower kernel runs on a panel packed for a wider one). MR x NV accumulators
+// live in registers for the whole k loop: each step loads NV vectors of B's row k, broadcasts each of
+// A's MR column entries and issues MR x NV fused multiply-adds. Then alpha * acc + beta * C goes to
+// C, once per call, the last vector of each row masked to the n columns asked for.
+template <class Lanes, int MR, int NV, int NRB>
+void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a, const typename Lanes::T* B,
+                      typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha, typename Lanes::T beta) {
   using T = typename Lanes::T;
   using V = typename Lanes::V;
   constexpr int W = Lanes::width, NR = NV * W;
+  static_assert(NR <= NRB, "the kernel is wider than B's panels");
+  const int tail = n - (NV - 1) * W;  // lanes of each row's last vector, 1..W
 
   // The C tile is written at the end; ask for its lines now (the last of each row too, which an
   // unaligned row of NR elements may straddle into).
@@ -35,6 +44,10 @@ void simd_microkernel(int64_t kc, const typename Lanes::T* A, const typename Lan
     __builtin_prefetch(C + r * ldc, 1);
     __builtin_prefetch(C + r * ldc + NR - 1, 1);
   }
+
+  const T* a[MR];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r) a[r] = A + r * rs_a;
 
   V acc[MR][NV];
 #pragma GCC unroll 32
@@ -46,39 +59,34 @@ void simd_microkernel(int64_t kc, const typename Lanes::T* A, const typename Lan
   for (int64_t k = 0; k < kc; ++k) {
     V b[NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) b[v] = Lanes::load(B + k * NR + v * W);
+    for (int v = 0; v < NV; ++v) b[v] = Lanes::load(B + k * NRB + v * W);
 #pragma GCC unroll 32
     for (int r = 0; r < MR; ++r) {
-      const V a = Lanes::broadcast(A[k * MR + r]);
+      const V ar = Lanes::broadcast(a[r][k * cs_a]);
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = Lanes::fma(a, b[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Lanes::fma(ar, b[v], acc[r][v]);
     }
   }
 
-  const V va = Lanes::broadcast(alpha);
-  if (beta == T(0)) {
+  // C = alpha * acc + beta * C, vector v of row r; the last vector of a row may be partial.
+  const V va = Lanes::broadcast(alpha), vb = Lanes::broadcast(beta);
+  auto update = [&](T* c, V x, bool partial) {
+    V y;
+    if (beta == T(0))
+      y = Lanes::mul(va, x);
+    else {
+      const V old = partial ? Lanes::load_first(c, tail) : Lanes::load(c);
+      y = Lanes::fma(va, x, beta == T(1) ? old : Lanes::mul(vb, old));
+    }
+    if (partial)
+      Lanes::store_first(c, y, tail);
+    else
+      Lanes::store(c, y);
+  };
 #pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r)
+  for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) Lanes::store(C + r * ldc + v * W, Lanes::mul(va, acc[r][v]));
-  } else if (beta == T(1)) {
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        T* c = C + r * ldc + v * W;
-        Lanes::store(c, Lanes::fma(va, acc[r][v], Lanes::load(c)));
-      }
-  } else {
-    const V vb = Lanes::broadcast(beta);
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        T* c = C + r * ldc + v * W;
-        Lanes::store(c, Lanes::fma(va, acc[r][v], Lanes::mul(vb, Lanes::load(c))));
-      }
-  }
+    for (int v = 0; v < NV; ++v) update(C + r * ldc + v * W, acc[r][v], v == NV - 1 && tail < W);
 }
 
 }  // namespace

@@ -47,9 +47,12 @@ void pack_a_panel(int m, int64_t kc, const T* A, int64_t lda, bool trans, T* dst
 
 // One NR-wide panel of op(B), packed by rows: dst[k * NR + c] = op(B)(k, c), k < kc, c < n; columns
 // n..NR-1 are zero. B points at op(B)(0, 0) of the panel: element (k, c) is B[k * ldb + c], or
-// B[c * ldb + k] when trans (B stored (N, K), torch.nn.Linear's weight).
-template <int NR, class T>
-void pack_b_panel(int n, int64_t kc, const T* B, int64_t ldb, bool trans, T* dst) {
+// B[c * ldb + k] when trans (B stored (N, K), torch.nn.Linear's weight). The transposed copy goes
+// through Lanes::transpose, a width x width block of registers at a time.
+template <class Lanes, int NR>
+void pack_b_panel(int n, int64_t kc, const typename Lanes::T* B, int64_t ldb, bool trans, typename Lanes::T* dst) {
+  using T = typename Lanes::T;
+  constexpr int W = Lanes::width;
   if (!trans) {
     if (n == NR) {
       for (int64_t k = 0; k < kc; ++k) {
@@ -68,18 +71,11 @@ void pack_b_panel(int n, int64_t kc, const T* B, int64_t ldb, bool trans, T* dst
     }
     return;
   }
-  // A transpose, as in pack_a_panel: columns of dst read as rows of B, in blocks along k.
-  constexpr int KB = 8;
   int64_t k = 0;
-  for (; k + KB <= kc; k += KB) {
-    for (int c = 0; c < n; ++c) {
-      const T* src = B + c * ldb + k;
+  if (n == NR)
+    for (; k + W <= kc; k += W)
 #pragma GCC unroll 8
-      for (int kk = 0; kk < KB; ++kk) dst[(k + kk) * NR + c] = src[kk];
-    }
-    for (int kk = 0; kk < KB; ++kk)
-      for (int c = n; c < NR; ++c) dst[(k + kk) * NR + c] = T(0);
-  }
+      for (int c = 0; c < NR; c += W) Lanes::transpose(B + c * ldb + k, ldb, dst + k * NR + c, NR);
   for (; k < kc; ++k) {
     for (int c = 0; c < n; ++c) dst[k * NR + c] = B[c * ldb + k];
     for (int c = n; c < NR; ++c) dst[k * NR + c] = T(0);

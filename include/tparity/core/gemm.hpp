@@ -85,16 +85,21 @@ struct GemmBlocking {
 };
 
 // The micro-kernel contract, written once:
-//   C(mr x nr) = alpha * A(mr x kc) * B(kc x nr) + beta * C
-// A packed by columns (A[k * mr + i]), B packed by rows (B[k * nr + j]); C row-major with row stride
-// ldc, any alignment. beta == 0 writes C without reading it. The sum over k runs k ascending in T
-// and is added to beta * C with one fused multiply-add where the path has FMA.
+//   C(mr x n) = alpha * A(mr x kc) * B(kc x n) + beta * C,   nr - lanes < n <= nr
+// (n = nr: the full tile; lanes, the path's vector width, KernelInfo::lanes).
+// A's entry (r, k) at A[r * rs_a + k * cs_a]: packed by columns (rs_a = 1, cs_a = mr) or a row-major
+// op(A) read where it lies (rs_a = lda, cs_a = 1). B packed by rows, nr wide (B[k * nr + j]; columns
+// from n on are read but not used). C row-major with row stride ldc, any alignment; only its first
+// n columns are read or written. beta == 0 writes C without reading it. The sum over k runs k
+// ascending in T and is added to beta * C with one fused multiply-add where the path has FMA.
 template <class T>
-using MicroKernel = void (*)(int64_t kc, const T* A, const T* B, T* C, int64_t ldc, T alpha, T beta);
+using MicroKernel = void (*)(int64_t kc, const T* A, int64_t rs_a, int64_t cs_a, const T* B, T* C, int64_t ldc, int n,
+                             T alpha, T beta);
 
 template <class T>
 struct KernelInfo {
   GemmBlocking blocking;
+  int lanes;  // elements of T per vector register: 16 for float on AVX-512, 1 on the scalar path
   MicroKernel<T> kernel;
 };
 
@@ -104,7 +109,8 @@ KernelInfo<T> kernel_info(GemmIsa isa);
 
 // The three-loop reference micro-kernel: the same contract for any mr, nr, in plain loops.
 template <class T>
-void reference_microkernel(int mr, int nr, int64_t kc, const T* A, const T* B, T* C, int64_t ldc, T alpha, T beta);
+void reference_microkernel(int mr, int nr, int64_t kc, const T* A, int64_t rs_a, int64_t cs_a, const T* B, T* C,
+                           int64_t ldc, int n, T alpha, T beta);
 
 }  // namespace gemm_detail
 }  // namespace tparity
