@@ -79,7 +79,16 @@ void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const APanels<typename Lan
     const int nv = (n + W - 1) / W;
     const MicroKernel<T> kernel = Kernels::by_vectors[nv - 1];
     const T* b = Bp + jr * kc;
-    for (int64_t ir = 0; ir < mc; ir += MR) {  // loop 1: MR rows of C, one micro-panel of A
+    int64_t ir = 0;
+    if (nv == 1 && A.in_place)
+      // One vector wide, MR rows give MR accumulators, too few to cover the FMA latency: take two
+      // panels of A at once where both are whole.
+      for (; ir + 2 * MR <= mc; ir += 2 * MR) {
+        T* c = C + ir * ldc + jr;
+        simd_microkernel<Lanes, 2 * MR, 1, NR>(kc, A.base + ir * A.row_step, A.rs, A.cs, b, c, ldc, n, alpha, beta);
+        if (ep) apply_epilogue(*ep, c, ldc, ic + ir, jc + jr, 2 * MR, n);
+      }
+    for (; ir < mc; ir += MR) {  // loop 1: MR rows of C, one micro-panel of A
       const int m = int(min64(MR, mc - ir));
       const T* a = A.base + ir * A.row_step;
       int64_t rs = A.rs, cs = A.cs;

@@ -1,5 +1,6 @@
 // The GEMM's packing: copies of op(A) and op(B) laid out in the order the micro-kernel reads them,
-// zero-padded to whole panels so that the micro-kernel never sees a ragged edge.
+// zero-padded (A to whole MR-tall panels, B to whole vectors) so that the micro-kernel never reads
+// past what was packed.
 // Anonymous namespace: see gemm_microkernel.hpp (each ISA file compiles its own copy).
 #pragma once
 
@@ -46,13 +47,14 @@ void pack_a_panel(int m, int64_t kc, const T* A, int64_t lda, bool trans, T* dst
 }
 
 // One NR-wide panel of op(B), packed by rows: dst[k * NR + c] = op(B)(k, c), k < kc, c < n; columns
-// n..NR-1 are zero. B points at op(B)(0, 0) of the panel: element (k, c) is B[k * ldb + c], or
-// B[c * ldb + k] when trans (B stored (N, K), torch.nn.Linear's weight). The transposed copy goes
-// through Lanes::transpose, a width x width block of registers at a time.
+// from n to the end of n's last vector are zero (the micro-kernel for n columns reads no further). B points at op(B)(0,
+// 0) of the panel: element (k, c) is B[k * ldb + c], or B[c * ldb + k] when trans (B stored (N, K), torch.nn.Linear's
+// weight). The transposed copy goes through Lanes::transpose, a width x width block of registers at a time.
 template <class Lanes, int NR>
 void pack_b_panel(int n, int64_t kc, const typename Lanes::T* B, int64_t ldb, bool trans, typename Lanes::T* dst) {
   using T = typename Lanes::T;
   constexpr int W = Lanes::width;
+  const int padded = (n + W - 1) / W * W;
   if (!trans) {
     if (n == NR) {
       for (int64_t k = 0; k < kc; ++k) {
@@ -67,7 +69,7 @@ void pack_b_panel(int n, int64_t kc, const typename Lanes::T* B, int64_t ldb, bo
       const T* src = B + k * ldb;
       T* d = dst + k * NR;
       for (int c = 0; c < n; ++c) d[c] = src[c];
-      for (int c = n; c < NR; ++c) d[c] = T(0);
+      for (int c = n; c < padded; ++c) d[c] = T(0);
     }
     return;
   }
@@ -78,7 +80,7 @@ void pack_b_panel(int n, int64_t kc, const typename Lanes::T* B, int64_t ldb, bo
       for (int c = 0; c < NR; c += W) Lanes::transpose(B + c * ldb + k, ldb, dst + k * NR + c, NR);
   for (; k < kc; ++k) {
     for (int c = 0; c < n; ++c) dst[k * NR + c] = B[c * ldb + k];
-    for (int c = n; c < NR; ++c) dst[k * NR + c] = T(0);
+    for (int c = n; c < padded; ++c) dst[k * NR + c] = T(0);
   }
 }
 

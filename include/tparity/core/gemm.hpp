@@ -14,7 +14,10 @@ namespace tparity {
 // What to do to each finished tile of C while it is still in cache, in this order:
 //   C[i, j] = activation(alpha * (op(A) op(B))[i, j] + beta * C[i, j] + bias[j]) + residual[i, j]
 // Each field is optional (null: skipped). The result is the same, bit for bit, as gemm() followed by
-// the unfused passes (bias add, activation over each row, add_forward of the residual).
+// the unfused passes (bias add, activation over each row, add_forward of the residual). The bias is
+// added after the product, as linear_forward adds it; torch's addmm instead starts from the bias
+// (C filled with it, beta = 1), a different rounding: to get that, fill C and pass beta = 1.
+// The activation must not call gemm() (the call's buffers and threads are in use).
 template <class T>
 struct GemmEpilogue {
   const T* bias = nullptr;  // (N): added to every row (torch.nn.functional.linear's bias)
@@ -31,11 +34,12 @@ struct GemmEpilogue {
 // C is (M, N) with row stride ldc; C = alpha * op(A) op(B) + beta * C, then the epilogue if given.
 // beta == 0 overwrites C without reading it (NaN in C does not survive); alpha == 0 or K == 0 reads
 // neither A nor B. The sum over K runs in kc-deep slices (GemmBlocking::kc), k ascending in each,
-// each slice's sum added to C with one fused multiply-add (alpha * slice + C).
+// each slice's sum added to C as alpha * slice + C, one fused multiply-add where the path has FMA.
 // threads: how many threads split the rows of C (they share the packed B). 1, the default, runs on
-// the caller's thread alone; more start threads - 1 std::threads for this call and join them before
-// returning (no pool stays behind to compete with LibTorch's). Shapes are checked with asserts only:
-// the callers are the core's ops, which know their shapes.
+// the caller's thread alone. More use threads - 1 workers kept from call to call: they yield for
+// about 0.1 ms after a call, then block, so an idle worker takes no CPU from LibTorch's pool. Calls
+// with threads > 1 from different threads take turns. Shapes are checked with asserts only: the
+// callers are the core's ops, which know their shapes.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc, const GemmEpilogue<T>* epilogue = nullptr, int threads = 1);
