@@ -1,5 +1,5 @@
 // The GEMM's loops around the micro-kernel (BLISlab's five loops) and the macro-kernel, templated on
-// the micro-kernel and instantiated by each instruction-set file.
+// a lane type (see gemm_microkernel.hpp) and instantiated by each instruction-set file.
 // Anonymous namespace: see gemm_microkernel.hpp (each ISA file compiles its own copy). For the same
 // reason nothing here calls into the standard library's templates.
 #pragma once
@@ -145,14 +145,15 @@ void five_loops(const Problem<typename Lanes::T>& p, const GemmBlocking& bs, con
       if (nthreads > 1) barrier_wait(barrier);
       for (int64_t ic = m_begin; ic < m_end; ic += MC) {  // loop 3: MC rows of C and op(A)
         const int64_t mc = min64(MC, m_end - ic);
-        APanels<T> A{p.A + ic * p.lda + pc, p.lda, p.lda, 1, true};
-        if (!in_place) {
+        APanels<T> A{Ap, kc, 1, MR, false};
+        if (in_place) {
+          A = {p.A + ic * p.lda + pc, p.lda, p.lda, 1, true};
+        } else {
           // Pack op(A)(ic : ic+mc, pc : pc+kc) into Ap, MR-tall panels.
           for (int64_t i = 0; i < mc; i += MR) {
             const T* src = p.trans_a ? p.A + pc * p.lda + ic + i : p.A + (ic + i) * p.lda + pc;
             pack_a_panel<MR>(int(min64(MR, mc - i)), kc, src, p.lda, p.trans_a, Ap + i * kc);
           }
-          A = {Ap, kc, 1, MR, false};
         }
         macro_kernel<Lanes, MR, NV>(mc, nc, kc, A, Bp, p.C + ic * p.ldc + jc, p.ldc, p.alpha, beta, ep, ic, jc, Ap);
       }

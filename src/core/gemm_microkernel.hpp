@@ -28,6 +28,8 @@ namespace {
 // live in registers for the whole k loop: each step loads NV vectors of B's row k, broadcasts each of
 // A's MR column entries and issues MR x NV fused multiply-adds. Then alpha * acc + beta * C goes to
 // C, once per call, the last vector of each row masked to the n columns asked for.
+// Its three-loop twin with the same contract is gemm_detail::reference_microkernel (gemm.cpp, built
+// for any CPU); the tests hold every path's kernel to it.
 template <class Lanes, int MR, int NV, int NRB>
 void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a, const typename Lanes::T* B,
                       typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha, typename Lanes::T beta) {
