@@ -194,3 +194,42 @@ TEST_CASE("baseline: recorded legs / rounding / and the drift ratchet with its f
   const CaseReport r2 = judge(2e-16, 3.0004e-7, 2e-7);
   CHECK(make_baseline({r2}, {}).entries.at("demo/x/hand32_vs_torch64") == 3e-7);
 }
+
+TEST_CASE("gates: error inherited from upstream is judged by what torch32's own upstream error becomes", "[compare]") {
+  // a -> b. Upstream (a): hand32 1.5e-7, torch32 1.5e-7. At b hand32 has 4.6e-7 of which its own
+  // rounding (local) is 5e-8: the rest came through the op from a. torch32 got lucky at b (5e-8):
+  // judged against torch32 alone, b would fail (4.6e-7 > 2 x 5e-8 + 2.4e-7).
+  auto comp = [](double ea, double eb) {
+    Components cs;
+    for (auto [name, e] : {std::pair<const char*, double>{"a", ea}, {"b", eb}}) {
+      Tensor<double> t({100}, 1.0);
+      t.data[5] += e * 10;
+      cs.push_back({name, t});
+    }
+    return cs;
+  };
+  auto run = [&](double local_b) {
+    const Components t64 = comp(0, 0), t32 = comp(1.5e-7, 5e-8), h64 = comp(1e-16, 1e-16), h32 = comp(1.5e-7, 4.6e-7),
+                     l64 = comp(1e-16, 1e-16), l32 = comp(1.5e-7, local_b);
+    CaseReport r;
+    r.name = "demo";
+    compare_components(r, {"a", "b"},
+                       {{"hand64", &h64},
+                        {"hand32", &h32},
+                        {"torch64", &t64},
+                        {"torch32", &t32},
+                        {"local_hand64", &l64},
+                        {"local_hand32", &l32}},
+                       legs_with_local(), GatePolicy{}, {});
+    return r;
+  };
+  const CaseReport inherited = run(5e-8);
+  CHECK(inherited.pass);
+  const Leg* b = inherited.components.at(1).leg("hand32_vs_torch64");
+  REQUIRE(b);
+  CHECK(b->inherited == Approx(std::sqrt(4.6e-7 * 4.6e-7 - 5e-8 * 5e-8)));  // x 1.5e-7 / 1.5e-7
+  // The same error made by the op itself (local 4.6e-7) is not inherited: it fails.
+  const CaseReport own = run(4.6e-7);
+  CHECK_FALSE(own.pass);
+  CHECK(own.first_divergence == "b");
+}

@@ -10,6 +10,17 @@
 // different order still carries a few roundings per element; rel_l2 of k independent roundings of
 // relative size <= u is at most k*u, and 4 covers the reassociations the hand core is allowed
 // (the q scale, the bias add, the final division of the softmax, the head average).
+//
+// Inherited error. hand32's propagated error at a component is its own rounding (the local error,
+// measured by teacher forcing) plus the error it inherited from upstream, carried through this op.
+// On a tiny or ill-conditioned component (3 elements after a ReLU, say) the inherited part depends
+// on the direction of the incoming error, and torch32's may happen to cancel where hand32's does not,
+// with both upstream errors equal in size and both ops equally accurate. So where the local leg
+// exists, the reference of the Numeric gate is max(torch32's error, inherited x U_torch / U_hand):
+// inherited = sqrt(propagated^2 - local^2) is what this op did to hand32's incoming error, and
+// U_torch / U_hand (the largest propagated error upstream, torch32's over hand32's) scales it to what
+// the same op would do to torch32's. A component whose own rounding is bad still fails: its local
+// error is not inherited.
 #pragma once
 
 #include <limits>
@@ -42,6 +53,7 @@ struct LegSpec {
   LegRole role;
   std::string noise;        // for Numeric: the name of the Noise leg that sets the bound
   bool diagnostic = false;  // gated, but a breach only names the first divergence, it fails nothing
+  std::string local;        // for Numeric: the same implementation's local leg, when there is one
 };
 
 // hand64_vs_torch64 (semantic), hand32_vs_torch64 (numeric), torch32_vs_torch64 (noise),
@@ -61,7 +73,8 @@ struct Leg {
   double bound = 0;  // 0 for Noise/Report legs
   bool pass = true;
   bool diagnostic = false;
-  std::string breach;  // why it does not pass
+  std::string breach;    // why it does not pass
+  double inherited = 0;  // Numeric with a local leg: torch32's upstream error carried through this op
 };
 
 struct ComponentReport {
