@@ -18,6 +18,7 @@
 
 #include "gemm_driver.hpp"
 #include "gemm_kernels.hpp"
+#include "parallel_team.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TPARITY_GEMM_X86 1
@@ -28,29 +29,7 @@
 namespace tparity {
 namespace gemm_impl {
 
-// Where the threads of one call meet: a counter and a phase, spinning (two cores, short waits), then
-// yielding.
-class Barrier {
- public:
-  void reset(int n) { n_ = n; }
-  void wait() {
-    const unsigned phase = phase_.load(std::memory_order_acquire);
-    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
-      arrived_.store(0, std::memory_order_relaxed);
-      phase_.fetch_add(1, std::memory_order_acq_rel);  // publishes every thread's work before the barrier
-      return;
-    }
-    for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; ++spins)
-      if (spins > 4000) std::this_thread::yield();
-  }
-
- private:
-  int n_ = 1;
-  std::atomic<int> arrived_{0};
-  std::atomic<unsigned> phase_{0};
-};
-
-void barrier_wait(Barrier* barrier) { barrier->wait(); }
+using detail::run_on_threads;
 
 namespace {
 
@@ -170,93 +149,6 @@ const Path<T>& path_for(GemmIsa isa) {
       return p;
     }
   }
-}
-
-// --- threads -------------------------------------------------------------------------------------
-
-// Threads kept for the next call: created by the first call that asks for them, then blocked on a
-// condition variable between calls, after a short spell of yielding (200 yields, about 0.1 ms) so
-// that back-to-back calls do not each pay a wake-up (43 us per call when threads were started per
-// call, 2 us with these). Idle, they take no CPU from LibTorch's pool or anyone else's. Never
-// destroyed (the process ends them). One call at a time: concurrent callers take turns.
-class Workers {
- public:
-  using Job = void (*)(const void* ctx, int tid, int nthreads, Barrier* barrier);
-
-  static Workers& get() {
-    static Workers* const workers = new Workers;  // leaked on purpose: no join at exit
-    return *workers;
-  }
-
-  // job(ctx, tid, n, barrier) for tid 0 (the caller) .. n - 1, n = threads unless the system refused
-  // a thread; returns when every share is done.
-  void run(int threads, Job job, const void* ctx) {
-    const std::lock_guard<std::mutex> one_call(call_mutex_);
-    while (started_ < threads - 1) {
-      try {
-        std::thread(&Workers::loop, this, started_ + 1, generation_.load()).detach();
-      } catch (const std::system_error&) {
-        break;
-      }
-      ++started_;
-    }
-    const int n = std::min(threads, started_ + 1);
-    Barrier barrier;
-    barrier.reset(n);
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      job_ = job, ctx_ = ctx, barrier_ = &barrier, team_ = n;
-      pending_.store(n - 1);
-      generation_.fetch_add(1);
-    }
-    wake_.notify_all();
-    job(ctx, 0, n, &barrier);
-    for (int spins = 0; spins < kSpins && pending_.load() != 0; ++spins) std::this_thread::yield();
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_.load() == 0; });
-  }
-
- private:
-  static constexpr int kSpins = 200;
-
-  void loop(int tid, uint64_t seen) {
-    for (;;) {
-      for (int spins = 0; spins < kSpins && generation_.load() == seen; ++spins) std::this_thread::yield();
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_.load() != seen; });
-      seen = generation_.load();
-      if (tid >= team_) continue;
-      const Job job = job_;
-      const void* const ctx = ctx_;
-      Barrier* const barrier = barrier_;
-      const int n = team_;
-      lock.unlock();
-      job(ctx, tid, n, barrier);
-      lock.lock();
-      if (pending_.fetch_sub(1) == 1) done_.notify_one();
-    }
-  }
-
-  std::mutex call_mutex_;  // held for a whole call
-  int started_ = 0;        // workers, tids 1..started_
-  std::mutex mutex_;       // guards the job and the waits
-  std::condition_variable wake_, done_;
-  std::atomic<uint64_t> generation_{0};  // one more per call
-  std::atomic<int> pending_{0};          // workers still on the current call
-  Job job_ = nullptr;
-  const void* ctx_ = nullptr;
-  Barrier* barrier_ = nullptr;
-  int team_ = 1;
-};
-
-// body(tid, nthreads, barrier) on the caller's thread and threads - 1 workers (nthreads says how
-// many ran).
-template <class F>
-void run_on_threads(int threads, const F& body) {
-  if (threads <= 1) return body(0, 1, nullptr);
-  Workers::get().run(
-      threads,
-      [](const void* ctx, int tid, int n, Barrier* barrier) { (*static_cast<const F*>(ctx))(tid, n, barrier); }, &body);
 }
 
 // --- packing buffers -----------------------------------------------------------------------------

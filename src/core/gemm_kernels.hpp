@@ -7,6 +7,11 @@
 
 #include "tparity/core/gemm.hpp"
 
+namespace tparity::detail {
+class Barrier;
+void barrier_wait(Barrier* barrier);
+}  // namespace tparity::detail
+
 namespace tparity::gemm_impl {
 
 using gemm_detail::GemmBlocking;
@@ -56,9 +61,10 @@ struct Workspace {
   int64_t packed_a_stride;
 };
 
-// Where the threads of one call meet (gemm.cpp): barrier_wait returns once all of them have called it.
-class Barrier;
-void barrier_wait(Barrier* barrier);
+// Where the threads of one call meet (parallel_team.hpp): barrier_wait returns once all of them have
+// called it.
+using Barrier = detail::Barrier;
+using detail::barrier_wait;
 
 // One path: its block sizes, its micro-kernel (for the tests) and the five loops instantiated with it.
 // run() is thread tid's share of a problem with M, N, K > 0 and alpha != 0; every thread of the call

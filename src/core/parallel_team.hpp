@@ -1,0 +1,50 @@
+// The hand core's worker threads (internal to src/core): a team of threads that run one job
+// together, the caller's thread being member 0, and a barrier they can meet at. Used by the GEMM
+// (which shares packed panels across the team) and by parallel_for.
+#pragma once
+
+#include <atomic>
+#include <thread>
+
+namespace tparity::detail {
+
+// Where the threads of one call meet: a counter and a phase, spinning (two cores, short waits), then
+// yielding.
+class Barrier {
+ public:
+  void reset(int n) { n_ = n; }
+  void wait() {
+    const unsigned phase = phase_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      phase_.fetch_add(1, std::memory_order_acq_rel);  // publishes every thread's work before the barrier
+      return;
+    }
+    for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; ++spins)
+      if (spins > 4000) std::this_thread::yield();
+  }
+
+ private:
+  int n_ = 1;
+  std::atomic<int> arrived_{0};
+  std::atomic<unsigned> phase_{0};
+};
+
+void barrier_wait(Barrier* barrier);  // barrier->wait(), out of line for the kernel files
+
+// job(ctx, tid, n, barrier) for tid 0 (the caller) .. n - 1; n = threads unless the system refused a
+// thread; returns when every share is done. Team calls from different threads take turns.
+using TeamJob = void (*)(const void* ctx, int tid, int nthreads, Barrier* barrier);
+void run_team(int threads, TeamJob job, const void* ctx);
+
+// body(tid, nthreads, barrier) on the caller's thread and threads - 1 workers (nthreads says how
+// many ran; barrier is null when that is 1).
+template <class F>
+void run_on_threads(int threads, const F& body) {
+  if (threads <= 1) return body(0, 1, nullptr);
+  run_team(
+      threads,
+      [](const void* ctx, int tid, int n, Barrier* barrier) { (*static_cast<const F*>(ctx))(tid, n, barrier); }, &body);
+}
+
+}  // namespace tparity::detail
