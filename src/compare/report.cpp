@@ -117,6 +117,7 @@ nlohmann::json to_json(const CaseReport& r) {
                           {"diagnostic", l.diagnostic},
                           {"pass", l.pass}};
       if (l.role == LegRole::Semantic || l.role == LegRole::Numeric) j["bound"] = l.bound;
+      if (l.role == LegRole::Numeric) j["inherited"] = l.inherited;  // 0 when no local leg excuses any
       if (!l.m.comparable()) j["shape_mismatch"] = l.m.shape_mismatch;
       legs[l.name] = std::move(j);
     }

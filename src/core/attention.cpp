@@ -1,13 +1,15 @@
 #include "tparity/core/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
-#include <algorithm>
 
 #include "layout.hpp"
+#include "tparity/core/gemm.hpp"
 #include "tparity/core/ops.hpp"
+#include "tparity/core/parallel.hpp"
 
 namespace tparity {
 
@@ -113,6 +115,20 @@ class MergedMask {
 
 template <class T>
 void qdotk(T* scores, const T* q, const T* k, int64_t G, int64_t L, int64_t S, int64_t E) {
+  if (core_path() == CorePath::Reference) return qdotk_ref(scores, q, k, G, L, S, E);
+  gemm_strided_batched(G, false, true, L, S, E, T(1), q, E, L * E, k, E, S * E, T(0), scores, S, L * S,
+                       static_cast<const GemmEpilogue<T>*>(nullptr), 0, num_threads());
+}
+
+template <class T>
+void weighted_sum_v(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_t S, int64_t Ev) {
+  if (core_path() == CorePath::Reference) return weighted_sum_v_ref(out, w, v, G, L, S, Ev);
+  gemm_strided_batched(G, false, false, L, Ev, S, T(1), w, S, L * S, v, Ev, S * Ev, T(0), out, Ev, L * Ev,
+                       static_cast<const GemmEpilogue<T>*>(nullptr), 0, num_threads());
+}
+
+template <class T>
+void qdotk_ref(T* scores, const T* q, const T* k, int64_t G, int64_t L, int64_t S, int64_t E) {
   // q is (G, L, E), k is (G, S, E); scores will be (G, L, S)
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i = 0; i < L; ++i)
@@ -120,7 +136,7 @@ void qdotk(T* scores, const T* q, const T* k, int64_t G, int64_t L, int64_t S, i
 }
 
 template <class T>
-void weighted_sum_v(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_t S, int64_t Ev) {
+void weighted_sum_v_ref(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_t S, int64_t Ev) {
   // w is (G, L, S), v is (G, S, Ev); out will be (G, L, Ev)
   // Each output element sums over j in eight interleaved partial sums combined pairwise, as dot()
   // does: the rounding error grows like S/8, not S (at S = 1024 that is the difference between
@@ -344,6 +360,8 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
 
 #define TPARITY_INSTANTIATE(T)                                                                             \
   template void qdotk<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                      \
+  template void qdotk_ref<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                  \
+  template void weighted_sum_v_ref<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);         \
   template void weighted_sum_v<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);             \
   template Tensor<T> sdpa_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Mask<T>&, \
                                      Observer<T>*);                                                        \

@@ -1,10 +1,16 @@
 #include "tparity/core/ops.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
+
+#include "tparity/core/gemm.hpp"
+#include "tparity/core/parallel.hpp"
 
 namespace tparity {
 
@@ -28,10 +34,40 @@ T sum(const T* x, int64_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+namespace {
+
+CorePath initial_path() {
+  const char* env = std::getenv("TPARITY_CORE_PATH");
+  return env && std::string(env) == "reference" ? CorePath::Reference : CorePath::Fast;
+}
+
+std::atomic<CorePath> g_path{initial_path()};
+
+// Rows [0, N) of a row-wise op over the core's threads, when there is enough work to share.
+template <class F>
+void rows(int64_t N, int64_t cost_per_row, const F& f) {
+  const int threads = num_threads();
+  if (threads <= 1 || N * cost_per_row < (int64_t(1) << 15)) return f(int64_t(0), N);
+  parallel_for(N, threads, f);
+}
+
+}  // namespace
+
+CorePath core_path() { return g_path.load(std::memory_order_relaxed); }
+void set_core_path(CorePath path) { g_path.store(path, std::memory_order_relaxed); }
+
 template <class T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC) {
   // inp is (N, C), weight is (OC, C), bias is (OC)
   // out will be (N, OC)
+  if (core_path() == CorePath::Reference) return linear_forward_ref(out, inp, weight, bias, N, C, OC);
+  GemmEpilogue<T> ep;
+  ep.bias = bias;
+  gemm(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, bias ? &ep : nullptr, num_threads());
+}
+
+template <class T>
+void linear_forward_ref(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC) {
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
     T* y = out + n * OC;
@@ -45,16 +81,18 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 template <class T>
 void softmax_forward(T* out, const T* inp, int64_t N, int64_t C) {
   // inp is (N, C); out will be (N, C)
-  for (int64_t n = 0; n < N; ++n) {
-    const T* x = inp + n * C;
-    T* y = out + n * C;
-    T maxval = -std::numeric_limits<T>::infinity();
-    for (int64_t c = 0; c < C; ++c) maxval = std::max(maxval, x[c]);
-    // NaN entries: std::max keeps maxval, exp(NaN - max) stays NaN and poisons the row, as in torch.
-    for (int64_t c = 0; c < C; ++c) y[c] = std::exp(x[c] - maxval);
-    const T total = sum(y, C);
-    for (int64_t c = 0; c < C; ++c) y[c] = y[c] / total;
-  }
+  rows(N, 8 * C, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* x = inp + n * C;
+      T* y = out + n * C;
+      T maxval = -std::numeric_limits<T>::infinity();
+      for (int64_t c = 0; c < C; ++c) maxval = std::max(maxval, x[c]);
+      // NaN entries: std::max keeps maxval, exp(NaN - max) stays NaN and poisons the row, as in torch.
+      for (int64_t c = 0; c < C; ++c) y[c] = std::exp(x[c] - maxval);
+      const T total = sum(y, C);
+      for (int64_t c = 0; c < C; ++c) y[c] = y[c] / total;
+    }
+  });
 }
 
 template <class T>
@@ -71,29 +109,31 @@ void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T e
   auto pairwise = [](const T* acc) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   };
-  for (int64_t n = 0; n < N; ++n) {
-    const T* x = inp + n * C;
-    T* y = out + n * C;
-    const T mean0 = sum(x, C) / T(C);
-    T acc[8] = {};
-    for (int64_t c = 0; c < C; ++c) acc[c & 7] += x[c] - mean0;
-    const T mu = pairwise(acc) / T(C);
-    for (T& a : acc) a = T(0);
-    for (int64_t c = 0; c < C; ++c) {
-      const T d = (x[c] - mean0) - mu;
-      acc[c & 7] += d * d;
+  rows(N, 4 * C, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* x = inp + n * C;
+      T* y = out + n * C;
+      const T mean0 = sum(x, C) / T(C);
+      T acc[8] = {};
+      for (int64_t c = 0; c < C; ++c) acc[c & 7] += x[c] - mean0;
+      const T mu = pairwise(acc) / T(C);
+      for (T& a : acc) a = T(0);
+      for (int64_t c = 0; c < C; ++c) {
+        const T d = (x[c] - mean0) - mu;
+        acc[c & 7] += d * d;
+      }
+      const T var = pairwise(acc) / T(C);
+      const T rstd = T(1) / std::sqrt(var + eps);
+      if (mean_out) mean_out[n] = mean0 + mu;
+      if (rstd_out) rstd_out[n] = rstd;
+      for (int64_t c = 0; c < C; ++c) {
+        T v = ((x[c] - mean0) - mu) * rstd;
+        if (weight) v = v * weight[c];
+        if (bias) v = v + bias[c];
+        y[c] = v;
+      }
     }
-    const T var = pairwise(acc) / T(C);
-    const T rstd = T(1) / std::sqrt(var + eps);
-    if (mean_out) mean_out[n] = mean0 + mu;
-    if (rstd_out) rstd_out[n] = rstd;
-    for (int64_t c = 0; c < C; ++c) {
-      T v = ((x[c] - mean0) - mu) * rstd;
-      if (weight) v = v * weight[c];
-      if (bias) v = v + bias[c];
-      y[c] = v;
-    }
-  }
+  });
 }
 
 template <class T>
@@ -304,6 +344,7 @@ void matmul_forward(T* out, const T* input, const T* other, const Shape& input_s
   template T dot<T>(const T*, const T*, int64_t);                                                                     \
   template T sum<T>(const T*, int64_t);                                                                               \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                       \
+  template void linear_forward_ref<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                   \
   template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                                                   \
   template void layernorm_forward<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*);                  \
   template void relu_forward<T>(T*, const T*, int64_t);                                                               \

@@ -11,12 +11,18 @@ namespace tparity {
 // ---- the steps, each on G independent (batch x head) groups, gemma.cpp style -------------------
 
 // QDotK, einsum 'GLE,GSE->GLS': scores[g,i,j] = q[g,i,:] . k[g,j,:]
+// Fast: a strided-batched gemm (q k^T). Reference (qdotk_ref): one dot() per score.
 template <class T>
 void qdotk(T* scores, const T* q, const T* k, int64_t G, int64_t L, int64_t S, int64_t E);
+template <class T>
+void qdotk_ref(T* scores, const T* q, const T* k, int64_t G, int64_t L, int64_t S, int64_t E);
 
 // WeightedSumV, einsum 'GLS,GSV->GLV': out[g,i,:] = sum_j w[g,i,j] * v[g,j,:]
+// Fast: a strided-batched gemm (w v). Reference (weighted_sum_v_ref): eight interleaved partial sums.
 template <class T>
 void weighted_sum_v(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_t S, int64_t Ev);
+template <class T>
+void weighted_sum_v_ref(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_t S, int64_t Ev);
 
 // ---- scaled dot-product attention ----------------------------------------------------------------
 // mirrors seed 004's DotProductAttention: softmax(q @ k^T / sqrt(E) + mask) @ v, the scale applied to

@@ -1,7 +1,12 @@
 // The elementary ops of the handwritten core, one function each, llm.c style: outputs first, then
-// inputs, then sizes. Plain loops in the element type T (float or double): no BLAS, no torch, and
-// every sum accumulates in T, so the float instantiation shows the error a float kernel really has.
+// inputs, then sizes. In the element type T (float or double): no BLAS, no torch, and every sum
+// accumulates in T, so the float instantiation shows the error a float kernel really has.
 // `out` may alias `inp` where an op says so.
+//
+// Two paths. The fast one (the default) runs products through the core's GEMM (gemm.hpp: packed,
+// register-tiled, AVX-512 / AVX2 / scalar) and splits rows over num_threads() (parallel.hpp). The
+// reference one is the plain loops the fast kernels are tested against: the *_ref functions, and the
+// whole core when set_core_path(CorePath::Reference) or TPARITY_CORE_PATH=reference.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +18,10 @@ namespace tparity {
 // The activations a module chooses by name: torch's TransformerEncoderLayer takes relu or gelu;
 // seed 004's ViT head (get_activation) takes relu, tanh, sigmoid, silu, softplus and leakyrelu.
 enum class Activation { Relu, Gelu, Tanh, Sigmoid, Silu, Softplus, LeakyRelu };
+
+enum class CorePath { Fast, Reference };
+CorePath core_path();
+void set_core_path(CorePath path);
 
 // Sum of a[i] * b[i], i < n, in T: eight interleaved partial sums combined pairwise (the order a
 // vectorised kernel uses; its rounding error grows like n/8 rather than n).
@@ -26,8 +35,11 @@ T sum(const T* x, int64_t n);
 // mirrors torch.nn.functional.linear: weight has torch's (out, in) layout.
 // inp is (N, C), weight is (OC, C), bias is (OC) or null
 // out will be (N, OC); out must not alias inp
+// Fast: gemm(x, W^T) with the bias added to each finished tile. Reference: one dot() per output.
 template <class T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC);
+template <class T>
+void linear_forward_ref(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC);
 
 // mirrors torch.softmax(x, dim=-1): max-subtracted, rows of length C.
 // inp is (N, C); out will be (N, C); out may alias inp.
