@@ -9,6 +9,9 @@
 
 namespace tparity::cli {
 
+int g_argc = 0;
+char** g_argv = nullptr;
+
 void add_format_option(CLI::App& cmd, Format& format) {
   cmd.add_option("--format", format, "Output: table (human) or json (one document)")
       ->transform(

@@ -22,6 +22,12 @@ void register_eval(CLI::App& app, Action& action);
 void register_check(CLI::App& app, Action& action);
 void register_gate(CLI::App& app, Action& action);
 void register_sweep(CLI::App& app, Action& action);
+void register_bench(CLI::App& app, Action& action);
+
+// main()'s arguments, for a subcommand that must re-execute itself (bench, to change the
+// environment OpenBLAS reads when it loads).
+extern int g_argc;
+extern char** g_argv;
 
 // Sizes and options that override a default case's, as run and sweep take them.
 struct CaseOverrides {

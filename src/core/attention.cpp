@@ -111,6 +111,54 @@ class MergedMask {
   bool attn3d_;
 };
 
+// The same merge as MergedMask, row by row (the fast path): the attn_mask as an additive row (bool
+// turned into -inf/0 once), the key padding mask as an additive row per batch element, and where a
+// bool key padding mask meets a float attn_mask, a -inf that replaces the attn value (masked_fill)
+// rather than adding to it. Columns past S0 (bias_kv, zero_attn) are left alone.
+template <class T>
+class RowMask {
+ public:
+  RowMask(const Mask<T>& attn, const Mask<T>& kpm, int64_t B, int64_t H, int64_t L, int64_t S0)
+      : H_(H), L_(L), S0_(S0) {
+    constexpr T ninf = -std::numeric_limits<T>::infinity();
+    if (attn.present()) {
+      attn3d_ = attn.shape().size() == 3;
+      a_.resize(size_t(numel(attn.shape())));
+      for (size_t x = 0; x < a_.size(); ++x)
+        a_[x] = attn.is_bool() ? (attn.bools.data[x] ? ninf : T(0)) : attn.floats.data[x];
+    }
+    if (kpm.present()) {
+      k_.resize(size_t(B * S0));
+      fill_ = !attn.is_bool() && attn.present();  // masked_fill into a float attn_mask
+      for (size_t x = 0; x < k_.size(); ++x) {
+        const bool on = kpm.is_bool() ? kpm.bools.data[x] != 0 : kpm.floats.data[x] != T(0);
+        // alone or with a bool attn_mask (logical_or) a bool or nonzero-float key is -inf; alone,
+        // a float key padding mask is added as it is
+        k_[x] = kpm.is_bool() || attn.present() ? (on ? ninf : T(0)) : kpm.floats.data[x];
+      }
+    }
+  }
+  // row (b, h, i) of the scores += the merged mask
+  void add(T* row, int64_t b, int64_t h, int64_t i) const {
+    constexpr T ninf = -std::numeric_limits<T>::infinity();
+    const T* a = a_.empty() ? nullptr : a_.data() + ((attn3d_ ? (b * H_ + h) * L_ : 0) + i) * S0_;
+    const T* k = k_.empty() ? nullptr : k_.data() + b * S0_;
+    if (a && k && fill_)
+      for (int64_t j = 0; j < S0_; ++j) row[j] = (k[j] == ninf ? ninf : a[j]) + row[j];
+    else if (a && k)
+      for (int64_t j = 0; j < S0_; ++j) row[j] = (a[j] + k[j]) + row[j];
+    else if (a)
+      for (int64_t j = 0; j < S0_; ++j) row[j] = a[j] + row[j];
+    else
+      for (int64_t j = 0; j < S0_; ++j) row[j] = k[j] + row[j];
+  }
+
+ private:
+  int64_t H_, L_, S0_;
+  bool attn3d_ = false, fill_ = false;
+  std::vector<T> a_, k_;
+};
+
 }  // namespace
 
 template <class T>
@@ -314,7 +362,7 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   Tensor<T> scores({B, H, L, S});
   qdotk(scores.ptr(), qh.ptr(), kh.ptr(), B * H, L, S, D);
   const MergedMask<T> mask(in.attn_mask, in.key_padding_mask, H, L, S0);
-  if (mask.any())
+  if (mask.any() && core_path() == CorePath::Reference) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < L; ++i)
@@ -322,6 +370,13 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
             T& s = scores.data[size_t(((b * H + h) * L + i) * S + j)];
             s = mask.value(b, h, i, j) + s;
           }
+  } else if (mask.any()) {
+    const RowMask<T> rows(in.attn_mask, in.key_padding_mask, B, H, L, S0);
+    parallel_for(B * H, num_threads(), [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t i = 0; i < L; ++i) rows.add(scores.ptr() + (g * L + i) * S, g / H, g % H, i);
+    });
+  }
   if (obs) obs->on("scores", scores);
 
   // ---- weights, context, output ------------------------------------------------------------------

@@ -53,8 +53,7 @@ Tensor<T> feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1,
   Shape hs = x.shape;
   hs.back() = F;
   Tensor<T> hidden(hs);
-  linear_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F);
-  activation_forward(act, hidden.ptr(), hidden.ptr(), hidden.numel());
+  linear_act_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F, act);
   if (obs) obs->on("ffn_hidden", hidden);
   Tensor<T> out(x.shape);
   linear_forward(out.ptr(), hidden.ptr(), w2.ptr(), b2.ptr(), N, F, d);

@@ -67,6 +67,19 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 }
 
 template <class T>
+void linear_act_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
+                        Activation act) {
+  if (core_path() == CorePath::Fast && (act == Activation::Relu || act == Activation::Gelu)) {
+    GemmEpilogue<T> ep;
+    ep.bias = bias;
+    ep.activation = act == Activation::Relu ? &relu_forward<T> : &gelu_forward<T>;
+    return gemm(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, &ep, num_threads());
+  }
+  linear_forward(out, inp, weight, bias, N, C, OC);
+  activation_forward(act, out, out, N * OC);
+}
+
+template <class T>
 void linear_forward_ref(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC) {
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
@@ -345,6 +358,7 @@ void matmul_forward(T* out, const T* input, const T* other, const Shape& input_s
   template T sum<T>(const T*, int64_t);                                                                               \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                       \
   template void linear_forward_ref<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                   \
+  template void linear_act_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, Activation);       \
   template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                                                   \
   template void layernorm_forward<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*);                  \
   template void relu_forward<T>(T*, const T*, int64_t);                                                               \

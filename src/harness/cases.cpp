@@ -337,6 +337,7 @@ Problem make_problem(const CaseSpec& s) {
       p.mha.num_heads = s.heads;
       p.mha.bias = s.bias;
       p.mha.batch_first = true;
+      p.forward.need_weights = s.need_weights;
       mha_params(rng, p.mha, s.random_params, "", p.state_dict);
       p.inputs["query"] = normal(rng, batched(B, L, s.dim));
       p.inputs["key"] = self ? p.inputs["query"] : normal(rng, batched(B, S, s.dim));

@@ -1,6 +1,8 @@
 #include "tparity/harness/hand.hpp"
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 
 #include "tparity/core/attention.hpp"
@@ -200,7 +202,46 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
   return r;
 }
 
+// The forward pass of the transformer modules with weights and inputs converted once, for timing.
+template <class T>
+std::function<void()> prepare(const Problem& p) {
+  switch (p.module) {
+    case ModuleKind::MultiheadAttention: {
+      auto w = std::make_shared<MhaWeights<T>>(mha_weights<T>(p, ""));
+      auto in = std::make_shared<MhaInputs<T>>(MhaInputs<T>{input<T>(p, "query"), input<T>(p, "key"),
+                                                            input<T>(p, "value"), to_mask<T>(p.input("attn_mask")),
+                                                            to_mask<T>(p.input("key_padding_mask"))});
+      const MhaConfig c = p.mha;
+      const MhaForward f = p.forward;
+      return [c, f, w, in] { (void)mha_forward(c, f, *w, *in); };
+    }
+    case ModuleKind::TransformerEncoderLayer: {
+      auto w = std::make_shared<EncoderWeights<T>>(encoder_weights<T>(p, ""));
+      auto in = std::make_shared<EncoderInputs<T>>(EncoderInputs<T>{input<T>(p, "src"), to_mask<T>(p.input("src_mask")),
+                                                                    to_mask<T>(p.input("src_key_padding_mask"))});
+      const EncoderConfig c = p.encoder;
+      return [c, w, in] { (void)encoder_layer_forward(c, *w, *in); };
+    }
+    default: {
+      const Problem copy = p;  // converted at every call: fine where nobody times it
+      return [copy] { (void)run<T>(copy, false, nullptr); };
+    }
+  }
+}
+
 }  // namespace
+
+std::function<void()> prepare_hand(const Problem& p, DType dtype, const std::string& where, bool run_once) {
+  try {
+    std::function<void()> f = dtype == DType::Float32 ? prepare<float>(p) : prepare<double>(p);
+    if (run_once) f();  // so that shape errors surface here, as InputError
+    return f;
+  } catch (const ShapeError& e) {
+    throw InputError(where + ": " + e.what());
+  } catch (const std::invalid_argument& e) {
+    throw InputError(where + ": " + e.what());
+  }
+}
 
 RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where,
                    const Components* teacher) {

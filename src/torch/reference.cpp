@@ -2,6 +2,7 @@
 #include "tparity/torch/reference.hpp"
 
 #include <ATen/ExpandUtils.h>
+#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -895,6 +896,69 @@ TorchRun run_layer_norm(const Problem& p, DType dtype, bool collect) {
 }
 
 }  // namespace
+
+std::function<void()> prepare_torch(const Problem& p, DType dtype, const std::string& where, bool run_once) {
+  if (!module_limitation(p).empty()) throw InputError(where + ": no LibTorch module to time: " + module_limitation(p));
+  try {
+    std::function<void()> f;
+    if (p.module == ModuleKind::MultiheadAttention) {
+      const MhaConfig& c = p.mha;
+      const bool batched = p.input("query")->shape.size() == 3;
+      auto m = torch::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(c.embed_dim, c.num_heads)
+                                                 .dropout(0.0)
+                                                 .bias(c.bias)
+                                                 .add_bias_kv(c.add_bias_kv)
+                                                 .add_zero_attn(c.add_zero_attn)
+                                                 .kdim(c.key_dim())
+                                                 .vdim(c.value_dim()));
+      m->to(scalar_type(dtype));
+      m->eval();
+      load_state(*m, p, dtype, "LibTorch");
+      const TT q = seq_first(input(p, "query", dtype), batched, c.batch_first);
+      const TT k = seq_first(input(p, "key", dtype), batched, c.batch_first);
+      const TT v = seq_first(input(p, "value", dtype), batched, c.batch_first);
+      TT attn = input(p, "attn_mask", dtype), kpm = input(p, "key_padding_mask", dtype);
+      if (attn.defined() && attn.scalar_type() == torch::kBool) attn = bool_to_additive(attn, scalar_type(dtype));
+      if (kpm.defined() && !batched) kpm = kpm.unsqueeze(0);
+      const MhaForward fw = p.forward;
+      f = [m, q, k, v, attn, kpm, fw]() mutable {
+        torch::NoGradGuard guard;
+        (void)m->forward(q, k, v, kpm, fw.need_weights, attn, fw.average_attn_weights);
+      };
+    } else if (p.module == ModuleKind::TransformerEncoderLayer) {
+      const EncoderConfig& c = p.encoder;
+      const bool batched = p.input("src")->shape.size() == 3;
+      auto m = torch::nn::TransformerEncoderLayer(encoder_options(c));
+      m->to(scalar_type(dtype));
+      m->eval();
+      load_state(*m, p, dtype, "LibTorch");
+      const TT src = seq_first(input(p, "src", dtype), batched, c.batch_first);
+      TT mask = input(p, "src_mask", dtype), kpm = input(p, "src_key_padding_mask", dtype);
+      if (mask.defined() && mask.scalar_type() == torch::kBool) mask = bool_to_additive(mask, scalar_type(dtype));
+      if (kpm.defined() && !batched) kpm = kpm.unsqueeze(0);
+      f = [m, src, mask, kpm]() mutable {
+        torch::NoGradGuard guard;
+        (void)m->forward(src, mask, kpm);
+      };
+    } else {
+      throw InputError(where + ": the benchmark times MultiheadAttention and TransformerEncoderLayer, not " +
+                       module_name(p.module));
+    }
+    if (run_once) f();
+    return f;
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg = msg.substr(0, nl);
+    throw InputError(where + ": LibTorch rejected the problem: " + msg);
+  }
+}
+
+void set_torch_threads(int n) {
+  torch::set_num_threads(n);
+  // Debian's LibTorch calls the system BLAS, which (OpenBLAS pthread) keeps its own thread pool.
+  using SetThreads = void (*)(int);
+  if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
+}
 
 TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const std::string& where) {
   try {

@@ -41,6 +41,12 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 template <class T>
 void linear_forward_ref(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC);
 
+// activation(linear(inp)): the same as linear_forward then activation_forward, bit for bit; the fast
+// path applies ReLU and GELU to each finished GEMM tile while it is in cache.
+template <class T>
+void linear_act_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
+                        Activation act);
+
 // mirrors torch.softmax(x, dim=-1): max-subtracted, rows of length C.
 // inp is (N, C); out will be (N, C); out may alias inp.
 // A row whose entries are all -inf gives NaN, as torch does (exp(-inf - -inf) = exp(NaN)).

@@ -40,6 +40,7 @@ struct CaseSpec {
   Activation activation = Activation::Relu;
   MaskKind mask = MaskKind::None;
   bool zero_ffn_bias = false;  // the seeds' block zeroes linear1.bias and linear2.bias
+  bool need_weights = true;    // MultiheadAttention forward(need_weights=...)
   bool random_params = false;  // draw the parameters torch initialises to constants (biases,
                                // LayerNorm affine) at random, so their semantics are exercised
   uint64_t seed = 0;

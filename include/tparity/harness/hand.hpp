@@ -1,6 +1,7 @@
 // Runs the handwritten core on a problem, in float32 or float64, and collects its components.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ struct RunResult {
 // local result on the reference's own inputs.
 RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where,
                    const Components* teacher = nullptr);
+
+// The forward pass with weights and inputs converted once (for the benchmark): each call runs the
+// core on the problem, without an observer, and drops the result. Runs it once before returning
+// unless run_once is false (to measure the first run's memory).
+std::function<void()> prepare_hand(const Problem& p, DType dtype, const std::string& where, bool run_once = true);
 
 // Components of a module in dataflow order (names only): what the comparator lists.
 std::vector<std::string> component_names(const Problem& p);

@@ -14,6 +14,7 @@
 // key_padding_mask), (2) still runs, and a fixture exported from Python PyTorch is what verifies it.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,14 @@ struct TorchRun {
   std::vector<std::string> notes;  // adaptations made and what was verified, one line each
   std::string failure;             // non-empty when the decomposition disagrees with the module
 };
+
+// LibTorch's module (MultiheadAttention or TransformerEncoderLayer, expressible configs) loaded and
+// with its inputs converted once, for the benchmark: each call runs its forward under NoGradGuard.
+// Runs it once before returning. Throws InputError when the problem is not such a module.
+std::function<void()> prepare_torch(const Problem& p, DType dtype, const std::string& where, bool run_once = true);
+
+// LibTorch's intra-op threads (at::set_num_threads) and, when the BLAS is OpenBLAS, its own.
+void set_torch_threads(int n);
 
 // Throws InputError (prefixed with `where`) when LibTorch rejects the problem's tensors, and
 // std::runtime_error when built without LibTorch.

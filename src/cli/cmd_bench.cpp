@@ -1,0 +1,394 @@
+// tparity bench: the hand core against LibTorch, timed in one process with the two sides interleaved,
+// peak memory measured in separate child processes, the machine's FMA peak measured too. A
+// benchmark, not a test: it asserts nothing about time (exit 0 unless the input is bad or a parity
+// check of the fast path fails).
+#include <fmt/format.h>
+#include <malloc.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "common.hpp"
+#include "tparity/api.hpp"
+#include "tparity/core/gemm.hpp"
+#include "tparity/core/parallel.hpp"
+#include "tparity/torch/reference.hpp"
+
+namespace tparity::cli {
+
+namespace {
+
+// ---- the cases, as data ------------------------------------------------------------------------------
+
+struct BenchCase {
+  std::string name;
+  CaseSpec spec;
+  int threads;         // the hand core's threads, and LibTorch's
+  std::string target;  // what the project aims at (informative: a benchmark asserts nothing)
+};
+
+CaseSpec encoder_layer(std::string name, int64_t B, int64_t T, int64_t d, int64_t H, int64_t F, MaskKind mask,
+                       bool zero_ffn_bias) {
+  CaseSpec s;
+  s.name = std::move(name), s.module = ModuleKind::TransformerEncoderLayer, s.batch = B, s.seq = T, s.dim = d;
+  s.heads = H, s.ffn = F, s.mask = mask, s.zero_ffn_bias = zero_ffn_bias, s.seed = 42;
+  return s;
+}
+
+std::vector<BenchCase> bench_cases(bool quick) {
+  // quick: the same cases, small, for CI's smoke run
+  const int64_t q = quick ? 1 : 0;
+  CaseSpec attention;
+  attention.name = "long_attention", attention.module = ModuleKind::MultiheadAttention, attention.batch = 1;
+  attention.seq = q ? 256 : 4096, attention.dim = 512, attention.heads = 8, attention.bias = true;
+  attention.need_weights = false, attention.seed = 42;
+  return {
+      {"seed_block", encoder_layer("seed_block", q ? 5 : 50, 100, 64, 4, 128, MaskKind::Causal, true), 1,
+       "<= 0.5x LibTorch's time"},
+      {"bert_base", encoder_layer("bert_base", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false), 1,
+       "<= 1.0x LibTorch's time"},
+      {"long_attention", attention, 1, "<= 0.5x LibTorch's time, <= 0.1x its peak memory"},
+      {"bert_base_2threads",
+       encoder_layer("bert_base_2threads", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false), 2,
+       ">= 1.8x the hand core's own one-thread speed"},
+  };
+}
+
+// Multiply-adds x 2 of the products (projections, scores, weighted sums, feed-forward); softmax and
+// norms are not counted.
+double flops(const CaseSpec& s) {
+  const double B = double(s.batch ? s.batch : 1), L = double(s.seq), S = double(s.kv_seq ? s.kv_seq : s.seq),
+               E = double(s.dim);
+  const double attention = 2 * B * L * E * E + 2 * 2 * B * S * E * E + 2 * 2 * B * L * S * E + 2 * B * L * E * E;
+  if (s.module == ModuleKind::TransformerEncoderLayer) return attention + 2 * 2 * B * L * E * double(s.ffn);
+  return attention;
+}
+
+// ---- measuring ---------------------------------------------------------------------------------------
+
+using Clock = std::chrono::steady_clock;
+
+double time_ms(const std::function<void()>& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+
+Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
+}
+
+#if defined(__x86_64__)
+// The FMA peak of one core: independent accumulators so the FMA units never wait on a result.
+__attribute__((target("avx512f,fma"))) double fma_loop_avx512(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return double(out[0]) + double(iters) * 12 * 16 * 2;
+}
+__attribute__((target("avx2,fma"))) double fma_loop_avx2(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(float(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  float out[8];
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  _mm256_storeu_ps(out, s);
+  return double(out[0]) + double(iters) * 12 * 8 * 2;
+}
+#endif
+
+// GFLOP/s of one core's fp32 FMA units, the median of 5 runs, on the widest path the CPU has.
+double measure_peak(std::string& isa) {
+#if defined(__x86_64__)
+  const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
+  if (avx512 || avx2) {
+    isa = avx512 ? "avx512" : "avx2";
+    const int64_t iters = 20'000'000;
+    std::vector<double> g;
+    volatile double sink = 0;  // keeps the loop
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = Clock::now();
+      const double flop = avx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      sink = sink + flop;
+      g.push_back(double(iters) * 12 * (avx512 ? 16 : 8) * 2 / s / 1e9);
+    }
+    (void)sink;
+    return stats(g).median;
+  }
+#endif
+  isa = "none";
+  return 0;
+}
+
+// The process's resident set: "VmRSS" or "VmHWM" (the peak) from /proc/self/status, in bytes.
+int64_t status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key) + 1)) * 1024;
+  return -1;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+// ---- the child: one side, one case, its peak memory ---------------------------------------------------
+
+// Prepares the side (weights and inputs held, the forward not yet run), resets the kernel's peak-RSS
+// mark, runs the forward once and prints the peak minus the resident set before it: the memory the
+// forward pass itself needs beyond its inputs, weights and the libraries.
+int child(const std::string& side, const BenchCase& c) {
+  const Problem p = make_problem(c.spec);
+  set_num_threads(c.threads);
+  set_torch_threads(c.threads);
+  const std::function<void()> f = side == "hand" ? prepare_hand(p, DType::Float32, "bench " + c.name, false)
+                                                 : prepare_torch(p, DType::Float32, "bench " + c.name, false);
+  // Back to glibc's defaults (main() keeps freed memory for speed), and free memory handed back, so
+  // that memory the forward reuses from the preparation does not hide from the measurement.
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
+  mallopt(M_TRIM_THRESHOLD, 128 << 10);
+  malloc_trim(0);
+  const int64_t before = status_bytes("VmRSS:");
+  std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS (Linux >= 4.0)
+  f();
+  std::printf("%lld\n", static_cast<long long>(status_bytes("VmHWM:") - before));
+  return kPass;
+}
+
+int64_t peak_in_child(const std::string& side, const BenchCase& c, bool quick) {
+  const std::string cmd =
+      fmt::format("/proc/{}/exe bench --child {} --case {}{}", ::getpid(), side, c.name, quick ? " --quick" : "");
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return -1;
+  long long bytes = -1;
+  if (std::fscanf(pipe, "%lld", &bytes) != 1) bytes = -1;
+  return ::pclose(pipe) == 0 ? int64_t(bytes) : -1;
+}
+
+// ---- the run -----------------------------------------------------------------------------------------
+
+struct BenchOptions {
+  std::vector<std::string> cases;
+  int threads = 0;  // 0: each case's own
+  int reps = 11;
+  bool quick = false;
+  bool check = true;
+  Format format = Format::Table;
+  std::string child_side;
+};
+
+struct Result {
+  BenchCase c;
+  Stats hand, torch;
+  double hand_gflops = 0, torch_gflops = 0;
+  int64_t hand_peak = -1, torch_peak = -1;
+  std::string parity = "not checked";
+};
+
+// The fast path as an implementation under test: outputs only, no observer, so every fast kernel
+// runs as it does when timed (the fused attention among them).
+Implementation fast_path() {
+  return {"hand core, fast path (outputs only, as timed)",
+          [](const Problem& p, DType dtype, const Components*) { return run_hand(p, dtype, false, "case " + p.name); }};
+}
+
+// OpenBLAS reads OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE when it loads, before main(): to time
+// LibTorch on the kernels its BLAS would pick for this CPU, the bench drops them and runs itself
+// again. TPARITY_BENCH_UNSET remembers what it dropped, to say so.
+void reexec_without_openblas_overrides() {
+  std::string dropped;
+  for (const char* v : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"})
+    if (const char* val = std::getenv(v)) dropped += fmt::format("{}{}={}", dropped.empty() ? "" : " ", v, val);
+  if (dropped.empty() || std::getenv("TPARITY_BENCH_UNSET")) return;
+  ::unsetenv("OPENBLAS_CORETYPE");
+  ::unsetenv("OPENBLAS_L2_SIZE");
+  ::setenv("TPARITY_BENCH_UNSET", dropped.c_str(), 1);
+  ::execv("/proc/self/exe", g_argv);
+  throw std::runtime_error(std::string("bench: could not re-execute itself without the OpenBLAS overrides: ") +
+                           std::strerror(errno));
+}
+
+int bench(const BenchOptions& o) {
+  std::vector<BenchCase> all = bench_cases(o.quick), chosen;
+  for (const std::string& n : o.cases) {
+    bool found = false;
+    for (const BenchCase& c : all) found = found || c.name == n;
+    if (!found) {
+      std::string names;
+      for (const BenchCase& c : all) names += (names.empty() ? "" : ", ") + c.name;
+      throw InputError(fmt::format("option --case: expected one of {}, got \"{}\"", names, n));
+    }
+  }
+  for (const BenchCase& c : all)
+    if (o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), c.name) != o.cases.end()) chosen.push_back(c);
+  if (o.threads)
+    for (BenchCase& c : chosen) c.threads = o.threads;
+  if (!o.child_side.empty()) return child(o.child_side, chosen.at(0));
+
+  reexec_without_openblas_overrides();
+  std::string peak_isa;
+  const double peak = measure_peak(peak_isa);
+  std::vector<Result> results;
+  for (const BenchCase& c : chosen) {
+    if (o.format == Format::Table && isatty(2)) std::fprintf(stderr, "bench %s ...\n", c.name.c_str());
+    const Problem p = make_problem(c.spec);
+    Result r{c, {}, {}, 0, 0, -1, -1, "not checked"};
+    set_num_threads(c.threads);
+    set_torch_threads(c.threads);
+    const std::function<void()> hand = prepare_hand(p, DType::Float32, "bench " + c.name);
+    const std::function<void()> torch = prepare_torch(p, DType::Float32, "bench " + c.name);
+    for (int w = 0; w < 2; ++w) hand(), torch();  // warm-up: caches, packing buffers, thread pools
+    std::vector<double> th, tt;
+    for (int rep = 0; rep < o.reps; ++rep) {  // interleaved, so a slow spell of the machine hits both
+      th.push_back(time_ms(hand));
+      tt.push_back(time_ms(torch));
+    }
+    r.hand = stats(th), r.torch = stats(tt);
+    r.hand_gflops = flops(c.spec) / (r.hand.median * 1e6);
+    r.torch_gflops = flops(c.spec) / (r.torch.median * 1e6);
+    r.hand_peak = peak_in_child("hand", c, o.quick);
+    r.torch_peak = peak_in_child("torch", c, o.quick);
+    if (o.check) {
+      set_num_threads(c.threads);
+      const CaseReport cr = evaluate_problem(p, c.spec.describe(), c.spec.seed, GatePolicy{}, fast_path());
+      r.parity = cr.pass ? "PASS" : "FAIL: " + (cr.failures.empty() ? std::string("?") : cr.failures.front());
+    }
+    results.push_back(r);
+  }
+  set_num_threads(1);
+  set_torch_threads(1);
+
+  // The two-thread case's own scaling, against the one-thread case of the same shape.
+  std::map<std::string, double> one_thread;
+  for (const Result& r : results)
+    if (r.c.threads == 1) one_thread[r.c.spec.describe()] = r.hand.median;
+  auto scaling = [&](const Result& r) -> double {
+    auto it = one_thread.find(r.c.spec.describe());
+    return r.c.threads > 1 && it != one_thread.end() ? it->second / r.hand.median : 0.0;
+  };
+
+  const char* dropped = std::getenv("TPARITY_BENCH_UNSET");
+  nlohmann::json env = {{"cpu", cpu_model()},
+                        {"isa", to_string(gemm_isa())},
+                        {"blas", torch_blas()},
+                        {"torch", torch_version()},
+                        {"peak_gflops", peak},
+                        {"peak_isa", peak_isa},
+                        {"unset", dropped ? dropped : ""},
+                        {"quick", o.quick},
+                        {"reps", o.reps}};
+  bool parity_ok = true;
+  for (const Result& r : results) parity_ok = parity_ok && (r.parity == "PASS" || r.parity == "not checked");
+  if (o.format == Format::Json) {
+    nlohmann::json cases = nlohmann::json::array();
+    for (const Result& r : results)
+      cases.push_back({{"name", r.c.name},
+                       {"description", r.c.spec.describe()},
+                       {"threads", r.c.threads},
+                       {"hand_ms", r.hand.median},
+                       {"hand_min_ms", r.hand.min},
+                       {"hand_max_ms", r.hand.max},
+                       {"torch_ms", r.torch.median},
+                       {"torch_min_ms", r.torch.min},
+                       {"torch_max_ms", r.torch.max},
+                       {"ratio", r.hand.median / r.torch.median},
+                       {"hand_gflops", r.hand_gflops},
+                       {"torch_gflops", r.torch_gflops},
+                       {"peak_fraction", peak > 0 ? r.hand_gflops / (peak * r.c.threads) : 0.0},
+                       {"torch_peak_fraction", peak > 0 ? r.torch_gflops / (peak * r.c.threads) : 0.0},
+                       {"hand_peak_bytes", r.hand_peak},
+                       {"torch_peak_bytes", r.torch_peak},
+                       {"scaling", scaling(r)},
+                       {"target", r.c.target},
+                       {"parity", r.parity}});
+    std::fputs((nlohmann::json{{"environment", env}, {"cases", cases}}.dump(2) + "\n").c_str(), stdout);
+    return parity_ok ? kPass : kFail;
+  }
+  fmt::print("tparity bench: {} | hand core ISA {} | LibTorch {} on {} | fp32 FMA peak {:.0f} GFLOP/s per core ({})\n",
+             cpu_model(), to_string(gemm_isa()), torch_version(), torch_blas(), peak, peak_isa);
+  fmt::print("{}\n", dropped ? fmt::format("unset for this run, so OpenBLAS picks its own kernels: {}", dropped)
+                             : std::string("no OpenBLAS overrides were set"));
+  fmt::print(
+      "medians of {} interleaved runs after 2 warm-ups; peak memory: the forward pass beyond its inputs and "
+      "weights, each side in its own child process\n\n",
+      o.reps);
+  fmt::print("{:<19} {:>3} {:>22} {:>22} {:>6} {:>13} {:>9} {:>19} {:>6}  {}\n", "case", "thr", "hand ms (min-max)",
+             "torch ms (min-max)", "ratio", "GFLOP/s h/t", "of peak", "peak MB h/t", "mem", "parity");
+  for (const Result& r : results) {
+    const double mem = r.hand_peak >= 0 && r.torch_peak > 0 ? double(r.hand_peak) / double(r.torch_peak) : 0;
+    fmt::print("{:<19} {:>3} {:>22} {:>22} {:>6.2f} {:>13} {:>9} {:>19} {:>6}  {}\n", r.c.name, r.c.threads,
+               fmt::format("{:.2f} ({:.2f}-{:.2f})", r.hand.median, r.hand.min, r.hand.max),
+               fmt::format("{:.2f} ({:.2f}-{:.2f})", r.torch.median, r.torch.min, r.torch.max),
+               r.hand.median / r.torch.median, fmt::format("{:.0f}/{:.0f}", r.hand_gflops, r.torch_gflops),
+               peak > 0 ? fmt::format("{:.0f}%/{:.0f}%", 100 * r.hand_gflops / (peak * r.c.threads),
+                                      100 * r.torch_gflops / (peak * r.c.threads))
+                        : "-",
+               fmt::format("{:.1f}/{:.1f}", double(r.hand_peak) / 1e6, double(r.torch_peak) / 1e6),
+               mem > 0 ? fmt::format("{:.3f}", mem) : "-", r.parity);
+  }
+  for (const Result& r : results) {
+    const double s = scaling(r);
+    fmt::print("target {}: {}{}\n", r.c.name, r.c.target,
+               s > 0 ? fmt::format(" (measured: {:.2f}x its one-thread time)", s) : "");
+  }
+  return parity_ok ? kPass : kFail;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app, Action& action) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Time the hand core against LibTorch (interleaved medians, GFLOP/s, peak memory); asserts nothing");
+  std::string names;
+  for (const BenchCase& c : bench_cases(false)) names += (names.empty() ? "" : ", ") + c.name;
+  cmd->add_option("--case", o->cases, "Cases (default: all): " + names);
+  cmd->add_option("--threads", o->threads, "Threads on each side (default: each case's own)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--reps", o->reps, "Timed runs per side")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_flag("--quick", o->quick, "Small shapes and few runs: a smoke run for CI");
+  cmd->add_flag("!--no-check", o->check, "Skip the parity check of the fast path at each shape");
+  add_format_option(*cmd, o->format);
+  cmd->add_option("--child", o->child_side, "(internal) measure one side's peak memory")
+      ->check(CLI::IsMember({"hand", "torch"}))
+      ->group("");
+  cmd->callback([o, &action] {
+    if (o->quick && o->reps == 11) o->reps = 3;
+    action = [o] { return bench(*o); };
+  });
+}
+
+}  // namespace tparity::cli
