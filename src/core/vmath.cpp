@@ -1,0 +1,81 @@
+// vmath's front: the path (the GEMM's, gemm_isa()) and the threads. The algorithms are in
+// vmath_simd.hpp, instantiated by vmath_kernels_<isa>.cpp.
+#include "tparity/core/vmath.hpp"
+
+#include <cassert>
+
+#include "tparity/core/gemm.hpp"
+#include "tparity/core/parallel.hpp"
+#include "vmath_kernels.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TPARITY_VMATH_X86 1
+#else
+#define TPARITY_VMATH_X86 0
+#endif
+
+namespace tparity {
+namespace vmath_impl {
+namespace {
+
+template <class T>
+VmathKernels<T> make_kernels(GemmIsa isa) {
+  switch (isa) {
+#if TPARITY_VMATH_X86
+    case GemmIsa::Avx512:
+      return avx512_kernels<T>();
+    case GemmIsa::Avx2:
+      return avx2_kernels<T>();
+#endif
+    default:
+      return scalar_kernels<T>();
+  }
+}
+
+// The kernels of the path in use; gemm_isa() has checked that the CPU has it (or thrown). Each path's
+// entry points are fetched the first time it is used: an AVX file's code runs only after that check.
+template <class T>
+const VmathKernels<T>& kernels() {
+  switch (gemm_isa()) {
+    case GemmIsa::Avx512: {
+      static const VmathKernels<T> k = make_kernels<T>(GemmIsa::Avx512);
+      return k;
+    }
+    case GemmIsa::Avx2: {
+      static const VmathKernels<T> k = make_kernels<T>(GemmIsa::Avx2);
+      return k;
+    }
+    default: {
+      static const VmathKernels<T> k = make_kernels<T>(GemmIsa::Scalar);
+      return k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace vmath_impl
+
+template <class T>
+void exp_forward(T* out, const T* in, int64_t n) {
+  assert(n >= 0);
+  if (n > 0) vmath_impl::kernels<T>().exp(out, in, n);
+}
+
+template <class T>
+void softmax_rows(T* out, const T* in, int64_t rows, int64_t cols, int threads) {
+  // in is (rows, cols); out will be (rows, cols)
+  assert(rows >= 0 && cols >= 0);
+  if (rows == 0 || cols == 0) return;
+  const auto softmax = vmath_impl::kernels<T>().softmax;
+  if (threads <= 1 || rows == 1) return softmax(out, in, rows, cols);
+  parallel_for(rows, threads, [&](int64_t r0, int64_t r1) { softmax(out + r0 * cols, in + r0 * cols, r1 - r0, cols); });
+}
+
+#define TPARITY_INSTANTIATE(T)                         \
+  template void exp_forward<T>(T*, const T*, int64_t); \
+  template void softmax_rows<T>(T*, const T*, int64_t, int64_t, int);
+TPARITY_INSTANTIATE(float)
+TPARITY_INSTANTIATE(double)
+#undef TPARITY_INSTANTIATE
+
+}  // namespace tparity
