@@ -1,0 +1,163 @@
+// The fused attention's front: the path (the GEMM's, gemm_isa()), the work split into (group, block
+// of queries) units over the threads, and each thread's scratch. The block algorithm is in
+// fused_attention_simd.hpp, instantiated by fused_attention_kernels_<isa>.cpp.
+#include "tparity/core/fused_attention.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "fused_attention_kernels.hpp"
+#include "tparity/core/parallel.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TPARITY_FUSED_X86 1
+#else
+#define TPARITY_FUSED_X86 0
+#endif
+
+namespace tparity {
+namespace fused_impl {
+namespace {
+
+template <class T>
+FusedPath<T> make_path(GemmIsa isa) {
+  switch (isa) {
+#if TPARITY_FUSED_X86
+    case GemmIsa::Avx512:
+      return avx512_path<T>();
+    case GemmIsa::Avx2:
+      return avx2_path<T>();
+#endif
+    default:
+      return scalar_path<T>();
+  }
+}
+
+// The path's entry points; isa must be available (the AVX files' code runs only after that check).
+template <class T>
+const FusedPath<T>& path_for(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Avx512: {
+      static const FusedPath<T> p = make_path<T>(GemmIsa::Avx512);
+      return p;
+    }
+    case GemmIsa::Avx2: {
+      static const FusedPath<T> p = make_path<T>(GemmIsa::Avx2);
+      return p;
+    }
+    default: {
+      static const FusedPath<T> p = make_path<T>(GemmIsa::Scalar);
+      return p;
+    }
+  }
+}
+
+// A thread's scratch: grows, never shrinks, 64-byte aligned.
+class Scratch {
+ public:
+  ~Scratch() { std::free(p_); }
+  void* get(size_t bytes) {
+    if (bytes > size_) {
+      std::free(p_);
+      size_ = 0;
+      const size_t n = (bytes + 63) / 64 * 64;
+      p_ = std::aligned_alloc(64, n);
+      if (!p_) throw std::bad_alloc();
+      size_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+thread_local Scratch scratch;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The parts of a BlockScratch, each rounded up to 64 bytes, carved from one buffer.
+template <class T>
+struct ScratchShape {
+  int64_t qt, st, ot, vec;  // elements
+  ScratchShape(const FusedBlocking& bs, int64_t D, int64_t Dv) {
+    const int64_t line = 64 / int64_t(sizeof(T));
+    qt = round_up(std::max<int64_t>(D, 1) * bs.br, line);
+    st = round_up(int64_t(bs.bc) * bs.br, line);
+    ot = round_up(Dv * bs.br, line);
+    vec = round_up(bs.br, line);
+  }
+  int64_t total() const { return qt + st + ot + 3 * vec; }
+  BlockScratch<T> carve(T* base) const {
+    return {
+        base, base + qt, base + qt + st, base + qt + st + ot, base + qt + st + ot + vec, base + qt + st + ot + 2 * vec};
+  }
+};
+
+}  // namespace
+}  // namespace fused_impl
+
+using namespace fused_impl;
+
+template <class T>
+void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int64_t L, int64_t S, int64_t D, int64_t Dv,
+                     T scale, const AttentionMasks<T>& masks, int threads) {
+  // q is (G, L, D), k is (G, S, D), v is (G, S, Dv); out will be (G, L, Dv)
+  assert(G >= 0 && L >= 0 && S >= 0 && D >= 0 && Dv >= 0);
+  assert(!masks.key_bias || masks.heads >= 1);
+  if (G == 0 || L == 0 || Dv == 0) return;
+  if (S == 0) {  // softmax over no keys, then an empty sum: zeros, as the reference path and torch give
+    std::fill(out, out + G * L * Dv, T(0));
+    return;
+  }
+  const FusedPath<T>& path = path_for<T>(gemm_isa());
+  const int64_t br = path.blocking.br, blocks = (L + br - 1) / br;
+  const ScratchShape<T> shape(path.blocking, D, Dv);
+  auto body = [&](int64_t w0, int64_t w1) {
+    const BlockScratch<T> s = shape.carve(static_cast<T*>(scratch.get(size_t(shape.total()) * sizeof(T))));
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t g = w / blocks, i0 = w % blocks * br;
+      QueryBlock<T> b;
+      b.q = q + (g * L + i0) * D;
+      b.k = k + g * S * D;
+      b.v = v + g * S * Dv;
+      b.mask = masks.attn ? masks.attn + g * masks.attn_group_stride + i0 * S : nullptr;
+      b.bias = masks.key_bias ? masks.key_bias + g / masks.heads * S : nullptr;
+      b.out = out + (g * L + i0) * Dv;
+      b.nq = std::min(br, L - i0);
+      b.S = S, b.D = D, b.Dv = Dv;
+      b.scale = scale;
+      path.run(b, s);
+    }
+  };
+  const int64_t units = G * blocks;
+  if (threads <= 1 || units == 1) return body(0, units);
+  parallel_for(units, threads, body);
+}
+
+namespace fused_attention_detail {
+
+template <class T>
+FusedBlocking blocking(GemmIsa isa) {
+  if (!gemm_isa_available(isa))
+    throw std::invalid_argument(std::string("fused_attention: the ") + to_string(isa) +
+                                " path is not available on this machine");
+  return path_for<T>(isa).blocking;
+}
+
+}  // namespace fused_attention_detail
+
+#define TPARITY_INSTANTIATE(T)                                                                                       \
+  template void fused_attention<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, T, \
+                                   const AttentionMasks<T>&, int);                                                   \
+  template fused_attention_detail::FusedBlocking fused_attention_detail::blocking<T>(GemmIsa);
+TPARITY_INSTANTIATE(float)
+TPARITY_INSTANTIATE(double)
+#undef TPARITY_INSTANTIATE
+
+}  // namespace tparity

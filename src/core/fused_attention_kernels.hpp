@@ -1,0 +1,50 @@
+// What the fused attention's front (fused_attention.cpp) and its per-instruction-set files
+// (fused_attention_kernels_<isa>.cpp) share: one unit of work, its scratch, the entry points.
+#pragma once
+
+#include <cstdint>
+
+#include "tparity/core/fused_attention.hpp"
+
+namespace tparity::fused_impl {
+
+using fused_attention_detail::FusedBlocking;
+
+// One unit of work: a block of nq <= br queries of one group against all S keys of the group.
+template <class T>
+struct QueryBlock {
+  const T* q;     // (nq, D): the block's queries
+  const T* k;     // (S, D): the group's keys
+  const T* v;     // (S, Dv): the group's values
+  const T* mask;  // (nq, S) with row stride S: the block's rows of the group's attn mask; or null
+  const T* bias;  // (S): the group's key bias; or null
+  T* out;         // (nq, Dv): the block's rows of the output
+  int64_t nq, S, D, Dv;
+  T scale;
+};
+
+// A thread's scratch, each part 64-byte aligned: qt (D, br) the block's queries transposed, st
+// (bc, br) the scores then the weights of a key block transposed, ot (Dv, br) the output transposed,
+// and m, l, alpha (br): the running maximum, the running sum, the last rescaling factor.
+template <class T>
+struct BlockScratch {
+  T *qt, *st, *ot, *m, *l, *alpha;
+};
+
+// One path: its block sizes and the function that computes one QueryBlock.
+template <class T>
+struct FusedPath {
+  FusedBlocking blocking;
+  void (*run)(const QueryBlock<T>& b, const BlockScratch<T>& s);
+};
+
+// Defined in fused_attention_kernels_scalar.cpp, _avx2.cpp and _avx512.cpp; the last two are
+// compiled for their instruction set, so call them only once the CPU is known to have it.
+template <class T>
+FusedPath<T> scalar_path();
+template <class T>
+FusedPath<T> avx2_path();
+template <class T>
+FusedPath<T> avx512_path();
+
+}  // namespace tparity::fused_impl

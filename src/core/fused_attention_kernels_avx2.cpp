@@ -1,0 +1,18 @@
+// The fused attention's AVX2 path: 8 floats or 4 doubles per ymm register, compiled with -mavx2
+// -mfma (CMakeLists.txt) and called only when the CPU has AVX2 and FMA (fused_attention.cpp).
+// The register tiles are the GEMM's: 6 rows x 2 ymm = 12 accumulators of the 16 registers.
+#include "fused_attention_simd.hpp"
+#include "simd_avx2.hpp"
+
+namespace tparity::fused_impl {
+
+template <>
+FusedPath<float> avx2_path<float>() {
+  return FusedKernel<simd::F32x8, 2, 6, 64>::path();
+}
+template <>
+FusedPath<double> avx2_path<double>() {
+  return FusedKernel<simd::F64x4, 2, 6, 64>::path();
+}
+
+}  // namespace tparity::fused_impl

@@ -1,0 +1,230 @@
+// The fused attention's block algorithm, written once over a lane type (simd_scalar.hpp states the
+// contract) and instantiated by each instruction-set file (fused_attention_kernels_<isa>.cpp).
+// Anonymous namespace: see simd_avx512.hpp (each ISA file compiles its own copy). For the same reason
+// nothing here calls into the standard library's templates.
+//
+// The layout: everything of a block of BR queries is held transposed, queries along the vector
+// lanes. The scores of a key block are S^T (keys x queries) = K Q^T, so a key's row of scores is NV
+// vectors; the softmax over keys is then lane-wise (the maximum and the sum run down the rows, no
+// horizontal reductions), and so are the rescaling by exp(m_old - m_new) and the division by l. The
+// output is held as O^T (Dv x queries) += V^T P^T. Both products are register tiles of MR rows x NV
+// vectors, the GEMM's micro-kernel shape (gemm_microkernel.hpp): per step NV vector loads of a
+// packed row (Q^T's row d, or P^T's row j), MR broadcasts (K's rows at column d, or V's row j), and
+// MR x NV fused multiply-adds.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+#include "fused_attention_kernels.hpp"
+#include "vmath_simd.hpp"
+
+namespace tparity::fused_impl {
+namespace {
+
+template <class L, int NV, int MR, int BC>
+struct FusedKernel {
+  using T = typename L::T;
+  using V = typename L::V;
+  static constexpr int W = L::width, BR = NV * W;
+
+  // S^T rows 0..M-1 of a key block: st[r][i] = scale * (k_r . q_i) + bias[r] (no bias when null).
+  // k: the tile's first key, rows D apart; qt: Q^T (D, BR). The dot product is one FMA chain over
+  // d ascending from 0, as the GEMM's micro-kernel computes each element of q k^T.
+  template <int M>
+  static void qk_tile(int64_t D, const T* k, const T* qt, T* st, T scale, const T* bias) {
+    V acc[M][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = L::zero();
+    const T* kr[M];
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) kr[r] = k + r * D;
+#pragma GCC unroll 4
+    for (int64_t d = 0; d < D; ++d) {
+      V b[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) b[v] = L::load(qt + d * BR + v * W);
+#pragma GCC unroll 16
+      for (int r = 0; r < M; ++r) {
+        const V a = L::set1(kr[r][d]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = L::fma(a, b[v], acc[r][v]);
+      }
+    }
+    const V vs = L::set1(scale);
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) {
+      const V br = bias ? L::set1(bias[r]) : L::zero();
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        V x = L::mul(vs, acc[r][v]);
+        if (bias) x = L::add(x, br);
+        L::store(st + r * BR + v * W, x);
+      }
+    }
+  }
+
+  // O^T rows 0..M-1 (value columns e0..e0+M-1): ot[r] = ot[r] * alpha + sum_j v[j][r] * pt[j], the
+  // sum over the block's nk keys in a register chain from 0, then one FMA with the rescaled ot.
+  // v: the value row of the block's first key at column e0, rows Dv apart; pt: P^T (nk, BR).
+  template <int M>
+  static void pv_tile(int64_t nk, const T* v, int64_t Dv, const T* pt, T* ot, const T* alpha) {
+    V acc[M][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) acc[r][u] = L::zero();
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < nk; ++j) {
+      V b[NV];
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) b[u] = L::load(pt + j * BR + u * W);
+      const T* vj = v + j * Dv;
+#pragma GCC unroll 16
+      for (int r = 0; r < M; ++r) {
+        const V a = L::set1(vj[r]);
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; ++u) acc[r][u] = L::fma(a, b[u], acc[r][u]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) {
+      const V al = L::load(alpha + u * W);
+#pragma GCC unroll 16
+      for (int r = 0; r < M; ++r) {
+        T* o = ot + r * BR + u * W;
+        L::store(o, L::fma(L::load(o), al, acc[r][u]));
+      }
+    }
+  }
+
+  // The tiles by height: by_rows[m - 1] computes m rows, for the last rows of a block.
+  using QkTile = void (*)(int64_t, const T*, const T*, T*, T, const T*);
+  using PvTile = void (*)(int64_t, const T*, int64_t, const T*, T*, const T*);
+  template <class Rows>
+  struct Tiles;
+  template <int... I>
+  struct Tiles<std::integer_sequence<int, I...>> {
+    static constexpr QkTile qk[] = {&qk_tile<I + 1>...};
+    static constexpr PvTile pv[] = {&pv_tile<I + 1>...};
+  };
+  using ByRows = Tiles<std::make_integer_sequence<int, MR>>;
+
+  // qt (D, BR) = the block's queries (nq, D) transposed; lanes nq..BR-1 zero.
+  static void pack_queries(const T* q, int64_t nq, int64_t D, T* qt) {
+    int64_t i0 = 0;
+    for (; i0 + W <= nq; i0 += W) {
+      int64_t d0 = 0;
+      for (; d0 + W <= D; d0 += W) L::transpose(q + i0 * D + d0, D, qt + d0 * BR + i0, BR);
+      for (int64_t d = d0; d < D; ++d)
+        for (int64_t i = i0; i < i0 + W; ++i) qt[d * BR + i] = q[i * D + d];
+    }
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t i = i0; i < BR; ++i) qt[d * BR + i] = i < nq ? q[i * D + d] : T(0);
+  }
+
+  // st[j][i] += mask[i][j] for the block's nq queries and nk keys (mask rows S apart).
+  static void add_mask(const T* mask, int64_t S, int64_t nq, int64_t nk, T* st) {
+    alignas(64) T tile[W * W];
+    int64_t i0 = 0;
+    for (; i0 + W <= nq; i0 += W) {
+      int64_t j0 = 0;
+      for (; j0 + W <= nk; j0 += W) {
+        L::transpose(mask + i0 * S + j0, S, tile, W);
+        for (int jj = 0; jj < W; ++jj) {
+          T* s = st + (j0 + jj) * BR + i0;
+          L::store(s, L::add(L::load(s), L::load(tile + jj * W)));
+        }
+      }
+      for (int64_t j = j0; j < nk; ++j)
+        for (int64_t i = i0; i < i0 + W; ++i) st[j * BR + i] = st[j * BR + i] + mask[i * S + j];
+    }
+    for (int64_t j = 0; j < nk; ++j)
+      for (int64_t i = i0; i < nq; ++i) st[j * BR + i] = st[j * BR + i] + mask[i * S + j];
+  }
+
+  // The online softmax over one key block, lane by lane (one lane, one query):
+  //   m_new = max(m, the block's maximum) (NaN scores skipped, as softmax_forward's std::max does);
+  //   mu = m_new, or 0 while m_new is -inf (every score so far -inf: then exp(s - mu) = 0 for them,
+  //     not exp(-inf - -inf) = NaN, and the block adds nothing);
+  //   alpha = exp(m - mu) (0 while m was -inf, 1 when the maximum did not move);
+  //   st = P^T = exp(st - mu); l = l * alpha + the block's sum (sum down the nk rows, in T).
+  // A NaN score gives a NaN weight, hence NaN in l and in O: its row ends NaN. A row whose scores are
+  // all -inf ends with l = 0 and O = 0: 0 / 0 = NaN.
+  static void softmax_block(T* st, int64_t nk, T* m, T* l, T* alpha) {
+    V mb[NV], mu[NV], sum[NV];
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) mb[u] = L::set1(-INFINITY), sum[u] = L::zero();
+    for (int64_t j = 0; j < nk; ++j)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) mb[u] = L::max_keep(L::load(st + j * BR + u * W), mb[u]);
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) {
+      const V mo = L::load(m + u * W), mn = L::max_keep(mb[u], mo);
+      mu[u] = L::neg_inf_to_zero(mn);
+      L::store(alpha + u * W, vmath_impl::vexp<L>(L::sub(mo, mu[u])));
+      L::store(m + u * W, mn);
+    }
+    for (int64_t j = 0; j < nk; ++j)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) {
+        T* s = st + j * BR + u * W;
+        const V p = vmath_impl::vexp<L>(L::sub(L::load(s), mu[u]));
+        L::store(s, p);
+        sum[u] = L::add(sum[u], p);
+      }
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) L::store(l + u * W, L::fma(L::load(l + u * W), L::load(alpha + u * W), sum[u]));
+  }
+
+  // out (nq, Dv) = O^T / l, transposed back.
+  static void finish(T* ot, const T* l, int64_t nq, int64_t Dv, T* out) {
+    for (int64_t e = 0; e < Dv; ++e)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u)
+        L::store(ot + e * BR + u * W, L::div(L::load(ot + e * BR + u * W), L::load(l + u * W)));
+    int64_t e0 = 0;
+    for (; e0 + W <= Dv; e0 += W) {
+      int64_t i0 = 0;
+      for (; i0 + W <= nq; i0 += W) L::transpose(ot + e0 * BR + i0, BR, out + i0 * Dv + e0, Dv);
+      for (int64_t i = i0; i < nq; ++i)
+        for (int64_t e = e0; e < e0 + W; ++e) out[i * Dv + e] = ot[e * BR + i];
+    }
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t e = e0; e < Dv; ++e) out[i * Dv + e] = ot[e * BR + i];
+  }
+
+  // One block of queries against every key block, BC keys at a time.
+  static void run(const QueryBlock<T>& b, const BlockScratch<T>& s) {
+    pack_queries(b.q, b.nq, b.D, s.qt);
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) L::store(s.m + u * W, L::set1(-INFINITY)), L::store(s.l + u * W, L::zero());
+    for (int64_t e = 0; e < b.Dv * BR; e += W) L::store(s.ot + e, L::zero());
+    for (int64_t j0 = 0; j0 < b.S; j0 += BC) {
+      const int64_t nk = b.S - j0 < BC ? b.S - j0 : BC;
+      // S^T = K Q^T (* scale, + bias), MR keys at a time
+      const T* bias = b.bias ? b.bias + j0 : nullptr;
+      int64_t j = 0;
+      for (; j + MR <= nk; j += MR)
+        qk_tile<MR>(b.D, b.k + (j0 + j) * b.D, s.qt, s.st + j * BR, b.scale, bias ? bias + j : nullptr);
+      if (j < nk)
+        ByRows::qk[nk - j - 1](b.D, b.k + (j0 + j) * b.D, s.qt, s.st + j * BR, b.scale, bias ? bias + j : nullptr);
+      if (b.mask) add_mask(b.mask + j0, b.S, b.nq, nk, s.st);
+      softmax_block(s.st, nk, s.m, s.l, s.alpha);
+      // O^T = O^T * alpha + V^T P^T, MR value columns at a time
+      const T* vb = b.v + j0 * b.Dv;
+      int64_t e = 0;
+      for (; e + MR <= b.Dv; e += MR) pv_tile<MR>(nk, vb + e, b.Dv, s.st, s.ot + e * BR, s.alpha);
+      if (e < b.Dv) ByRows::pv[b.Dv - e - 1](nk, vb + e, b.Dv, s.st, s.ot + e * BR, s.alpha);
+    }
+    finish(s.ot, s.l, b.nq, b.Dv, b.out);
+  }
+
+  static FusedPath<T> path() { return {{BR, BC, MR}, &run}; }
+};
+
+}  // namespace
+}  // namespace tparity::fused_impl

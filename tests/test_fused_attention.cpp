@@ -1,0 +1,513 @@
+// The fused attention (tparity/core/fused_attention.hpp) on every instruction-set path this machine
+// has, each forced in turn: against a long-double twin of the whole attention on the edge sizes of the
+// path's own blocks, every kind of mask, the -inf and NaN semantics of the reference path (qdotk, the
+// masks, softmax_forward, weighted_sum_v), thread-count independence, and the float32 error gate.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tparity/core/attention.hpp"
+#include "tparity/core/fused_attention.hpp"
+#include "tparity/core/gemm.hpp"
+#include "tparity/core/ops.hpp"
+#include "tparity/harness/rng.hpp"
+
+using namespace tparity;
+using fused_attention_detail::FusedBlocking;
+
+namespace {
+
+std::vector<GemmIsa> available_isas() {
+  std::vector<GemmIsa> v;
+  for (GemmIsa isa : {GemmIsa::Scalar, GemmIsa::Avx2, GemmIsa::Avx512})
+    if (gemm_isa_available(isa)) v.push_back(isa);
+  return v;
+}
+
+// Forces a path for one scope.
+struct ForceIsa {
+  explicit ForceIsa(GemmIsa isa) { gemm_force_isa(isa); }
+  ~ForceIsa() { gemm_reset_isa(); }
+  ForceIsa(const ForceIsa&) = delete;
+  ForceIsa& operator=(const ForceIsa&) = delete;
+};
+
+enum class MaskKind { None, Shared2d, PerGroup3d, KeyBias, Causal, Shared2dAndKeyBias };
+constexpr MaskKind kMaskKinds[] = {MaskKind::None,    MaskKind::Shared2d, MaskKind::PerGroup3d,
+                                   MaskKind::KeyBias, MaskKind::Causal,   MaskKind::Shared2dAndKeyBias};
+
+const char* name(MaskKind m) {
+  switch (m) {
+    case MaskKind::None:
+      return "none";
+    case MaskKind::Shared2d:
+      return "2-D float";
+    case MaskKind::PerGroup3d:
+      return "3-D float with -inf";
+    case MaskKind::KeyBias:
+      return "key bias 0/-inf";
+    case MaskKind::Causal:
+      return "causal";
+    case MaskKind::Shared2dAndKeyBias:
+      return "2-D float and key bias";
+  }
+  return "?";
+}
+
+// One call's inputs. G = batch * heads groups; the key bias has one row per batch element.
+template <class T>
+struct Problem {
+  int64_t G, L, S, D, Dv, heads = 2;
+  T scale;
+  std::vector<T> q, k, v, attn, bias;
+  int64_t attn_stride = 0;
+
+  AttentionMasks<T> masks() const {
+    AttentionMasks<T> m;
+    m.attn = attn.empty() ? nullptr : attn.data();
+    m.attn_group_stride = attn_stride;
+    m.key_bias = bias.empty() ? nullptr : bias.data();
+    m.heads = heads;
+    return m;
+  }
+  std::vector<T> run(int threads = 1) const {
+    std::vector<T> out(size_t(G * L * Dv), T(-7));
+    fused_attention(out.data(), q.data(), k.data(), v.data(), G, L, S, D, Dv, scale, masks(), threads);
+    return out;
+  }
+};
+
+template <class T>
+Problem<T> make_problem(Rng& rng, int64_t G, int64_t L, int64_t S, int64_t D, int64_t Dv, MaskKind kind) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  Problem<T> p;
+  p.G = G, p.L = L, p.S = S, p.D = D, p.Dv = Dv;
+  p.scale = T(1) / std::sqrt(T(D));
+  p.q.resize(size_t(G * L * D));
+  p.k.resize(size_t(G * S * D));
+  p.v.resize(size_t(G * S * Dv));
+  for (T& x : p.q) x = T(rng.normal());
+  for (T& x : p.k) x = T(rng.normal());
+  for (T& x : p.v) x = T(rng.normal());
+  if (kind == MaskKind::Shared2d || kind == MaskKind::Shared2dAndKeyBias || kind == MaskKind::Causal) {
+    p.attn.resize(size_t(L * S));
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < S; ++j)
+        p.attn[size_t(i * S + j)] = kind == MaskKind::Causal ? (j > i ? ninf : T(0)) : T(rng.normal());
+  }
+  if (kind == MaskKind::PerGroup3d) {
+    p.attn.resize(size_t(G * L * S));
+    for (T& x : p.attn) x = rng.coin(0.2) ? ninf : T(rng.normal());
+    p.attn_stride = L * S;
+  }
+  if (kind == MaskKind::KeyBias || kind == MaskKind::Shared2dAndKeyBias) {
+    p.bias.resize(size_t((G + p.heads - 1) / p.heads * S));
+    for (T& x : p.bias) x = rng.coin(0.25) ? ninf : T(0);
+  }
+  return p;
+}
+
+long double gamma_n(int64_t n, long double u) { return n * u / (1 - n * u); }
+
+// The attention in long double from the T inputs, and each output's error bound for the fused path.
+// Per row of queries: scores s_j = (scale * q.k_j + bias_j) + mask_ij, m = their maximum (NaN
+// skipped), w_j = exp(s_j - m) / sum, out_e = sum_j w_j v_je. A NaN score, m = -inf (all masked) or
+// m = +inf make the row NaN (torch 1.13); a NaN or inf in v reaches out_e through w_j v_je.
+// The bound, first order in u (T's unit roundoff), every multiply-add counted as two roundings (the
+// scalar path has no FMA):
+//   a score is off by at most sigma_j = gamma_{2(D+3)} (|scale| sum_d |q_d k_jd| + |bias_j| + |mask_ij|);
+//   a weight before normalising by e_w = 2 max_j sigma_j (its score and the maximum's) + u (2 dmax +
+//   6 + 3 nb): dmax = m - min finite s_j bounds both |s_j - mu| (the subtraction's rounding) and the
+//   sum of the rescalings' |m_old - m_new| (it telescopes), 2u per exp (vmath: 0.99 ulp; libm's for
+//   double), over at most nb = ceil(S / bc) rescalings of the same sums (they cancel in O / l up to
+//   their roundings);
+//   normalised, 2 e_w; O and l each sum bc keys per block in a chain and add nb block sums:
+//   gamma_{2(bc+nb+2)} each; the division u. So
+//   |out_e - exact_e| <= (2 e_w + 2 gamma_{2(bc+nb+2)} + 2u) sum_j w_j |v_je| + S max|v| 4 denorm_min,
+// the last term for weights that underflow to subnormals. The twin's own error (2^-64 per step) is
+// added the same way.
+template <class T>
+struct Twin {
+  std::vector<long double> out, tol;
+};
+
+template <class T>
+Twin<T> twin(const Problem<T>& p, const FusedBlocking& bs) {
+  const long double u = std::numeric_limits<T>::epsilon() / 2, ut = 0x1p-64L;
+  const int64_t G = p.G, L = p.L, S = p.S, D = p.D, Dv = p.Dv, nb = (S + bs.bc - 1) / bs.bc;
+  long double vmax = 0;
+  for (T x : p.v) vmax = std::max<long double>(vmax, std::fabs(x));
+  Twin<T> t;
+  t.out.resize(size_t(G * L * Dv));
+  t.tol.resize(size_t(G * L * Dv));
+  std::vector<long double> s(static_cast<size_t>(S)), mag(static_cast<size_t>(S)), w(static_cast<size_t>(S));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < L; ++i) {
+      bool nan_row = false;
+      long double m = -INFINITY;
+      for (int64_t j = 0; j < S; ++j) {
+        long double dot = 0, a = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          const long double x = (long double)p.q[size_t((g * L + i) * D + d)] * p.k[size_t((g * S + j) * D + d)];
+          dot += x;
+          a += std::fabs(x);
+        }
+        const long double b = p.bias.empty() ? 0.0L : p.bias[size_t(g / p.heads * S + j)];
+        const long double am = p.attn.empty() ? 0.0L : p.attn[size_t(g * p.attn_stride + i * S + j)];
+        s[size_t(j)] = (p.scale * dot + b) + am;
+        mag[size_t(j)] = std::fabs(p.scale) * a + std::fabs(b) + std::fabs(am);
+        if (std::isnan(s[size_t(j)])) nan_row = true;
+        if (s[size_t(j)] > m) m = s[size_t(j)];
+      }
+      nan_row = nan_row || std::isinf(m);
+      long double sum = 0, sigma = 0, dmax = 0;
+      for (int64_t j = 0; j < S; ++j) {
+        sum += w[size_t(j)] = nan_row ? 0.0L : std::exp(s[size_t(j)] - m);
+        if (std::isfinite(s[size_t(j)])) {
+          sigma = std::max(sigma, (gamma_n(2 * (D + 3), u) + gamma_n(D + 3, ut)) * mag[size_t(j)]);
+          dmax = std::max(dmax, m - s[size_t(j)]);
+        }
+      }
+      const long double ew = 2 * sigma + (u + ut) * (2 * dmax + 6 + 3 * nb);
+      const long double rel = 2 * ew + 2 * gamma_n(2 * (bs.bc + nb + 2), u) + 2 * u + gamma_n(2 * S + 4, ut);
+      for (int64_t e = 0; e < Dv; ++e) {
+        long double o = 0, mass = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          const long double x = p.v[size_t((g * S + j) * Dv + e)];
+          o += w[size_t(j)] / sum * x;
+          mass += w[size_t(j)] / sum * std::fabs(x);
+        }
+        const size_t at = size_t((g * L + i) * Dv + e);
+        t.out[at] = nan_row ? (long double)NAN : o;
+        t.tol[at] = rel * mass + S * vmax * 4 * std::numeric_limits<T>::denorm_min();
+      }
+    }
+  return t;
+}
+
+// Elements of got outside the twin's bound, or NaN where the twin is not (and the reverse).
+template <class T>
+int64_t count_bad(const std::vector<T>& got, const Twin<T>& t) {
+  int64_t bad = 0;
+  for (size_t e = 0; e < got.size(); ++e) {
+    const bool ok = std::isnan(t.out[e]) ? std::isnan(got[e]) : std::fabs(got[e] - t.out[e]) <= t.tol[e];
+    if (!ok) {
+      if (bad == 0)
+        UNSCOPED_INFO("first bad element " << e << ": " << double(got[e]) << ", expected " << double(t.out[e])
+                                           << " within " << double(t.tol[e]));
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+template <class T>
+bool identical(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The sizes a path's blocks make interesting: 1, 2, br +- 1, bc +- 1, 3 bc + 1.
+std::vector<int64_t> edge_sizes(const FusedBlocking& bs) {
+  const std::set<int64_t> s{1, 2, bs.br - 1, bs.br + 1, bs.bc - 1, bs.bc + 1, 3 * bs.bc + 1};
+  std::vector<int64_t> v;
+  for (int64_t x : s)
+    if (x >= 1) v.push_back(x);
+  return v;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("fused attention on every path matches its long-double twin on edge sizes", "[fused]", float,
+                   double) {
+  // Every (L, S) pair of edge sizes with (D, Dv) cycling through {1, 3, 16, 17, 64}^2, then every
+  // (D, Dv) pair at L = br + 1, S = 2 bc + 3; the mask kinds cycle through both sweeps. G = 4 groups
+  // of 2 heads: two batch elements for the key bias.
+  using T = TestType;
+  const int64_t dims[] = {1, 3, 16, 17, 64};
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    Rng rng(606);
+    int n = 0;
+    auto check = [&](int64_t L, int64_t S, int64_t D, int64_t Dv) {
+      const MaskKind kind = kMaskKinds[n % 6];
+      ++n;
+      CAPTURE(to_string(isa), L, S, D, Dv, name(kind));
+      const Problem<T> p = make_problem<T>(rng, 4, L, S, D, Dv, kind);
+      CHECK(count_bad(p.run(), twin(p, bs)) == 0);
+    };
+    for (int64_t L : edge_sizes(bs))
+      for (int64_t S : edge_sizes(bs)) check(L, S, dims[n % 5], dims[(n / 5) % 5]);
+    for (int64_t D : dims)
+      for (int64_t Dv : dims) check(bs.br + 1, 2 * bs.bc + 3, D, Dv);
+  }
+}
+
+TEMPLATE_TEST_CASE("fused attention over many groups equals one call per group bit for bit", "[fused]", float, double) {
+  // The group offsets: group g reads its own q, k, v, its 3-D mask slice (g * L * S) and the key bias
+  // row of its batch element (g / heads); the same work one group at a time must give the same bits.
+  using T = TestType;
+  Rng rng(707);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    for (MaskKind kind : {MaskKind::PerGroup3d, MaskKind::Shared2dAndKeyBias}) {
+      CAPTURE(to_string(isa), name(kind));
+      Problem<T> p = make_problem<T>(rng, 6, bs.br + 3, bs.bc + 5, 9, 7, kind);
+      p.heads = 3;
+      if (!p.bias.empty()) p.bias.resize(size_t(2 * p.S));
+      for (T& x : p.bias) x = rng.coin(0.3) ? -std::numeric_limits<T>::infinity() : T(rng.normal());
+      const std::vector<T> all = p.run(2);
+      std::vector<T> one_by_one(all.size());
+      for (int64_t g = 0; g < p.G; ++g) {
+        AttentionMasks<T> m;
+        m.attn = p.attn.empty() ? nullptr : p.attn.data() + g * p.attn_stride;
+        m.key_bias = p.bias.empty() ? nullptr : p.bias.data() + g / p.heads * p.S;
+        fused_attention(one_by_one.data() + g * p.L * p.Dv, p.q.data() + g * p.L * p.D, p.k.data() + g * p.S * p.D,
+                        p.v.data() + g * p.S * p.Dv, int64_t(1), p.L, p.S, p.D, p.Dv, p.scale, m);
+      }
+      CHECK(identical(all, one_by_one));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("fused attention fully masked rows give NaN and rows masked in early blocks recover", "[fused]",
+                   float, double) {
+  // S = 3 bc + 1 keys: four blocks, the last of one key. Row 0 all -inf: NaN (0 / 0), torch 1.13's
+  // answer. Row 1: -inf over the first two blocks only: its running maximum stays -inf for two blocks,
+  // which must add nothing (not NaN) and leave the rest to the twin's bound. Row 2: only the very last
+  // key open: the weight is exactly 1, the output exactly v's last row. Row 3: only key 0 open, the
+  // later blocks all -inf: exactly v's first row. Row 4: two keys open in different blocks. Row 5: no
+  // mask. Then a key bias that closes every key of batch element 1: its groups all NaN, element 0's
+  // untouched.
+  using T = TestType;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  Rng rng(808);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    CAPTURE(to_string(isa));
+    Problem<T> p = make_problem<T>(rng, 4, 6, 3 * bs.bc + 1, 8, 5, MaskKind::None);
+    const int64_t S = p.S, Dv = p.Dv;
+    p.attn.assign(size_t(p.L * S), T(0));
+    auto row = [&](int64_t i) { return p.attn.data() + i * S; };
+    std::fill(row(0), row(0) + S, ninf);
+    std::fill(row(1), row(1) + 2 * bs.bc, ninf);
+    std::fill(row(2), row(2) + S - 1, ninf);
+    std::fill(row(3) + 1, row(3) + S, ninf);
+    std::fill(row(4), row(4) + S, ninf);
+    row(4)[5] = row(4)[2 * bs.bc + 7] = T(0);
+    const std::vector<T> out = p.run();
+    CHECK(count_bad(out, twin(p, bs)) == 0);
+    for (int64_t g = 0; g < p.G; ++g)
+      for (int64_t e = 0; e < Dv; ++e) {
+        CAPTURE(g, e);
+        auto o = [&](int64_t i) { return out[size_t((g * p.L + i) * Dv + e)]; };
+        CHECK(std::isnan(o(0)));
+        CHECK(std::isfinite(o(1)));
+        CHECK(o(2) == p.v[size_t((g * S + S - 1) * Dv + e)]);
+        CHECK(o(3) == p.v[size_t((g * S + 0) * Dv + e)]);
+        CHECK(std::isfinite(o(4)));
+        CHECK(std::isfinite(o(5)));
+      }
+
+    p.attn.clear();
+    p.bias.assign(size_t(2 * S), T(0));
+    std::fill(p.bias.begin() + S, p.bias.end(), ninf);
+    const std::vector<T> padded = p.run(3);
+    CHECK(count_bad(padded, twin(p, bs)) == 0);
+    const size_t half = padded.size() / 2;
+    CHECK(std::all_of(padded.begin(), padded.begin() + int64_t(half), [](T x) { return std::isfinite(x); }));
+    CHECK(std::all_of(padded.begin() + int64_t(half), padded.end(), [](T x) { return std::isnan(x); }));
+  }
+}
+
+namespace {
+
+// The reference path in T: qdotk_ref, scale, + key bias, + mask, softmax_forward, weighted_sum_v_ref.
+template <class T>
+std::vector<T> reference_path(const Problem<T>& p) {
+  std::vector<T> s(size_t(p.G * p.L * p.S)), out(size_t(p.G * p.L * p.Dv));
+  qdotk_ref(s.data(), p.q.data(), p.k.data(), p.G, p.L, p.S, p.D);
+  for (int64_t g = 0; g < p.G; ++g)
+    for (int64_t i = 0; i < p.L; ++i)
+      for (int64_t j = 0; j < p.S; ++j) {
+        T& x = s[size_t((g * p.L + i) * p.S + j)];
+        x = p.scale * x;
+        if (!p.bias.empty()) x = x + p.bias[size_t(g / p.heads * p.S + j)];
+        if (!p.attn.empty()) x = x + p.attn[size_t(g * p.attn_stride + i * p.S + j)];
+      }
+  softmax_forward(s.data(), s.data(), p.G * p.L, p.S);
+  weighted_sum_v_ref(out.data(), s.data(), p.v.data(), p.G, p.L, p.S, p.Dv);
+  return out;
+}
+
+template <class T>
+int64_t nan_mismatches(const std::vector<T>& a, const std::vector<T>& b) {
+  int64_t n = 0;
+  for (size_t e = 0; e < a.size(); ++e) n += std::isnan(a[e]) != std::isnan(b[e]);
+  return n;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("fused attention propagates NaN where the reference path does", "[fused]", float, double) {
+  // One poisoned input at a time, over three key blocks; the NaN positions must be exactly the
+  // reference path's, and each case must poison something (the test can fail both ways):
+  //   q (group 1, row 3): that row; k (group 0, key 5): all of group 0; v (group 0, key 5, column 2):
+  //   column 2 of group 0; v at a key the key bias closes (-inf, weight exactly 0): 0 * NaN, still
+  //   NaN, as in the reference path; the mask at (2, 7): row 2 of every group; +inf in the mask at
+  //   (4, 1): inf - inf, row 4 NaN.
+  using T = TestType;
+  const T nan = std::numeric_limits<T>::quiet_NaN(), inf = std::numeric_limits<T>::infinity();
+  Rng rng(909);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    const Problem<T> base = make_problem<T>(rng, 4, 7, 2 * bs.bc + 5, 6, 4, MaskKind::Shared2d);
+    const int64_t L = base.L, S = base.S, D = base.D, Dv = base.Dv;
+    for (int c = 0; c < 6; ++c) {
+      CAPTURE(to_string(isa), c);
+      Problem<T> p = base;
+      if (c == 0) p.q[size_t((1 * L + 3) * D + 0)] = nan;
+      if (c == 1) p.k[size_t((0 * S + 5) * D + 2)] = nan;
+      if (c == 2) p.v[size_t((0 * S + 5) * Dv + 2)] = nan;
+      if (c == 3) {
+        p.bias.assign(size_t(2 * S), T(0));
+        p.bias[5] = -inf;
+        p.v[size_t((0 * S + 5) * Dv + 2)] = nan;
+      }
+      if (c == 4) p.attn[size_t(2 * S + 7)] = nan;
+      if (c == 5) p.attn[size_t(4 * S + 1)] = inf;
+      const std::vector<T> fused = p.run(2), ref = reference_path(p);
+      CHECK(nan_mismatches(fused, ref) == 0);
+      CHECK(std::any_of(fused.begin(), fused.end(), [](T x) { return std::isnan(x); }));
+      CHECK(std::any_of(fused.begin(), fused.end(), [](T x) { return std::isfinite(x); }));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("fused attention gives keys masked with -inf exactly zero weight", "[fused]", float, double) {
+  // Values at the keys a causal mask or the key bias closes set to 1e30 instead of 0: any weight that
+  // is not exactly 0 would show (even a subnormal one, times 1e30). The outputs must be identical.
+  using T = TestType;
+  Rng rng(1010);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    CAPTURE(to_string(isa));
+    Problem<T> p = make_problem<T>(rng, 4, bs.br + 2, 2 * bs.bc + 3, 5, 6, MaskKind::Causal);
+    p.bias.assign(size_t(2 * p.S), T(0));
+    p.bias[size_t(p.S + 1)] = -std::numeric_limits<T>::infinity();  // batch element 1 (groups 2, 3), key 1
+    Problem<T> zero = p, huge = p;
+    // Key 1 is closed to every row of groups 2 and 3 through the bias alone; keys beyond L - 1 to every
+    // row by the causal mask.
+    for (int64_t g = 0; g < p.G; ++g)
+      for (int64_t j = 0; j < p.S; ++j) {
+        const bool closed = j > p.L - 1 || (g >= 2 && j == 1);
+        if (!closed) continue;
+        for (int64_t e = 0; e < p.Dv; ++e) {
+          zero.v[size_t((g * p.S + j) * p.Dv + e)] = T(0);
+          huge.v[size_t((g * p.S + j) * p.Dv + e)] = T(1e30);
+        }
+      }
+    CHECK(identical(zero.run(), huge.run()));
+  }
+}
+
+TEMPLATE_TEST_CASE("fused attention does not depend on the thread count", "[fused]", float, double) {
+  using T = TestType;
+  Rng rng(1111);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    struct Shape {
+      int64_t G, L, S, D, Dv;
+      MaskKind kind;
+    };
+    for (const Shape s :
+         {Shape{5, 2 * bs.br + 3, 2 * bs.bc + 1, 17, 16, MaskKind::PerGroup3d}, Shape{1, 1, 1, 1, 1, MaskKind::None},
+          Shape{1, 3 * bs.br + 1, 5, 3, 3, MaskKind::Causal}, Shape{6, 100, 100, 16, 16, MaskKind::Causal}}) {
+      CAPTURE(to_string(isa), s.G, s.L, s.S, s.D, s.Dv, name(s.kind));
+      const Problem<T> p = make_problem<T>(rng, s.G, s.L, s.S, s.D, s.Dv, s.kind);
+      const std::vector<T> one = p.run(1);
+      CHECK(identical(one, p.run(2)));
+      CHECK(identical(one, p.run(3)));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("fused attention with no keys gives zeros and with no queries or groups writes nothing", "[fused]",
+                   float, double) {
+  // S = 0: softmax over no keys, then an empty sum: zeros, as the reference path (a K = 0 gemm) and
+  // torch give.
+  using T = TestType;
+  const T q[6] = {1, 2, 3, 4, 5, 6}, k[1] = {0}, v[1] = {0};
+  std::vector<T> out(4, T(-7));
+  fused_attention(out.data(), q, k, v, int64_t(2), int64_t(1), int64_t(0), int64_t(3), int64_t(2), T(1));
+  CHECK(out == std::vector<T>(4, T(0)));
+  std::fill(out.begin(), out.end(), T(-7));
+  fused_attention(out.data(), q, k, v, int64_t(0), int64_t(1), int64_t(1), int64_t(3), int64_t(2), T(1));
+  fused_attention(out.data(), q, k, v, int64_t(2), int64_t(0), int64_t(1), int64_t(3), int64_t(2), T(1));
+  CHECK(out == std::vector<T>(4, T(-7)));
+}
+
+namespace {
+
+template <class A, class B>
+double rel_l2(const std::vector<A>& a, const std::vector<B>& b) {
+  long double num = 0, den = 0;
+  for (size_t e = 0; e < a.size(); ++e) {
+    const long double d = (long double)a[e] - (long double)b[e];
+    num += d * d;
+    den += (long double)b[e] * b[e];
+  }
+  return double(std::sqrt(num / den));
+}
+
+}  // namespace
+
+TEST_CASE("fused attention float32 error stays within 2x of the reference path against float64", "[fused]") {
+  // The README's gate on the attention step: the float32 result's rel_l2 against the float64 truth
+  // within 2x the reference path's own (qdotk, softmax_forward, weighted_sum_v in float); the float64
+  // result within 1e-10 of the float64 reference path. q is divided by sqrt(D) first, as torch 1.13's
+  // MHA does, and the scale is 1. A causal mask, three key blocks and more.
+  Rng rng(1212);
+  const int64_t G = 2, L = 256, S = 256, D = 64, Dv = 64;
+  Problem<float> p32 = make_problem<float>(rng, G, L, S, D, Dv, MaskKind::Causal);
+  Problem<double> p64;
+  p64.G = G, p64.L = L, p64.S = S, p64.D = D, p64.Dv = Dv, p64.scale = 1;
+  p64.q.assign(p32.q.begin(), p32.q.end());
+  p64.k.assign(p32.k.begin(), p32.k.end());
+  p64.v.assign(p32.v.begin(), p32.v.end());
+  p64.attn.assign(p32.attn.begin(), p32.attn.end());
+  for (float& x : p32.q) x = x / std::sqrt(float(D));
+  for (double& x : p64.q) x = x / std::sqrt(double(D));
+  p32.scale = 1;
+  auto reference = [](const auto& p) {  // the fast reference path (the GEMM's products), as MHA runs it
+    using T = typename std::decay_t<decltype(p.q)>::value_type;
+    std::vector<T> s(size_t(p.G * p.L * p.S)), out(size_t(p.G * p.L * p.Dv));
+    qdotk(s.data(), p.q.data(), p.k.data(), p.G, p.L, p.S, p.D);
+    for (int64_t g = 0; g < p.G; ++g)
+      for (int64_t x = 0; x < p.L * p.S; ++x)
+        s[size_t(g * p.L * p.S + x)] = p.attn[size_t(x)] + s[size_t(g * p.L * p.S + x)];
+    softmax_forward(s.data(), s.data(), p.G * p.L, p.S);
+    weighted_sum_v(out.data(), s.data(), p.v.data(), p.G, p.L, p.S, p.Dv);
+    return out;
+  };
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const std::vector<double> ref64 = reference(p64);
+    const double ref_err = rel_l2(reference(p32), ref64), fused_err = rel_l2(p32.run(), ref64);
+    CAPTURE(to_string(isa), ref_err, fused_err);
+    CHECK(fused_err <= 2 * ref_err);
+    CHECK(rel_l2(p64.run(), ref64) <= 1e-10);
+  }
+}
