@@ -394,6 +394,62 @@ TEMPLATE_TEST_CASE("fused attention propagates NaN where the reference path does
   }
 }
 
+TEMPLATE_TEST_CASE("fused attention skips masked-out key blocks without changing a bit", "[fused]", float, double) {
+  // Key blocks closed to a whole block of queries are skipped only when that is exact; with the skip
+  // switched off every block is computed. Both must give the same bits, and where an input is
+  // poisoned the reference path's NaN. Masks: causal; a key bias closing one block of keys of batch
+  // element 1 and all keys from 2 bc on of element 0; a 3-D mask with whole (br, bc) blocks -inf.
+  // Poison, inside blocks the causal mask closes: NaN in k (the score NaN + -inf = NaN poisons every
+  // row); NaN in v (0 * NaN); q and k of 1e30 whose product overflows (inf + -inf); a +inf bias
+  // (+inf + -inf).
+  using T = TestType;
+  const T ninf = -std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  struct Restore {
+    ~Restore() { fused_attention_detail::set_skip_masked_blocks(true); }
+  } restore;
+  Rng rng(1313);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    const int64_t G = 4, L = 2 * bs.br + 3, S = 3 * bs.bc + 2, D = 7, Dv = 5;
+    for (int c = 0; c < 7; ++c) {
+      CAPTURE(to_string(isa), c);
+      Problem<T> p = make_problem<T>(rng, G, L, S, D, Dv, c == 2 ? MaskKind::PerGroup3d : MaskKind::Causal);
+      if (c == 1) {
+        p.attn.clear();
+        p.bias.assign(size_t(2 * S), T(0));
+        std::fill(p.bias.begin() + 2 * bs.bc, p.bias.begin() + S, ninf);
+        std::fill(p.bias.begin() + S + bs.bc, p.bias.begin() + S + 2 * bs.bc, ninf);
+      }
+      if (c == 2)
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t i = 0; i < L; ++i)
+            for (int64_t j = 0; j < S; ++j)
+              if ((g + i / bs.br + j / bs.bc) % 2 == 0) p.attn[size_t((g * L + i) * S + j)] = ninf;
+      if (c == 3) p.k[size_t((1 * S + S - 1) * D + 3)] = nan;
+      if (c == 4) p.v[size_t((2 * S + S - 1) * Dv + 1)] = nan;
+      if (c == 5) {
+        for (int64_t d = 0; d < D; ++d) p.q[size_t(d)] = p.k[size_t((S - 1) * D + d)] = T(1e30);
+        if (sizeof(T) == 8)
+          for (int64_t d = 0; d < D; ++d) p.q[size_t(d)] = p.k[size_t((S - 1) * D + d)] = T(1e160);
+      }
+      if (c == 6) {
+        p.bias.assign(size_t(2 * S), T(0));
+        p.bias[size_t(S + S - 1)] = std::numeric_limits<T>::infinity();
+      }
+      fused_attention_detail::set_skip_masked_blocks(true);
+      const std::vector<T> skipped = p.run(2);
+      fused_attention_detail::set_skip_masked_blocks(false);
+      const std::vector<T> computed = p.run(2);
+      CHECK(identical(skipped, computed));
+      const std::vector<T> ref = reference_path(p);
+      CHECK(nan_mismatches(skipped, ref) == 0);
+      if (c >= 3) CHECK(std::any_of(skipped.begin(), skipped.end(), [](T x) { return std::isnan(x); }));
+      if (c < 3) CHECK(count_bad(skipped, twin(p, bs)) == 0);
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("fused attention gives keys masked with -inf exactly zero weight", "[fused]", float, double) {
   // Values at the keys a causal mask or the key bias closes set to 1e30 instead of 0: any weight that
   // is not exactly 0 would show (even a subnormal one, times 1e30). The outputs must be identical.

@@ -4,11 +4,13 @@
 #include "tparity/core/fused_attention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "fused_attention_kernels.hpp"
 #include "tparity/core/parallel.hpp"
@@ -79,6 +81,8 @@ class Scratch {
 
 thread_local Scratch scratch;
 
+std::atomic<bool> skip_masked_blocks{true};
+
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // The parts of a BlockScratch, each rounded up to 64 bytes, carved from one buffer.
@@ -118,10 +122,35 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   const FusedPath<T>& path = path_for<T>(gemm_isa());
   const int64_t br = path.blocking.br, blocks = (L + br - 1) / br;
   const ScratchShape<T> shape(path.blocking, D, Dv);
-  auto body = [&](int64_t w0, int64_t w1) {
+  // The units, (group, block of queries) pairs, in order: group by group, so that a group's keys and
+  // values stay in cache while its blocks of queries pass; but block of queries by block of queries
+  // when one (L, S) mask is shared, so that its rows for a block (br x S) are read from memory once
+  // for all the groups, not once per group (at L = S = 4096 the mask is 64 MiB, more than the cache).
+  // Thread t of n takes units t, t + n, t + 2n, ...: dealt out, not cut into ranges, so that the
+  // threads share the work evenly when it is not even (a causal mask's early blocks of queries skip
+  // most key blocks). Each unit is computed alone: neither the order nor the thread count changes a
+  // bit.
+  const bool shared_mask = masks.attn && masks.attn_group_stride == 0;
+  const int64_t units = G * blocks;
+  // Key blocks can be skipped only where a mask may close them; their keys' and values' statistics
+  // first, one pass over k and v (the groups over the threads).
+  const int64_t key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
+  std::vector<KeyBlockStats<T>> stats;
+  if (skip_masked_blocks.load(std::memory_order_relaxed) && (masks.attn || masks.key_bias)) {
+    stats.resize(size_t(G * key_blocks));
+    auto group_stats = [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
+        path.key_stats(k + g * S * D, v + g * S * Dv, S, D, Dv, stats.data() + g * key_blocks);
+    };
+    if (threads <= 1 || G == 1)
+      group_stats(0, G);
+    else
+      parallel_for(G, threads, group_stats);
+  }
+  auto run_units = [&](int64_t first, int64_t step) {
     const BlockScratch<T> s = shape.carve(static_cast<T*>(scratch.get(size_t(shape.total()) * sizeof(T))));
-    for (int64_t w = w0; w < w1; ++w) {
-      const int64_t g = w / blocks, i0 = w % blocks * br;
+    for (int64_t w = first; w < units; w += step) {
+      const int64_t g = shared_mask ? w % G : w / blocks, i0 = (shared_mask ? w / G : w % blocks) * br;
       QueryBlock<T> b;
       b.q = q + (g * L + i0) * D;
       b.k = k + g * S * D;
@@ -132,12 +161,15 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
       b.nq = std::min(br, L - i0);
       b.S = S, b.D = D, b.Dv = Dv;
       b.scale = scale;
+      b.key_stats = stats.empty() ? nullptr : stats.data() + g * key_blocks;
       path.run(b, s);
     }
   };
-  const int64_t units = G * blocks;
-  if (threads <= 1 || units == 1) return body(0, units);
-  parallel_for(units, threads, body);
+  const int64_t n = std::min<int64_t>(threads, units);
+  if (n <= 1) return run_units(0, 1);
+  parallel_for(n, int(n), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) run_units(t, n);
+  });
 }
 
 namespace fused_attention_detail {
@@ -149,6 +181,8 @@ FusedBlocking blocking(GemmIsa isa) {
                                 " path is not available on this machine");
   return path_for<T>(isa).blocking;
 }
+
+void set_skip_masked_blocks(bool skip) { skip_masked_blocks.store(skip, std::memory_order_relaxed); }
 
 }  // namespace fused_attention_detail
 

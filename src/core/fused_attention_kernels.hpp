@@ -10,6 +10,15 @@ namespace tparity::fused_impl {
 
 using fused_attention_detail::FusedBlocking;
 
+// What the skip of a masked-out key block needs to know of the block's keys and values: whether
+// every entry of both is finite, and the largest |k|. Computed once per call for every key block of
+// every group (key_stats), only when a mask could close a block.
+template <class T>
+struct KeyBlockStats {
+  T kmax;
+  bool finite;
+};
+
 // One unit of work: a block of nq <= br queries of one group against all S keys of the group.
 template <class T>
 struct QueryBlock {
@@ -21,6 +30,8 @@ struct QueryBlock {
   T* out;         // (nq, Dv): the block's rows of the output
   int64_t nq, S, D, Dv;
   T scale;
+  // (ceil(S / bc)): the group's key blocks, or null: then no key block is skipped
+  const KeyBlockStats<T>* key_stats;
 };
 
 // A thread's scratch, each part 64-byte aligned: qt (D, br) the block's queries transposed, st
@@ -36,6 +47,8 @@ template <class T>
 struct FusedPath {
   FusedBlocking blocking;
   void (*run)(const QueryBlock<T>& b, const BlockScratch<T>& s);
+  // stats[kb] for the key blocks of one group: k (S, D), v (S, Dv), bc keys per block.
+  void (*key_stats)(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, KeyBlockStats<T>* stats);
 };
 
 // Defined in fused_attention_kernels_scalar.cpp, _avx2.cpp and _avx512.cpp; the last two are

@@ -113,37 +113,47 @@ struct FusedKernel {
   };
   using ByRows = Tiles<std::make_integer_sequence<int, MR>>;
 
-  // qt (D, BR) = the block's queries (nq, D) transposed; lanes nq..BR-1 zero.
-  static void pack_queries(const T* q, int64_t nq, int64_t D, T* qt) {
-    int64_t i0 = 0;
-    for (; i0 + W <= nq; i0 += W) {
-      int64_t d0 = 0;
-      for (; d0 + W <= D; d0 += W) L::transpose(q + i0 * D + d0, D, qt + d0 * BR + i0, BR);
-      for (int64_t d = d0; d < D; ++d)
-        for (int64_t i = i0; i < i0 + W; ++i) qt[d * BR + i] = q[i * D + d];
+  // tile (W, W) = src (m rows, n columns, rows lds apart) transposed: tile[c][r] = src[r][c] for
+  // r < m, c < n, zero elsewhere; nothing outside the m x n block is read.
+  static void transpose_tile(const T* src, int64_t lds, int64_t m, int64_t n, T* tile) {
+    if (m == W && n == W) return L::transpose(src, lds, tile, W);
+    alignas(64) T tmp[W * W];
+    for (int64_t r = 0; r < W; ++r) {
+      V x = L::zero();
+      if (r < m) x = n == W ? L::load(src + r * lds) : L::load_first(src + r * lds, int(n));
+      L::store(tmp + r * W, x);
     }
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t i = i0; i < BR; ++i) qt[d * BR + i] = i < nq ? q[i * D + d] : T(0);
+    L::transpose(tmp, W, tile, W);
   }
 
-  // st[j][i] += mask[i][j] for the block's nq queries and nk keys (mask rows S apart).
+  // qt (D, BR) = the block's queries (nq, D) transposed; lanes nq..BR-1 zero.
+  static void pack_queries(const T* q, int64_t nq, int64_t D, T* qt) {
+    alignas(64) T tile[W * W];
+    for (int64_t i0 = 0; i0 < BR; i0 += W)
+      for (int64_t d0 = 0; d0 < D; d0 += W) {
+        const int64_t md = D - d0 < W ? D - d0 : W;
+        if (i0 >= nq) {
+          for (int64_t d = 0; d < md; ++d) L::store(qt + (d0 + d) * BR + i0, L::zero());
+          continue;
+        }
+        transpose_tile(q + i0 * D + d0, D, nq - i0 < W ? nq - i0 : W, md, tile);
+        for (int64_t d = 0; d < md; ++d) L::store(qt + (d0 + d) * BR + i0, L::load(tile + d * W));
+      }
+  }
+
+  // st[j][i] += mask[i][j] for the block's nq queries and nk keys (mask rows S apart); lanes from nq
+  // on get 0 added.
   static void add_mask(const T* mask, int64_t S, int64_t nq, int64_t nk, T* st) {
     alignas(64) T tile[W * W];
-    int64_t i0 = 0;
-    for (; i0 + W <= nq; i0 += W) {
-      int64_t j0 = 0;
-      for (; j0 + W <= nk; j0 += W) {
-        L::transpose(mask + i0 * S + j0, S, tile, W);
-        for (int jj = 0; jj < W; ++jj) {
-          T* s = st + (j0 + jj) * BR + i0;
-          L::store(s, L::add(L::load(s), L::load(tile + jj * W)));
+    for (int64_t i0 = 0; i0 < nq; i0 += W)
+      for (int64_t j0 = 0; j0 < nk; j0 += W) {
+        const int64_t mj = nk - j0 < W ? nk - j0 : W;
+        transpose_tile(mask + i0 * S + j0, S, nq - i0 < W ? nq - i0 : W, mj, tile);
+        for (int64_t j = 0; j < mj; ++j) {
+          T* s = st + (j0 + j) * BR + i0;
+          L::store(s, L::add(L::load(s), L::load(tile + j * W)));
         }
       }
-      for (int64_t j = j0; j < nk; ++j)
-        for (int64_t i = i0; i < i0 + W; ++i) st[j * BR + i] = st[j * BR + i] + mask[i * S + j];
-    }
-    for (int64_t j = 0; j < nk; ++j)
-      for (int64_t i = i0; i < nq; ++i) st[j * BR + i] = st[j * BR + i] + mask[i * S + j];
   }
 
   // The online softmax over one key block, lane by lane (one lane, one query):
@@ -186,15 +196,84 @@ struct FusedKernel {
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u)
         L::store(ot + e * BR + u * W, L::div(L::load(ot + e * BR + u * W), L::load(l + u * W)));
-    int64_t e0 = 0;
-    for (; e0 + W <= Dv; e0 += W) {
-      int64_t i0 = 0;
-      for (; i0 + W <= nq; i0 += W) L::transpose(ot + e0 * BR + i0, BR, out + i0 * Dv + e0, Dv);
-      for (int64_t i = i0; i < nq; ++i)
-        for (int64_t e = e0; e < e0 + W; ++e) out[i * Dv + e] = ot[e * BR + i];
+    alignas(64) T tile[W * W];
+    for (int64_t e0 = 0; e0 < Dv; e0 += W)
+      for (int64_t i0 = 0; i0 < nq; i0 += W) {
+        const int64_t me = Dv - e0 < W ? Dv - e0 : W, mi = nq - i0 < W ? nq - i0 : W;
+        if (me == W && mi == W) {
+          L::transpose(ot + e0 * BR + i0, BR, out + i0 * Dv + e0, Dv);
+          continue;
+        }
+        transpose_tile(ot + e0 * BR + i0, BR, me, W, tile);
+        for (int64_t i = 0; i < mi; ++i) {
+          if (me == W)
+            L::store(out + (i0 + i) * Dv + e0, L::load(tile + i * W));
+          else
+            L::store_first(out + (i0 + i) * Dv + e0, L::load(tile + i * W), int(me));
+        }
+      }
+  }
+
+  // --- key blocks the masks close to every query of the block --------------------------------
+  // Such a block adds exactly nothing, so it is skipped: every score -inf gives weights of exactly 0
+  // and a block maximum of -inf, which leaves m; alpha = exp(m - m) = 1 (or 0 while m is -inf, when O
+  // and l are still 0), and O * 1 + 0 = O, l * 1 + 0 = l bit for bit (neither is ever -0). That holds
+  // only if the scores really are -inf: q and k finite and small enough that no dot product
+  // overflows (+inf + -inf would be NaN, which the reference path propagates), the bias neither NaN
+  // nor +inf, and v finite (0 * inf = NaN). The keys and values are checked once per call
+  // (key_stats); the mask at each block (the test stops at its first open entry).
+
+  // Whether every entry of the rows x cols block (rows ld apart) is finite (x * 0 is 0 for finite x,
+  // NaN otherwise); amax, the largest |entry|.
+  static bool finite(const T* p, int64_t rows, int64_t cols, int64_t ld, T& amax) {
+    V fin = L::zero(), mx = L::zero();
+    const int64_t full = cols / W * W;
+    const int tail = int(cols - full);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* x = p + r * ld;
+      for (int64_t c = 0; c <= full; c += W) {
+        if (c == full && tail == 0) break;
+        const V v = c < full ? L::load(x + c) : L::load_first(x + c, tail);
+        fin = L::add(fin, L::mul(v, L::zero()));
+        mx = L::max_keep(L::max_keep(v, L::sub(L::zero(), v)), mx);
+      }
     }
-    for (int64_t i = 0; i < nq; ++i)
-      for (int64_t e = e0; e < Dv; ++e) out[i * Dv + e] = ot[e * BR + i];
+    amax = L::hmax(mx);
+    return L::hsum(fin) == T(0);
+  }
+
+  // Whether the masks close keys j0..j0 + nk - 1 to every query of the block: the attn mask is -inf
+  // over the whole (nq, nk) block (and the bias neither NaN nor +inf there: bmax, the largest finite
+  // |bias|), or, without an attn mask, the bias is -inf at every one of those keys.
+  static bool masked_out(const QueryBlock<T>& b, int64_t j0, int64_t nk, T& bmax) {
+    bmax = T(0);
+    if (b.mask) {
+      for (int64_t i = 0; i < b.nq; ++i) {
+        const T* x = b.mask + i * b.S + j0;
+        for (int64_t c = 0; c < nk; c += W)
+          if (!L::all_neg_inf(nk - c >= W ? L::load(x + c) : L::load_first_or(x + c, int(nk - c), -INFINITY)))
+            return false;
+      }
+      if (b.bias)
+        for (int64_t j = j0; j < j0 + nk; ++j) {
+          const T x = b.bias[j];
+          if (!(x < INFINITY)) return false;  // NaN or +inf
+          if (x != -INFINITY) bmax = x < 0 ? (-x > bmax ? -x : bmax) : (x > bmax ? x : bmax);
+        }
+      return true;
+    }
+    if (!b.bias) return false;
+    for (int64_t j = j0; j < j0 + nk; ++j)
+      if (!(b.bias[j] == -INFINITY)) return false;
+    return true;
+  }
+
+  // Whether |scale * (q . k) + bias| stays below T's largest value whatever the order of the sum:
+  // each partial sum is at most D qmax kmax (1 + D u), doubled for margin. NaN anywhere: false.
+  static bool no_overflow(T scale, int64_t D, T qmax, T kmax, T bmax) {
+    constexpr long double big = sizeof(T) == 4 ? 0x1p126L : 0x1p1022L;
+    const long double a = scale < 0 ? -(long double)scale : (long double)scale;
+    return a * (long double)D * qmax * kmax * 2 + bmax < big;
   }
 
   // One block of queries against every key block, BC keys at a time.
@@ -203,8 +282,16 @@ struct FusedKernel {
 #pragma GCC unroll 8
     for (int u = 0; u < NV; ++u) L::store(s.m + u * W, L::set1(-INFINITY)), L::store(s.l + u * W, L::zero());
     for (int64_t e = 0; e < b.Dv * BR; e += W) L::store(s.ot + e, L::zero());
+    bool q_known = false, q_finite = false;  // checked the first time a block is masked out
+    T qmax = T(0);
     for (int64_t j0 = 0; j0 < b.S; j0 += BC) {
       const int64_t nk = b.S - j0 < BC ? b.S - j0 : BC;
+      T bmax;
+      if (b.key_stats && masked_out(b, j0, nk, bmax)) {
+        if (!q_known) q_finite = finite(b.q, b.nq, b.D, b.D, qmax), q_known = true;
+        const KeyBlockStats<T>& ks = b.key_stats[j0 / BC];
+        if (q_finite && ks.finite && no_overflow(b.scale, b.D, qmax, ks.kmax, bmax)) continue;
+      }
       // S^T = K Q^T (* scale, + bias), MR keys at a time
       const T* bias = b.bias ? b.bias + j0 : nullptr;
       int64_t j = 0;
@@ -223,7 +310,16 @@ struct FusedKernel {
     finish(s.ot, s.l, b.nq, b.Dv, b.out);
   }
 
-  static FusedPath<T> path() { return {{BR, BC, MR}, &run}; }
+  static void key_stats(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, KeyBlockStats<T>* stats) {
+    for (int64_t j0 = 0; j0 < S; j0 += BC) {
+      const int64_t nk = S - j0 < BC ? S - j0 : BC;
+      T kmax, vmax;
+      const bool kf = finite(k + j0 * D, 1, nk * D, 0, kmax), vf = finite(v + j0 * Dv, 1, nk * Dv, 0, vmax);
+      stats[j0 / BC] = {kmax, kf && vf};
+    }
+  }
+
+  static FusedPath<T> path() { return {{BR, BC, MR}, &run, &key_stats}; }
 };
 
 }  // namespace

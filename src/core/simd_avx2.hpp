@@ -43,6 +43,7 @@ struct F32x8 {
   static V max_keep(V x, V acc) { return _mm256_max_ps(x, acc); }
   static V clamp(V x, V lo, V hi) { return _mm256_max_ps(lo, _mm256_min_ps(hi, x)); }
   static V neg_inf_to_zero(V x) { return _mm256_andnot_ps(_mm256_cmp_ps(x, set1(-INFINITY), _CMP_EQ_OQ), x); }
+  static bool all_neg_inf(V x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, set1(-INFINITY), _CMP_EQ_OQ)) == 0xff; }
   static V round_nearest(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   // p * 2^n for integer-valued n in [-252, 254], rounded once: p * 2^(n/2) is exact (p near 1), the
   // second factor rounds (overflow to inf, gradual underflow) exactly as vscalefps does in one step.
@@ -112,6 +113,7 @@ struct F64x4 {
   static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
   static V max_keep(V x, V acc) { return _mm256_max_pd(x, acc); }
   static V neg_inf_to_zero(V x) { return _mm256_andnot_pd(_mm256_cmp_pd(x, set1(-INFINITY), _CMP_EQ_OQ), x); }
+  static bool all_neg_inf(V x) { return _mm256_movemask_pd(_mm256_cmp_pd(x, set1(-INFINITY), _CMP_EQ_OQ)) == 0xf; }
   static T hmax(V x) {
     __m128d h = _mm_max_pd(_mm256_castpd256_pd128(x), _mm256_extractf128_pd(x, 1));
     h = _mm_max_sd(h, _mm_unpackhi_pd(h, h));

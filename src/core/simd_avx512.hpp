@@ -51,6 +51,7 @@ struct F32x16 {
     const __mmask16 m = _mm512_cmp_ps_mask(x, set1(-INFINITY), _CMP_EQ_OQ);
     return _mm512_mask_mov_ps(x, m, zero());
   }
+  static bool all_neg_inf(V x) { return _mm512_cmp_ps_mask(x, set1(-INFINITY), _CMP_EQ_OQ) == 0xffff; }
   static V round_nearest(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   // p * 2^n for integer-valued n, rounded once (vscalefps: overflow to inf, gradual underflow).
   static V scale2(V p, V n) { return _mm512_scalef_ps(p, n); }
@@ -107,6 +108,7 @@ struct F64x8 {
     const __mmask8 m = _mm512_cmp_pd_mask(x, set1(-INFINITY), _CMP_EQ_OQ);
     return _mm512_mask_mov_pd(x, m, zero());
   }
+  static bool all_neg_inf(V x) { return _mm512_cmp_pd_mask(x, set1(-INFINITY), _CMP_EQ_OQ) == 0xff; }
   static T hmax(V x) { return _mm512_reduce_max_pd(x); }
   static T hsum(V x) { return _mm512_reduce_add_pd(x); }
   // exp of each lane by the C library's exp (libm's, not an inline template: no AVX-512 copy of it

@@ -13,7 +13,7 @@
 //   has FMA;
 //   V max_keep(V x, V acc) = x > acc ? x : acc (a NaN x keeps acc: std::max(acc, x) as softmax_forward
 //   takes its maximum);
-//   V neg_inf_to_zero(V x): lanes equal to -inf become 0;
+//   V neg_inf_to_zero(V x): lanes equal to -inf become 0; bool all_neg_inf(V x): every lane is -inf;
 //   T hmax(V) (lanes never NaN), T hsum(V), in an order of the path's choosing;
 //   void transpose(const T* src, int64_t lds, T* dst, int64_t ldd): dst[i * ldd + j] = src[j * lds + i],
 //   i, j < width.
@@ -51,6 +51,7 @@ struct ScalarCommon {
   static V fma(V a, V b, V c) { return a * b + c; }
   static V max_keep(V x, V acc) { return x > acc ? x : acc; }
   static V neg_inf_to_zero(V x) { return x == -INFINITY ? V(0) : x; }
+  static bool all_neg_inf(V x) { return x == -INFINITY; }
   static T hmax(V x) { return x; }
   static T hsum(V x) { return x; }
   static void transpose(const T* src, int64_t, T* dst, int64_t) { *dst = *src; }

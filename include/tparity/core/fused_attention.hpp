@@ -48,9 +48,12 @@ struct AttentionMasks {
 // scores are one fused multiply-add chain over D (bit for bit the GEMM's q k^T when scale is 1), the
 // running maximum m and sum l and the output O are rescaled by exp(m_old - m_new) (one FMA each),
 // O += P V sums over the block's keys, and O / l is the last step. exp is vmath's (exp_forward).
-// threads: (group, block of queries) pairs split over up to `threads` threads (parallel.hpp); the
+// Key blocks that the masks close to a whole block of queries (a causal mask's upper half, padded
+// keys) are skipped where that cannot change a bit (set_skip_masked_blocks, below).
+// threads: (group, block of queries) pairs dealt out to up to `threads` threads (parallel.hpp); the
 // result does not depend on it, bit for bit.
-// Memory: scratch of threads x br x (D + bc + Dv + 3) elements (blocking(), below), not L x S.
+// Memory: scratch of threads x br x (D + bc + Dv + 3) elements (blocking(), below), not L x S; with a
+// mask, G x ceil(S / bc) statistics of the key blocks besides.
 // Shapes are checked with asserts only, as the GEMM's.
 template <class T>
 void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int64_t L, int64_t S, int64_t D, int64_t Dv,
@@ -69,6 +72,12 @@ struct FusedBlocking {
 // The path's block sizes; throws std::invalid_argument if the path is not available.
 template <class T>
 FusedBlocking blocking(GemmIsa isa);
+
+// Whether fused_attention skips the key blocks that the masks close to every query of a block of
+// queries (on by default: a causal mask closes about half of them). A skipped block would have added
+// exactly nothing, so the result is the same bit for bit either way; the switch lets the tests show
+// it. The skip is taken only when it is exact (fused_attention_simd.hpp says when).
+void set_skip_masked_blocks(bool skip);
 
 }  // namespace fused_attention_detail
 }  // namespace tparity
