@@ -66,8 +66,9 @@ struct F32x1 : ScalarCommon<float> {
   // default rounding mode); NaN stays NaN.
   static V round_nearest(V x) { return (x + 0x1.8p23f) - 0x1.8p23f; }
   static V scale2(V p, V n) {
-    if (!(n == n)) return p + n;  // NaN
-    const int32_t ni = int32_t(n), n1 = ni >> 1, n2 = ni - n1;
+    // A NaN n comes from a NaN input, whose p is NaN too: any exponent will do (and converting NaN to
+    // an integer is undefined).
+    const int32_t ni = int32_t(n == n ? n : V(0)), n1 = ni >> 1, n2 = ni - n1;
     return (p * pow2(n1)) * pow2(n2);
   }
   static float pow2(int32_t e) {  // 2^e, e in [-126, 127]
