@@ -45,9 +45,12 @@ struct AttentionMasks {
 // weight of 0 too); a key masked with -inf gets a weight of exactly 0. S = 0 gives zeros (an empty
 // sum). Key blocks where a row is all -inf so far add nothing to it and leave later blocks unpoisoned.
 // Numerics: every sum in T (float accumulates in float). Per block of queries and block of keys, the
-// scores are one fused multiply-add chain over D (bit for bit the GEMM's q k^T when scale is 1), the
-// running maximum m and sum l and the output O are rescaled by exp(m_old - m_new) (one FMA each),
-// O += P V sums over the block's keys, and O / l is the last step. exp is vmath's (exp_forward).
+// scores are one fused multiply-add chain over D ascending from 0 (the order in which the GEMM's
+// micro-kernel sums each element of q k^T, for D up to its kc), the running maximum m and sum l and
+// the output O are rescaled by exp(m_old - m_new) (one FMA each), O += P V sums over the block's
+// keys, and O / l is the last step. exp is vmath's (exp_forward). Measured at L = S = 64, 512 and
+// 4096 (D = 64, no mask): the float32 rel_l2 against float64 is 1.08, 0.76 and 0.79 times the
+// reference path's.
 // Key blocks that the masks close to a whole block of queries (a causal mask's upper half, padded
 // keys) are skipped where that cannot change a bit (set_skip_masked_blocks, below).
 // threads: (group, block of queries) pairs dealt out to up to `threads` threads (parallel.hpp); the
