@@ -257,7 +257,7 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
 TEST_CASE("cli: gate passes against the committed baseline and writes JUnit XML", "[cli][torch]") {
   if (!with_torch()) return;
   const fs::path xml = scratch() / "gate.xml";
-  const Result r = tparity("gate --baseline " + kFixtures + "/baseline.json --junit " + xml.string());
+  const Result r = tparity("gate --baseline " + kFixtures + "/baseline.json --fixtures " + kFixtures + " --junit " + xml.string());
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains(", 0 failures (factor 2"));
   const std::string x = slurp(xml);
@@ -295,23 +295,23 @@ TEST_CASE("cli: gate --update-baseline writes the same bytes twice / and only fr
   const fs::path dir = scratch() / "gate_fixtures";
   fs::create_directories(dir);
   fs::copy_file(kFixtures + "/mha_no_weights.json", dir / "mha_no_weights.json", fs::copy_options::overwrite_existing);
-  const fs::path base = dir / "baseline.json";
-  REQUIRE(tparity("gate --update-baseline --baseline " + base.string()).code == 0);
+  const fs::path base = dir / "recorded.json";  // beside the fixtures, and not read as one
+  REQUIRE(tparity("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
   const std::string first = slurp(base);
-  REQUIRE(tparity("gate --update-baseline --baseline " + base.string()).code == 0);
+  REQUIRE(tparity("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
   CHECK(slurp(base) == first);
   const json b = json::parse(first);
   CHECK(b.at("format") == "tparity.baseline");
   for (const char* k : {"torch", "blas", "threads"}) CHECK(b.at("environment").contains(k));
   CHECK(b.at("entries").contains("mha_no_weights/output/hand32_vs_torch64"));
   CHECK(b.at("entries").contains("sdpa/scores/hand64_vs_torch64"));
-  CHECK(tparity("gate --baseline " + base.string()).code == 0);
+  CHECK(tparity("gate --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
 
   // A failing fixture: no baseline is written.
   json j = json::parse(slurp(kFixtures + "/mha_no_weights.json"));
   j["outputs"]["output"]["data"][0] = j["outputs"]["output"]["data"][0].get<double>() + 1e-3;
   std::ofstream(dir / "mha_no_weights.json") << j.dump();
-  const Result r = tparity("gate --update-baseline --baseline " + base.string());
+  const Result r = tparity("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string());
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("FAIL case mha_no_weights: component output: leg hand64_vs_torch64"));
   CHECK_THAT(r.out, Catch::Contains("a baseline is not recorded from a failing run"));

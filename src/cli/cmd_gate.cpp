@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 struct GateOptions {
   std::string baseline = "fixtures/baseline.json";
-  std::string fixtures;  // default: the baseline's directory
+  std::string fixtures = "fixtures";  // the committed fixtures, as the baseline is
   std::string junit;
   bool update = false;
   double factor = 2.0;
@@ -35,13 +35,16 @@ struct Gated {
   std::string rerun;
 };
 
-std::vector<std::string> fixture_files(const std::string& dir) {
+// The fixtures in dir: every .json file but the baseline itself (and any other baseline*.json).
+std::vector<std::string> fixture_files(const std::string& dir, const std::string& baseline) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError("option --fixtures: " + dir + ": not a directory");
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".json" && e.path().filename().string().rfind("baseline", 0) != 0)
-      files.push_back(e.path().string());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".json" || e.path().filename().string().rfind("baseline", 0) == 0) continue;
+    if (fs::equivalent(e.path(), baseline, ec)) continue;
+    files.push_back(e.path().string());
+  }
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -101,7 +104,6 @@ void write_junit(const std::string& path, const std::vector<Gated>& gated,
 
 int gate(const GateOptions& o) {
   if (!(o.factor >= 1.0)) throw InputError(fmt::format("option --factor: expected a number >= 1, got {}", o.factor));
-  const std::string fixtures_dir = !o.fixtures.empty() ? o.fixtures : fs::path(o.baseline).parent_path().string();
   Baseline baseline;
   if (!o.update) baseline = read_baseline(o.baseline);  // before the long run: a bad path fails at once
 
@@ -109,7 +111,7 @@ int gate(const GateOptions& o) {
   for (const CaseSpec& s : default_cases())
     gated.push_back({evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}), std::to_string(s.seed),
                      fmt::format("tparity run --case {} --seed {}", s.name, s.seed)});
-  for (const std::string& f : fixture_files(fixtures_dir.empty() ? "." : fixtures_dir))
+  for (const std::string& f : fixture_files(o.fixtures, o.baseline))
     for (CaseReport& r : check_fixture(read_fixture(f), f, GatePolicy{}))
       gated.push_back({std::move(r), "none (fixture data)", "tparity check --fixture " + f});
 
@@ -198,7 +200,7 @@ void register_gate(CLI::App& app, Action& action) {
   CLI::App* cmd = app.add_subcommand(
       "gate", "CI regression gate: default cases and committed fixtures against their gates and a recorded baseline");
   cmd->add_option("--baseline", o->baseline, "Baseline file")->capture_default_str();
-  cmd->add_option("--fixtures", o->fixtures, "Directory of fixtures to check (default: the baseline's directory)");
+  cmd->add_option("--fixtures", o->fixtures, "Directory of fixtures to check")->capture_default_str();
   cmd->add_option("--junit", o->junit, "Also write JUnit XML here (one testcase per case and component)");
   cmd->add_flag("--update-baseline", o->update, "Record this run as the baseline (only when every gate passes)");
   cmd->add_option("--factor", o->factor, "Fail when an error grows beyond this factor of its baseline")
