@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "tparity/core/ops.hpp"
 #include "tparity/core/tensor.hpp"
 #include "tparity/harness/rng.hpp"
 
@@ -27,5 +28,17 @@ inline int64_t divisor_of(Rng& rng, int64_t n) {
     if (n % d == 0) ds.push_back(d);
   return ds[size_t(rng.integer(0, int64_t(ds.size()) - 1))];
 }
+
+// The core's path (fast or reference) for one scope, restored after.
+class ScopedCorePath {
+ public:
+  explicit ScopedCorePath(CorePath p) : saved_(core_path()) { set_core_path(p); }
+  ~ScopedCorePath() { set_core_path(saved_); }
+  ScopedCorePath(const ScopedCorePath&) = delete;
+  ScopedCorePath& operator=(const ScopedCorePath&) = delete;
+
+ private:
+  CorePath saved_;
+};
 
 }  // namespace tparity::test

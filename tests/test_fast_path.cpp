@@ -104,3 +104,128 @@ TEST_CASE("fast path: a whole attention with threads equals itself on one thread
   CHECK(std::sqrt(d2 / r2) < 1e-6);  // both float32 paths are within ~2e-7 of float64 (README)
   CHECK(std::sqrt(d2 / r2) > 0);     // and they are different computations
 }
+
+namespace {
+
+struct FusedCase {
+  const char* name;
+  bool batched, bias_kv, zero_attn;
+  const char* attn;  // "none", "bool", "causal" (float -inf), "float", "3d", "inf" (+inf where a key is padded)
+  const char* kpm;   // "none", "bool", "float"
+};
+
+// NaN where both are NaN, else |a - b|^2 summed; counts positions where only one is NaN.
+struct Diff {
+  double d2 = 0, r2 = 0;
+  int64_t nan_mismatch = 0, nan_both = 0;
+};
+template <class A, class B>
+Diff diff(const std::vector<A>& a, const std::vector<B>& b) {
+  Diff d;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool na = std::isnan(double(a[i])), nb = std::isnan(double(b[i]));
+    if (na || nb) {
+      d.nan_mismatch += na != nb, d.nan_both += na && nb;
+      continue;
+    }
+    d.d2 += std::pow(double(a[i]) - double(b[i]), 2), d.r2 += std::pow(double(b[i]), 2);
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("fast path: attention without weights (fused, the L x S scores never held) keeps torch's semantics",
+          "[fast]") {
+  // mha_forward with need_weights=false and no observer streams the scores (fused_attention); with
+  // need_weights=true it takes the unfused path. On every mask combination torch 1.13 accepts, the
+  // double outputs agree to 1e-12 relative, the float ones are as close to the double truth as the
+  // unfused float path is (2x its error plus 4 roundings), and NaN rows (every key masked) are the
+  // same rows. A float attn_mask with +inf where a bool key_padding_mask masks the key is torch's
+  // masked_fill (-inf), not a sum (NaN): that case falls back to the unfused path, bit for bit.
+  const FusedCase cases[] = {
+      {"plain", true, false, false, "none", "none"},     {"causal", true, false, false, "causal", "none"},
+      {"bool", true, false, false, "bool", "none"},      {"float", true, false, false, "float", "none"},
+      {"3d", true, false, false, "3d", "none"},          {"kpm bool", true, false, false, "none", "bool"},
+      {"kpm float", true, false, false, "none", "float"}, {"bool+kpm float", true, false, false, "bool", "float"},
+      {"float+kpm bool", true, false, false, "float", "bool"}, {"bool+kpm bool", true, false, false, "bool", "bool"},
+      {"bias_kv zero_attn causal kpm", true, true, true, "causal", "bool"},
+      {"unbatched 3d", false, false, false, "3d", "none"}, {"unbatched kpm", false, true, false, "none", "bool"},
+      {"+inf under padding", true, false, false, "inf", "bool"},
+  };
+  const double u = std::ldexp(1.0, -24);
+  int64_t differed = 0;
+  for (const FusedCase& fc : cases) {
+    CAPTURE(fc.name);
+    Rng rng(21);
+    const int64_t B = fc.batched ? 3 : 1, L = 37, S0 = 41, E = 32, H = 4;
+    MhaConfig c;
+    c.embed_dim = E, c.num_heads = H, c.batch_first = true, c.add_bias_kv = fc.bias_kv, c.add_zero_attn = fc.zero_attn;
+    MhaWeights<double> w;
+    w.in_proj_weight = randn(rng, {3 * E, E}, 0.2);
+    w.in_proj_bias = randn(rng, {3 * E}, 0.1);
+    w.out_proj_weight = randn(rng, {E, E}, 0.2);
+    w.out_proj_bias = randn(rng, {E}, 0.1);
+    if (fc.bias_kv) w.bias_k = randn(rng, {1, 1, E}), w.bias_v = randn(rng, {1, 1, E});
+    auto shape = [&](Shape s) {
+      if (fc.batched) s.insert(s.begin(), B);
+      return s;
+    };
+    const Tensor<double> q = randn(rng, shape({L, E})), kv = randn(rng, shape({S0, E}));
+    MhaInputs<double> in{q, kv, kv, {}, {}};
+    const std::string attn = fc.attn, kpm = fc.kpm;
+    if (attn == "bool") {
+      Tensor<uint8_t> m = test::random_bool(rng, {L, S0}, 0.3);
+      for (int64_t j = 0; j < S0; ++j) m.data[size_t(5 * S0 + j)] = 1;  // row 5: every key masked -> NaN
+      in.attn_mask = Mask<double>::of_bool(m);
+    } else if (attn == "causal" || attn == "float" || attn == "inf") {
+      Tensor<double> m({L, S0});
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < S0; ++j)
+          m.data[size_t(i * S0 + j)] = attn == "causal" ? (j > i ? -INFINITY : 0.0) : rng.normal();
+      if (attn == "inf") m.data[size_t(2 * S0 + 7)] = INFINITY;  // key 7 is padded below
+      in.attn_mask = Mask<double>::of_float(m);
+    } else if (attn == "3d") {
+      Tensor<double> m = randn(rng, {B * H, L, S0});
+      for (int64_t j = 0; j < S0; ++j) m.data[size_t((1 * L + 3) * S0 + j)] = -INFINITY;  // group 1, row 3: NaN
+      in.attn_mask = Mask<double>::of_float(m);
+    }
+    const Shape kshape = fc.batched ? Shape{B, S0} : Shape{S0};
+    if (kpm == "bool") {
+      Tensor<uint8_t> m = test::random_bool(rng, kshape, 0.2);
+      for (int64_t b = 0; b < (fc.batched ? B : 1); ++b) m.data[size_t(b * S0 + 7)] = 1, m.data[size_t(b * S0)] = 0;
+      in.key_padding_mask = Mask<double>::of_bool(m);
+    } else if (kpm == "float") {
+      Tensor<double> m = randn(rng, kshape);
+      for (size_t x = 0; x < m.data.size(); x += 3) m.data[x] = 0;
+      in.key_padding_mask = Mask<double>::of_float(m);
+    }
+    MhaWeights<float> wf{cast<float>(w.in_proj_weight), {}, {}, {}, cast<float>(w.in_proj_bias),
+                         cast<float>(w.bias_k),         cast<float>(w.bias_v), cast<float>(w.out_proj_weight),
+                         cast<float>(w.out_proj_bias)};
+    const MhaInputs<float> inf{cast<float>(in.query), cast<float>(in.key), cast<float>(in.value),
+                               cast<float>(in.attn_mask), cast<float>(in.key_padding_mask)};
+    const MhaForward with{true, true}, without{false, true};
+    const Tensor<double> d_unfused = mha_forward(c, with, w, in).output, d_fused = mha_forward(c, without, w, in).output;
+    const Tensor<float> f_unfused = mha_forward(c, with, wf, inf).output,
+                        f_fused = mha_forward(c, without, wf, inf).output;
+
+    const Diff dd = diff(d_fused.data, d_unfused.data);
+    CHECK(dd.nan_mismatch == 0);
+    CHECK(std::sqrt(dd.d2) <= 1e-12 * std::sqrt(dd.r2));
+    const Diff fused_err = diff(f_fused.data, d_unfused.data), unfused_err = diff(f_unfused.data, d_unfused.data);
+    CHECK(fused_err.nan_mismatch == 0);
+    CHECK(unfused_err.nan_mismatch == 0);
+    const double e_fused = std::sqrt(fused_err.d2 / fused_err.r2), e_unfused = std::sqrt(unfused_err.d2 / unfused_err.r2);
+    CAPTURE(e_fused, e_unfused, fused_err.nan_both);
+    CHECK(e_fused <= 2 * e_unfused + 4 * u);
+    if (attn == "bool" || attn == "3d") CHECK(fused_err.nan_both > 0);  // the fully masked row is there
+    const Diff bits = diff(f_fused.data, f_unfused.data);
+    if (attn == "inf") {
+      CHECK(bits.d2 == 0);  // the fallback: the unfused path itself
+      CHECK(fused_err.nan_both == 0);  // the +inf under padding is torch's -inf, not NaN
+    }
+    differed += bits.d2 > 0;
+  }
+  CHECK(differed >= 10);  // the fused path ran: it rounds differently from the unfused one
+}

@@ -1,7 +1,7 @@
 // The fused attention (tparity/core/fused_attention.hpp) on every instruction-set path this machine
 // has, each forced in turn: against a long-double twin of the whole attention on the edge sizes of the
 // path's own blocks, every kind of mask, the -inf and NaN semantics of the reference path (qdotk, the
-// masks, softmax_forward, weighted_sum_v), thread-count independence, and the float32 error gate.
+// masks, softmax_forward_ref, weighted_sum_v), thread-count independence, and the float32 error gate.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -331,7 +331,7 @@ TEMPLATE_TEST_CASE("fused attention fully masked rows give NaN and rows masked i
 
 namespace {
 
-// The reference path in T: qdotk_ref, scale, + key bias, + mask, softmax_forward, weighted_sum_v_ref.
+// The reference path in T: qdotk_ref, scale, + key bias, + mask, softmax_forward_ref, weighted_sum_v_ref.
 template <class T>
 std::vector<T> reference_path(const Problem<T>& p) {
   std::vector<T> s(size_t(p.G * p.L * p.S)), out(size_t(p.G * p.L * p.Dv));
@@ -344,7 +344,7 @@ std::vector<T> reference_path(const Problem<T>& p) {
         if (!p.bias.empty()) x = x + p.bias[size_t(g / p.heads * p.S + j)];
         if (!p.attn.empty()) x = x + p.attn[size_t(g * p.attn_stride + i * p.S + j)];
       }
-  softmax_forward(s.data(), s.data(), p.G * p.L, p.S);
+  softmax_forward_ref(s.data(), s.data(), p.G * p.L, p.S);
   weighted_sum_v_ref(out.data(), s.data(), p.v.data(), p.G, p.L, p.S, p.Dv);
   return out;
 }
@@ -532,7 +532,7 @@ double rel_l2(const std::vector<A>& a, const std::vector<B>& b) {
 
 TEST_CASE("fused attention float32 error stays within 2x of the reference path against float64", "[fused]") {
   // The README's gate on the attention step: the float32 result's rel_l2 against the float64 truth
-  // within 2x the reference path's own (qdotk, softmax_forward, weighted_sum_v in float); the float64
+  // within 2x the reference path's own (qdotk, softmax_forward_ref, weighted_sum_v in float); the float64
   // result within 1e-10 of the float64 reference path. q is divided by sqrt(D) first, as torch 1.13's
   // MHA does, and the scale is 1. A causal mask, three key blocks and more.
   Rng rng(1212);
@@ -554,7 +554,7 @@ TEST_CASE("fused attention float32 error stays within 2x of the reference path a
     for (int64_t g = 0; g < p.G; ++g)
       for (int64_t x = 0; x < p.L * p.S; ++x)
         s[size_t(g * p.L * p.S + x)] = p.attn[size_t(x)] + s[size_t(g * p.L * p.S + x)];
-    softmax_forward(s.data(), s.data(), p.G * p.L, p.S);
+    softmax_forward_ref(s.data(), s.data(), p.G * p.L, p.S);
     weighted_sum_v(out.data(), s.data(), p.v.data(), p.G, p.L, p.S, p.Dv);
     return out;
   };

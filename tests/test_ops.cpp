@@ -5,9 +5,11 @@
 #include <vector>
 
 #include "tparity/core/ops.hpp"
+#include "support.hpp"
 #include "tparity/harness/rng.hpp"
 
 using namespace tparity;
+using test::ScopedCorePath;
 
 namespace {
 
@@ -61,6 +63,10 @@ TEST_CASE("linear uses torch's (out / in) weight layout", "[ops]") {
 }
 
 TEST_CASE("softmax: a worked answer / rows that sum to one / the max subtracted", "[ops]") {
+  // Both paths: the fast one (vmath's softmax_rows) and the reference loops.
+  const CorePath path = GENERATE(CorePath::Fast, CorePath::Reference);
+  CAPTURE(path == CorePath::Fast ? "fast" : "reference");
+  const ScopedCorePath scoped(path);
   // softmax(log 1, log 2, log 3, log 4) = (1, 2, 3, 4) / 10
   std::vector<double> x{0.0, std::log(2.0), std::log(3.0), std::log(4.0)};
   softmax_forward(x.data(), x.data(), 1, 4);
@@ -90,6 +96,9 @@ TEST_CASE("softmax: a worked answer / rows that sum to one / the max subtracted"
 }
 
 TEST_CASE("softmax: -inf entries get exactly zero weight / an all -inf row is NaN as in torch", "[ops]") {
+  const CorePath path = GENERATE(CorePath::Fast, CorePath::Reference);
+  CAPTURE(path == CorePath::Fast ? "fast" : "reference");
+  const ScopedCorePath scoped(path);
   std::vector<double> x{1.0, -kInf, 2.0, -kInf, -kInf, -kInf};
   softmax_forward(x.data(), x.data(), 2, 3);
   CHECK(x[1] == 0.0);

@@ -1,6 +1,6 @@
 // vmath (tparity/core/vmath.hpp) on every instruction-set path this machine has, each forced in turn:
 // exp against expl over millions of points and at its special values, and softmax_rows against the
-// exact softmax in long double and against the scalar softmax_forward of ops.hpp.
+// exact softmax in long double and against the scalar softmax_forward_ref of ops.hpp.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -223,10 +223,10 @@ bool same_or_both_nan(T a, T b) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("vmath softmax_rows matches the exact softmax and softmax_forward", "[vmath]", float, double) {
+TEMPLATE_TEST_CASE("vmath softmax_rows matches the exact softmax and softmax_forward_ref", "[vmath]", float, double) {
   // Rows of N(0, 3) on lengths around the vector widths and longer, every path. Each result is held
   // to the error model of softmax_bound (exp's error: 0.99 ulp for float, libm's < 1 ulp for double,
-  // so 2u relative either way), and softmax_forward to the same model with its own exp (< 1 ulp).
+  // so 2u relative either way), and softmax_forward_ref to the same model with its own exp (< 1 ulp).
   using T = TestType;
   const long double u = std::numeric_limits<T>::epsilon() / 2;
   Rng rng(14);
@@ -239,7 +239,7 @@ TEMPLATE_TEST_CASE("vmath softmax_rows matches the exact softmax and softmax_for
       for (T& v : x) v = T(3 * rng.normal());
       std::vector<T> fast(x.size()), ref(x.size());
       softmax_rows(fast.data(), x.data(), rows, cols);
-      softmax_forward(ref.data(), x.data(), rows, cols);
+      softmax_forward_ref(ref.data(), x.data(), rows, cols);
       int64_t bad_fast = 0, bad_ref = 0;
       for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x.data() + r * cols;
@@ -256,10 +256,10 @@ TEMPLATE_TEST_CASE("vmath softmax_rows matches the exact softmax and softmax_for
   }
 }
 
-TEMPLATE_TEST_CASE("vmath softmax_rows special rows as softmax_forward", "[vmath]", float, double) {
+TEMPLATE_TEST_CASE("vmath softmax_rows special rows as softmax_forward_ref", "[vmath]", float, double) {
   // All -inf: NaN (torch 1.13). A NaN entry: the row NaN. +inf: inf - inf = NaN, the row NaN. -inf
   // entries beside finite ones: exactly 0. One finite entry among -inf: exactly 1. Huge offsets:
-  // max-subtracted, no overflow. The same NaN positions and exact values as softmax_forward; in
+  // max-subtracted, no overflow. The same NaN positions and exact values as softmax_forward_ref; in
   // place and on 1 to 3 threads alike, bit for bit.
   using T = TestType;
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
@@ -281,7 +281,7 @@ TEMPLATE_TEST_CASE("vmath softmax_rows special rows as softmax_forward", "[vmath
   std::vector<T> x;
   for (const auto& row : rows) x.insert(x.end(), row.begin(), row.end());
   std::vector<T> ref(x.size());
-  softmax_forward(ref.data(), x.data(), n, cols);
+  softmax_forward_ref(ref.data(), x.data(), n, cols);
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
     CAPTURE(to_string(isa));

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "layout.hpp"
+#include "tparity/core/fused_attention.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/ops.hpp"
 #include "tparity/core/parallel.hpp"
@@ -157,6 +159,66 @@ class RowMask {
   int64_t H_, L_, S0_;
   bool attn3d_ = false, fill_ = false;
   std::vector<T> a_, k_;
+};
+
+// torch 1.13's merged mask in the form fused_attention adds it: attn_mask as a float (L, S) or
+// (B*H, L, S) array (a bool one turned into -inf / 0) and the key padding mask as a float (B, S) key
+// bias, both widened to the S keys after bias_kv and zero_attn with zeros. make() returns nothing
+// where adding the two is not torch's merge: a float attn_mask holding +inf or NaN while a bool
+// key_padding_mask fills keys with -inf (torch: -inf at a padded key; a sum: NaN). The caller then
+// takes the unfused path.
+template <class T>
+class FusedMasks {
+ public:
+  static std::optional<FusedMasks> make(const Mask<T>& attn, const Mask<T>& kpm, int64_t B, int64_t H, int64_t L,
+                                        int64_t S0, int64_t S) {
+    constexpr T ninf = -std::numeric_limits<T>::infinity();
+    FusedMasks m;
+    m.heads_ = H;
+    if (attn.present()) {
+      const bool three_d = attn.shape().size() == 3;
+      const int64_t groups = three_d ? attn.shape()[0] : 1;
+      m.attn_.assign(size_t(groups * L * S), T(0));
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t i = 0; i < L; ++i)
+          for (int64_t j = 0; j < S0; ++j) {
+            const size_t from = size_t((g * L + i) * S0 + j);
+            m.attn_[size_t((g * L + i) * S + j)] =
+                attn.is_bool() ? (attn.bools.data[from] ? ninf : T(0)) : attn.floats.data[from];
+          }
+      m.attn_stride_ = three_d ? L * S : 0;
+    }
+    if (kpm.present()) {
+      const bool fill = attn.present() && !attn.is_bool();  // masked_fill into a float attn_mask
+      if (fill)
+        for (T a : attn.floats.data)
+          if (std::isnan(a) || a == -ninf) return std::nullopt;
+      m.key_bias_.assign(size_t(B * S), T(0));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < S0; ++j) {
+          const size_t from = size_t(b * S0 + j);
+          const bool on = kpm.is_bool() ? kpm.bools.data[from] != 0 : kpm.floats.data[from] != T(0);
+          // as RowMask: alone, a float key padding mask is added as it is; with an attn_mask, or
+          // bool, it masks (logical_or, or masked_fill with -inf)
+          m.key_bias_[size_t(b * S + j)] =
+              kpm.is_bool() || attn.present() ? (on ? ninf : T(0)) : kpm.floats.data[from];
+        }
+    }
+    return m;
+  }
+
+  AttentionMasks<T> view() const {
+    AttentionMasks<T> v;
+    v.attn = attn_.empty() ? nullptr : attn_.data();
+    v.attn_group_stride = attn_stride_;
+    v.key_bias = key_bias_.empty() ? nullptr : key_bias_.data();
+    v.heads = heads_;
+    return v;
+  }
+
+ private:
+  std::vector<T> attn_, key_bias_;
+  int64_t attn_stride_ = 0, heads_ = 1;
 };
 
 }  // namespace
@@ -359,9 +421,28 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   // ---- scores (B, H, L, S) = q / sqrt(D) . k + mask ----------------------------------------------
   const T root = std::sqrt(T(D));
   for (T& x : qh.data) x = x / root;  // torch 1.13: q_scaled = q / math.sqrt(E)
+  const MergedMask<T> mask(in.attn_mask, in.key_padding_mask, H, L, S0);  // throws on what torch rejects
+
+  // Nothing observed and no weights returned: the fused streaming attention, which never holds the
+  // L x S scores (fused_attention.hpp), then the heads merged and out_proj as below.
+  if (core_path() == CorePath::Fast && !obs && !fwd.need_weights) {
+    std::optional<FusedMasks<T>> fm = FusedMasks<T>::make(in.attn_mask, in.key_padding_mask, B, H, L, S0, S);
+    if (fm) {
+      Tensor<T> ctx_heads({B, H, L, D});
+      fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), fm->view(),
+                      num_threads());
+      const Tensor<T> context = merge_heads(ctx_heads);
+      Tensor<T> out({B, L, E});
+      linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), cfg.bias ? w.out_proj_bias.ptr() : nullptr,
+                     B * L, E, E);
+      MhaOutputs<T> result;
+      result.output = detail::from_batch_first(std::move(out), batched, cfg.batch_first);
+      return result;
+    }
+  }
+
   Tensor<T> scores({B, H, L, S});
   qdotk(scores.ptr(), qh.ptr(), kh.ptr(), B * H, L, S, D);
-  const MergedMask<T> mask(in.attn_mask, in.key_padding_mask, H, L, S0);
   if (mask.any() && core_path() == CorePath::Reference) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)

@@ -11,6 +11,7 @@
 
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
+#include "tparity/core/vmath.hpp"
 
 namespace tparity {
 
@@ -93,6 +94,13 @@ void linear_forward_ref(T* out, const T* inp, const T* weight, const T* bias, in
 
 template <class T>
 void softmax_forward(T* out, const T* inp, int64_t N, int64_t C) {
+  if (core_path() == CorePath::Reference) return softmax_forward_ref(out, inp, N, C);
+  const int threads = N * 8 * C < (int64_t(1) << 15) ? 1 : num_threads();
+  softmax_rows(out, inp, N, C, threads);
+}
+
+template <class T>
+void softmax_forward_ref(T* out, const T* inp, int64_t N, int64_t C) {
   // inp is (N, C); out will be (N, C)
   rows(N, 8 * C, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
@@ -360,6 +368,7 @@ void matmul_forward(T* out, const T* input, const T* other, const Shape& input_s
   template void linear_forward_ref<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                   \
   template void linear_act_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, Activation);       \
   template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                                                   \
+  template void softmax_forward_ref<T>(T*, const T*, int64_t, int64_t);                                                   \
   template void layernorm_forward<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*);                  \
   template void relu_forward<T>(T*, const T*, int64_t);                                                               \
   template void gelu_forward<T>(T*, const T*, int64_t);                                                               \

@@ -50,8 +50,12 @@ void linear_act_forward(T* out, const T* inp, const T* weight, const T* bias, in
 // mirrors torch.softmax(x, dim=-1): max-subtracted, rows of length C.
 // inp is (N, C); out will be (N, C); out may alias inp.
 // A row whose entries are all -inf gives NaN, as torch does (exp(-inf - -inf) = exp(NaN)).
+// Fast: vmath's softmax_rows (SIMD exp, rows over the threads). Reference (softmax_forward_ref):
+// std::exp, the sum in dot()'s eight partial sums. Both divide by the sum; neither multiplies.
 template <class T>
 void softmax_forward(T* out, const T* inp, int64_t N, int64_t C);
+template <class T>
+void softmax_forward_ref(T* out, const T* inp, int64_t N, int64_t C);
 
 // mirrors torch.nn.functional.layer_norm over the last axis: biased variance, eps inside the root.
 // inp is (N, C), weight and bias are (C) or null (no affine)
