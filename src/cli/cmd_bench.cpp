@@ -213,6 +213,7 @@ struct BenchOptions {
 struct Result {
   BenchCase c;
   Stats hand, torch;
+  Stats hand_one, hand_many;  // the scaling phase (threads > 1): the hand core on 1 and on c.threads threads
   double hand_gflops = 0, torch_gflops = 0;
   int64_t hand_peak = -1, torch_peak = -1;
   std::string parity = "not checked";
@@ -265,7 +266,7 @@ int bench(const BenchOptions& o) {
   for (const BenchCase& c : chosen) {
     if (o.format == Format::Table && isatty(2)) std::fprintf(stderr, "bench %s ...\n", c.name.c_str());
     const Problem p = make_problem(c.spec);
-    Result r{c, {}, {}, 0, 0, -1, -1, "not checked"};
+    Result r{c, {}, {}, {}, {}, 0, 0, -1, -1, "not checked"};
     set_num_threads(c.threads);
     set_torch_threads(c.threads);
     const std::function<void()> hand = prepare_hand(p, DType::Float32, "bench " + c.name);
@@ -277,6 +278,21 @@ int bench(const BenchOptions& o) {
       tt.push_back(time_ms(torch));
     }
     r.hand = stats(th), r.torch = stats(tt);
+    if (c.threads > 1) {
+      // The hand core's own scaling, timed apart from LibTorch: after LibTorch's calls its OpenMP
+      // and OpenBLAS workers spin for a while (busy-waiting for the next call) on the cores the
+      // hand core's threads need. So: a pause for them to go to sleep, then the hand core alone,
+      // one thread and c.threads threads interleaved.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::vector<double> one, many;
+      for (int rep = 0; rep < o.reps; ++rep) {
+        set_num_threads(1);
+        one.push_back(time_ms(hand));
+        set_num_threads(c.threads);
+        many.push_back(time_ms(hand));
+      }
+      r.hand_one = stats(one), r.hand_many = stats(many);
+    }
     r.hand_gflops = flops(c.spec) / (r.hand.median * 1e6);
     r.torch_gflops = flops(c.spec) / (r.torch.median * 1e6);
     r.hand_peak = peak_in_child("hand", c, o.quick);
@@ -291,13 +307,10 @@ int bench(const BenchOptions& o) {
   set_num_threads(1);
   set_torch_threads(1);
 
-  // The two-thread case's own scaling, against the one-thread case of the same shape.
-  std::map<std::string, double> one_thread;
-  for (const Result& r : results)
-    if (r.c.threads == 1) one_thread[r.c.spec.describe()] = r.hand.median;
+  // A multi-thread case's own scaling: its one-thread time over its many-thread time, both from the
+  // scaling phase.
   auto scaling = [&](const Result& r) -> double {
-    auto it = one_thread.find(r.c.spec.describe());
-    return r.c.threads > 1 && it != one_thread.end() ? it->second / r.hand.median : 0.0;
+    return r.c.threads > 1 && r.hand_many.median > 0 ? r.hand_one.median / r.hand_many.median : 0.0;
   };
 
   const char* dropped = std::getenv("TPARITY_BENCH_UNSET");
@@ -332,6 +345,8 @@ int bench(const BenchOptions& o) {
                        {"hand_peak_bytes", r.hand_peak},
                        {"torch_peak_bytes", r.torch_peak},
                        {"scaling", scaling(r)},
+                       {"scaling_one_thread_ms", r.hand_one.median},
+                       {"scaling_threads_ms", r.hand_many.median},
                        {"target", r.c.target},
                        {"parity", r.parity}});
     std::fputs((nlohmann::json{{"environment", env}, {"cases", cases}}.dump(2) + "\n").c_str(), stdout);
@@ -362,7 +377,10 @@ int bench(const BenchOptions& o) {
   for (const Result& r : results) {
     const double s = scaling(r);
     fmt::print("target {}: {}{}\n", r.c.name, r.c.target,
-               s > 0 ? fmt::format(" (measured: {:.2f}x its one-thread time)", s) : "");
+               s > 0 ? fmt::format(" (measured: {:.2f}x its one-thread speed: {:.2f} ms on 1 thread, {:.2f} ms on {}, "
+                                   "the hand core alone, {} runs of each interleaved after a 0.3 s pause)",
+                                   s, r.hand_one.median, r.hand_many.median, r.c.threads, o.reps)
+                     : "");
   }
   return parity_ok ? kPass : kFail;
 }

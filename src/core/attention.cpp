@@ -23,16 +23,16 @@ namespace {
 
 std::string dims(std::initializer_list<int64_t> d) { return "shape " + to_string(Shape(d)); }
 
-// (B, L, H*D) -> (B, H, L, D)
+// x (B, L, H*D) with row stride ld -> (B, H, L, D)
 template <class T>
-Tensor<T> split_heads(const Tensor<T>& x, int64_t H) {
-  const int64_t B = x.size(0), L = x.size(1), D = x.size(2) / H;
+Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
   Tensor<T> y({B, H, L, D});
   for (int64_t b = 0; b < B; ++b)
     for (int64_t l = 0; l < L; ++l)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t d = 0; d < D; ++d)
-          y.data[size_t(((b * H + h) * L + l) * D + d)] = x.data[size_t((b * L + l) * H * D + h * D + d)];
+      for (int64_t h = 0; h < H; ++h) {
+        const T* from = x + (b * L + l) * ld + h * D;
+        std::copy(from, from + D, y.ptr() + ((b * H + h) * L + l) * D);
+      }
   return y;
 }
 
@@ -221,6 +221,28 @@ class FusedMasks {
   int64_t attn_stride_ = 0, heads_ = 1;
 };
 
+// out_proj: context (B, L, E) -> (B, L, E), plus the residual (B, L, E) when given, in the GEMM's
+// epilogue where nothing observes the attention's own output (residual + out, as add_forward adds),
+// else after the observer has seen it.
+template <class T>
+Tensor<T> out_proj(const Tensor<T>& context, const MhaWeights<T>& w, bool bias, const T* residual, Observer<T>* obs) {
+  const int64_t B = context.size(0), L = context.size(1), E = context.size(2);
+  Tensor<T> out({B, L, E});
+  if (residual && !obs && core_path() == CorePath::Fast) {
+    GemmEpilogue<T> ep;
+    ep.bias = bias ? w.out_proj_bias.ptr() : nullptr;
+    ep.residual = residual, ep.ldr = E;
+    gemm(false, true, B * L, E, E, T(1), context.ptr(), E, w.out_proj_weight.ptr(), E, T(0), out.ptr(), E, &ep,
+         num_threads());
+    return out;
+  }
+  linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), bias ? w.out_proj_bias.ptr() : nullptr, B * L, E,
+                 E);
+  if (obs) obs->on("output", out);
+  if (residual) add_forward(out.ptr(), residual, out.ptr(), out.numel());
+  return out;
+}
+
 }  // namespace
 
 template <class T>
@@ -314,8 +336,8 @@ Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
 }
 
 template <class T>
-MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputs<T>& in,
-                          Observer<T>* obs) {
+MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
+                                 const MhaInputRefs<T>& in, Observer<T>* obs, const T* residual) {
   const int64_t E = cfg.embed_dim, H = cfg.num_heads;
   if (E <= 0 || H <= 0)
     throw ShapeError("config: embed_dim and num_heads must be positive, got embed_dim=" + std::to_string(E) +
@@ -331,8 +353,9 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
     shape_error("key", std::to_string(in.query.dim()) + " dims like query", in.key.shape);
   if (in.value.dim() != in.query.dim())
     shape_error("value", std::to_string(in.query.dim()) + " dims like query", in.value.shape);
-  auto canon = [&](const Tensor<T>& x) { return detail::to_batch_first(x, batched, cfg.batch_first); };
-  const Tensor<T> query = canon(in.query), key = canon(in.key), value = canon(in.value);
+  // batch-first views, copied only where the layout needs it, and released after the projections
+  detail::BatchFirstView<T> query(in.query, batched, cfg.batch_first), key(in.key, batched, cfg.batch_first),
+      value(in.value, batched, cfg.batch_first);
   const int64_t B = query.size(0), L = query.size(1), S0 = key.size(1);
   const std::string layout = batched ? (cfg.batch_first ? "(B, L, ·)" : "(L, B, ·)") : "(L, ·)";
   if (query.size(2) != E)
@@ -396,17 +419,40 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   const T* bq = cfg.bias ? w.in_proj_bias.ptr() : nullptr;
   const T* bk = cfg.bias ? w.in_proj_bias.ptr() + E : nullptr;
   const T* bv = cfg.bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
-  Tensor<T> q({B, L, E}), k({B, S0, E}), v({B, S0, E});
-  linear_forward(q.ptr(), query.ptr(), Wq, bq, B * L, E, E);
-  linear_forward(k.ptr(), key.ptr(), Wk, bk, B * S0, KD, E);
-  linear_forward(v.ptr(), value.ptr(), Wv, bv, B * S0, VD, E);
-  if (cfg.add_bias_kv) {
-    k = append_row(k, w.bias_k);
-    v = append_row(v, w.bias_v);
+  Tensor<T> qh, kh, vh;
+  // Self-attention (one tensor as query, key and value) with the packed weight: one product with
+  // all of in_proj_weight, (B*L, 3E), each element the same sum as in three products (the GEMM sums
+  // over K alike whatever N is), and the heads split out of it.
+  const bool self = in.query.data.data() == in.key.data.data() && in.key.data.data() == in.value.data.data() &&
+                    in.query.shape == in.key.shape && in.key.shape == in.value.shape && cfg.packed() &&
+                    !cfg.add_bias_kv;
+  if (self) {
+    Tensor<T> qkv({B, L, 3 * E});
+    linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
+    query.release(), key.release(), value.release();
+    qh = split_heads(qkv.ptr(), 3 * E, B, L, H, D);
+    kh = split_heads(qkv.ptr() + E, 3 * E, B, L, H, D);
+    vh = split_heads(qkv.ptr() + 2 * E, 3 * E, B, L, H, D);
+  } else {
+    Tensor<T> q({B, L, E}), k({B, S0, E}), v({B, S0, E});
+    linear_forward(q.ptr(), query.ptr(), Wq, bq, B * L, E, E);
+    linear_forward(k.ptr(), key.ptr(), Wk, bk, B * S0, KD, E);
+    linear_forward(v.ptr(), value.ptr(), Wv, bv, B * S0, VD, E);
+    query.release(), key.release(), value.release();
+    if (cfg.add_bias_kv) {
+      k = append_row(k, w.bias_k);
+      v = append_row(v, w.bias_v);
+    }
+    // ---- heads: (B, H, L|S, D) ---------------------------------------------------------------------
+    // each projection freed once split, so that at most one is held twice
+    qh = split_heads(q.ptr(), E, B, L, H, D);
+    q = Tensor<T>();
+    kh = split_heads(k.ptr(), E, B, k.size(1), H, D);
+    k = Tensor<T>();
+    vh = split_heads(v.ptr(), E, B, v.size(1), H, D);
+    v = Tensor<T>();
   }
-
-  // ---- heads: (B, H, L|S, D); zero_attn appends a zero key and value per head -------------------
-  Tensor<T> qh = split_heads(q, H), kh = split_heads(k, H), vh = split_heads(v, H);
+  // zero_attn appends a zero key and value per head
   if (cfg.add_zero_attn) {
     kh = append_zero_row(kh);
     vh = append_zero_row(vh);
@@ -431,12 +477,12 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
       Tensor<T> ctx_heads({B, H, L, D});
       fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), fm->view(),
                       num_threads());
-      const Tensor<T> context = merge_heads(ctx_heads);
-      Tensor<T> out({B, L, E});
-      linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), cfg.bias ? w.out_proj_bias.ptr() : nullptr,
-                     B * L, E, E);
+      qh = kh = vh = Tensor<T>();
+      Tensor<T> context = merge_heads(ctx_heads);
+      ctx_heads = Tensor<T>();
       MhaOutputs<T> result;
-      result.output = detail::from_batch_first(std::move(out), batched, cfg.batch_first);
+      result.output = out_proj(context, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr));
+      result.output = detail::from_batch_first(std::move(result.output), batched, cfg.batch_first);
       return result;
     }
   }
@@ -468,10 +514,7 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   weighted_sum_v(ctx_heads.ptr(), weights.ptr(), vh.ptr(), B * H, L, S, D);
   Tensor<T> context = merge_heads(ctx_heads);
   if (obs) obs->on("context", context);
-  Tensor<T> out({B, L, E});
-  linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), cfg.bias ? w.out_proj_bias.ptr() : nullptr, B * L,
-                 E, E);
-  if (obs) obs->on("output", out);
+  Tensor<T> out = out_proj(context, w, cfg.bias, residual, obs);
 
   MhaOutputs<T> result;
   result.output = detail::from_batch_first(std::move(out), batched, cfg.batch_first);
@@ -494,6 +537,14 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   return result;
 }
 
+template <class T>
+MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputs<T>& in,
+                          Observer<T>* obs) {
+  return detail::mha_attend(cfg, fwd, w,
+                            detail::MhaInputRefs<T>{in.query, in.key, in.value, in.attn_mask, in.key_padding_mask},
+                            obs, static_cast<const T*>(nullptr));
+}
+
 #define TPARITY_INSTANTIATE(T)                                                                             \
   template void qdotk<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                      \
   template void qdotk_ref<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                  \
@@ -502,7 +553,9 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   template Tensor<T> sdpa_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Mask<T>&, \
                                      Observer<T>*);                                                        \
   template MhaOutputs<T> mha_forward<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,         \
-                                        const MhaInputs<T>&, Observer<T>*);
+                                        const MhaInputs<T>&, Observer<T>*);                                  \
+  template MhaOutputs<T> detail::mha_attend<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,  \
+                                               const detail::MhaInputRefs<T>&, Observer<T>*, const T*);
 TPARITY_INSTANTIATE(float)
 TPARITY_INSTANTIATE(double)
 #undef TPARITY_INSTANTIATE

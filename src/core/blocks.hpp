@@ -6,6 +6,8 @@
 
 #include "tparity/core/attention.hpp"
 #include "tparity/core/encoder.hpp"
+#include "tparity/core/gemm.hpp"
+#include "tparity/core/parallel.hpp"
 #include "tparity/core/ops.hpp"
 
 namespace tparity::detail {
@@ -45,10 +47,13 @@ Tensor<T> add(const Tensor<T>& a, const Tensor<T>& b) {
   return out;
 }
 
-// _ff_block: linear2(activation(linear1(x))). Components: ffn_hidden (after the activation), ffn_output.
+// residual + _ff_block(x): residual + linear2(activation(linear1(x))), the residual added in the
+// second product's epilogue when nothing observes ffn_output (the same sum: add_forward's).
+// Components: ffn_hidden (after the activation), ffn_output (before the residual).
+// residual is (N, d) like x.
 template <class T>
 Tensor<T> feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1, const Tensor<T>& w2,
-                       const Tensor<T>& b2, const Tensor<T>& x, Observer<T>* obs) {
+                       const Tensor<T>& b2, const Tensor<T>& x, const Tensor<T>& residual, Observer<T>* obs) {
   const int64_t d = x.size(-1), F = w1.size(0), N = x.numel() / d;
   Shape hs = x.shape;
   hs.back() = F;
@@ -56,22 +61,30 @@ Tensor<T> feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1,
   linear_act_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F, act);
   if (obs) obs->on("ffn_hidden", hidden);
   Tensor<T> out(x.shape);
+  if (!obs && core_path() == CorePath::Fast) {
+    GemmEpilogue<T> ep;
+    ep.bias = b2.ptr(), ep.residual = residual.ptr(), ep.ldr = d;
+    gemm(false, true, N, d, F, T(1), hidden.ptr(), F, w2.ptr(), F, T(0), out.ptr(), d, &ep, num_threads());
+    return out;
+  }
   linear_forward(out.ptr(), hidden.ptr(), w2.ptr(), b2.ptr(), N, F, d);
   if (obs) obs->on("ffn_output", out);
+  add_forward(out.ptr(), residual.ptr(), out.ptr(), out.numel());
   return out;
 }
 
-// _sa_block / _mha_block: attention(q, kv, kv, attn_mask, key_padding_mask, need_weights=False)[0],
-// its components under `prefix` ("sa." -> sa.q ... sa.context) and its output as `output_name`.
+// residual + _sa_block / _mha_block: residual + attention(q, kv, kv, attn_mask, key_padding_mask,
+// need_weights=False)[0], its components under `prefix` ("sa." -> sa.q ... sa.context) and the
+// attention's output (before the residual) as `output_name`. residual is (B, L, E) like q.
 template <class T>
 Tensor<T> attention_block(const MhaConfig& cfg, const MhaWeights<T>& w, const Tensor<T>& q, const Tensor<T>& kv,
-                          const Mask<T>& attn_mask, const Mask<T>& kpm, Observer<T>* obs, const std::string& prefix,
-                          const std::string& output_name) {
+                          const Mask<T>& attn_mask, const Mask<T>& kpm, const Tensor<T>& residual, Observer<T>* obs,
+                          const std::string& prefix, const std::string& output_name) {
   MhaConfig c = cfg;
   c.batch_first = true;
   PrefixObserver<T> scoped(obs, prefix, "output", output_name);
-  return mha_forward(c, MhaForward{false, true}, w, MhaInputs<T>{q, kv, kv, attn_mask, kpm},
-                     PrefixObserver<T>::wrap(obs, scoped))
+  return mha_attend(c, MhaForward{false, true}, w, MhaInputRefs<T>{q, kv, kv, attn_mask, kpm},
+                    PrefixObserver<T>::wrap(obs, scoped), residual.ptr())
       .output;
 }
 

@@ -37,15 +37,17 @@ Tensor<T> decoder_layer_forward(const DecoderConfig& cfg, const DecoderWeights<T
   const Mask<T> mem_kpm =
       detail::batch_key_padding(in.memory_key_padding_mask, batched, mem.size(1), "memory_key_padding_mask");
   const MhaConfig acfg = cfg.self_attn();
-  auto sa = [&](const Tensor<T>& v) {
-    return detail::attention_block(acfg, w.self_attn, v, v, in.tgt_mask, tgt_kpm, obs, "sa.", "sa_output");
+  // x + _sa_block(v), x + _mha_block(v, memory), x + _ff_block(v)
+  auto sa = [&](const Tensor<T>& v, const Tensor<T>& x0) {
+    return detail::attention_block(acfg, w.self_attn, v, v, in.tgt_mask, tgt_kpm, x0, obs, "sa.", "sa_output");
   };
-  auto ca = [&](const Tensor<T>& v) {
-    return detail::attention_block(acfg, w.multihead_attn, v, mem, in.memory_mask, mem_kpm, obs, "ca.", "ca_output");
+  auto ca = [&](const Tensor<T>& v, const Tensor<T>& x0) {
+    return detail::attention_block(acfg, w.multihead_attn, v, mem, in.memory_mask, mem_kpm, x0, obs, "ca.",
+                                   "ca_output");
   };
-  auto ff = [&](const Tensor<T>& v) {
+  auto ff = [&](const Tensor<T>& v, const Tensor<T>& x0) {
     return detail::feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, v,
-                                obs);
+                                x0, obs);
   };
   auto norm = [&](const Tensor<T>& v, const Tensor<T>& g, const Tensor<T>& b) {
     return detail::layer_norm(v, g, b, cfg.layer_norm_eps);
@@ -53,19 +55,19 @@ Tensor<T> decoder_layer_forward(const DecoderConfig& cfg, const DecoderWeights<T
   if (cfg.norm_first) {
     Tensor<T> n1 = norm(x, w.norm1_weight, w.norm1_bias);
     if (obs) obs->on("norm1", n1);
-    x = detail::add(x, sa(n1));
+    x = sa(n1, x);
     Tensor<T> n2 = norm(x, w.norm2_weight, w.norm2_bias);
     if (obs) obs->on("norm2", n2);
-    x = detail::add(x, ca(n2));
+    x = ca(n2, x);
     Tensor<T> n3 = norm(x, w.norm3_weight, w.norm3_bias);
     if (obs) obs->on("norm3", n3);
-    x = detail::add(x, ff(n3));
+    x = ff(n3, x);
   } else {
-    x = norm(detail::add(x, sa(x)), w.norm1_weight, w.norm1_bias);
+    x = norm(sa(x, x), w.norm1_weight, w.norm1_bias);
     if (obs) obs->on("norm1", x);
-    x = norm(detail::add(x, ca(x)), w.norm2_weight, w.norm2_bias);
+    x = norm(ca(x, x), w.norm2_weight, w.norm2_bias);
     if (obs) obs->on("norm2", x);
-    x = norm(detail::add(x, ff(x)), w.norm3_weight, w.norm3_bias);
+    x = norm(ff(x, x), w.norm3_weight, w.norm3_bias);
   }
   if (obs) obs->on("output", x);
   return detail::from_batch_first(std::move(x), batched, cfg.batch_first);

@@ -27,23 +27,25 @@ template <class T>
 Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, Tensor<T> x, const Mask<T>& mask,
                         const Mask<T>& kpm, Observer<T>* obs) {
   const MhaConfig acfg = cfg.self_attn();
-  auto sa = [&](const Tensor<T>& in) {
-    return attention_block(acfg, w.self_attn, in, in, mask, kpm, obs, "sa.", "sa_output");
+  // x + _sa_block(in), x + _ff_block(in)
+  auto sa = [&](const Tensor<T>& in, const Tensor<T>& x0) {
+    return attention_block(acfg, w.self_attn, in, in, mask, kpm, x0, obs, "sa.", "sa_output");
   };
-  auto ff = [&](const Tensor<T>& in) {
-    return feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, in, obs);
+  auto ff = [&](const Tensor<T>& in, const Tensor<T>& x0) {
+    return feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, in, x0,
+                        obs);
   };
   if (cfg.norm_first) {
     Tensor<T> n1 = layer_norm(x, w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
     if (obs) obs->on("norm1", n1);
-    x = add(x, sa(n1));
+    x = sa(n1, x);
     Tensor<T> n2 = layer_norm(x, w.norm2_weight, w.norm2_bias, cfg.layer_norm_eps);
     if (obs) obs->on("norm2", n2);
-    x = add(x, ff(n2));
+    x = ff(n2, x);
   } else {
-    x = layer_norm(add(x, sa(x)), w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
+    x = layer_norm(sa(x, x), w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
     if (obs) obs->on("norm1", x);
-    x = layer_norm(add(x, ff(x)), w.norm2_weight, w.norm2_bias, cfg.layer_norm_eps);
+    x = layer_norm(ff(x, x), w.norm2_weight, w.norm2_bias, cfg.layer_norm_eps);
   }
   if (obs) obs->on("output", x);
   return x;

@@ -24,11 +24,37 @@ Tensor<T> to_batch_first(const Tensor<T>& x, bool batched, bool batch_first) {
   return batch_first ? x : swap01(x);
 }
 
+// The same view without a copy where the layout allows: unbatched, batch_first, or sequence-first
+// with one batch element, (L, 1, E), whose memory is (1, L, E)'s. The input must outlive the view.
+template <class T>
+class BatchFirstView {
+ public:
+  BatchFirstView(const Tensor<T>& x, bool batched, bool batch_first) {
+    if (!batched)
+      shape_ = {1, x.size(0), x.size(1)}, ptr_ = x.ptr();
+    else if (batch_first)
+      shape_ = x.shape, ptr_ = x.ptr();
+    else if (x.size(1) == 1)
+      shape_ = {1, x.size(0), x.size(2)}, ptr_ = x.ptr();
+    else
+      copy_ = swap01(x), shape_ = copy_.shape, ptr_ = copy_.ptr();
+  }
+  const T* ptr() const { return ptr_; }
+  int64_t size(int64_t d) const { return shape_[size_t(d)]; }
+  void release() { copy_ = Tensor<T>(), ptr_ = nullptr; }  // frees a copy once it is no longer read
+
+ private:
+  Tensor<T> copy_;
+  Shape shape_;
+  const T* ptr_ = nullptr;
+};
+
 // The inverse of to_batch_first for an output (B, L, E).
 template <class T>
 Tensor<T> from_batch_first(Tensor<T> x, bool batched, bool batch_first) {
   if (!batched) return Tensor<T>({x.size(1), x.size(2)}, std::move(x.data));
-  return batch_first ? x : swap01(x);
+  if (batch_first) return x;  // moved (a conditional expression would copy it)
+  return swap01(x);
 }
 
 }  // namespace tparity::detail

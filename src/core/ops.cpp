@@ -130,29 +130,42 @@ void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T e
   auto pairwise = [](const T* acc) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   };
+  // Element c goes to partial sum c % 8, in ascending c: written as whole blocks of eight and a tail
+  // so that the compiler vectorises the blocks (one lane per partial sum), the same sums either way.
+  const int64_t C8 = C & ~int64_t(7);
   rows(N, 4 * C, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const T* x = inp + n * C;
       T* y = out + n * C;
       const T mean0 = sum(x, C) / T(C);
       T acc[8] = {};
-      for (int64_t c = 0; c < C; ++c) acc[c & 7] += x[c] - mean0;
+      for (int64_t c = 0; c < C8; c += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += x[c + j] - mean0;
+      for (int64_t c = C8; c < C; ++c) acc[c - C8] += x[c] - mean0;
       const T mu = pairwise(acc) / T(C);
       for (T& a : acc) a = T(0);
-      for (int64_t c = 0; c < C; ++c) {
+      for (int64_t c = 0; c < C8; c += 8)
+        for (int j = 0; j < 8; ++j) {
+          const T d = (x[c + j] - mean0) - mu;
+          acc[j] += d * d;
+        }
+      for (int64_t c = C8; c < C; ++c) {
         const T d = (x[c] - mean0) - mu;
-        acc[c & 7] += d * d;
+        acc[c - C8] += d * d;
       }
       const T var = pairwise(acc) / T(C);
       const T rstd = T(1) / std::sqrt(var + eps);
       if (mean_out) mean_out[n] = mean0 + mu;
       if (rstd_out) rstd_out[n] = rstd;
-      for (int64_t c = 0; c < C; ++c) {
-        T v = ((x[c] - mean0) - mu) * rstd;
-        if (weight) v = v * weight[c];
-        if (bias) v = v + bias[c];
-        y[c] = v;
-      }
+      if (weight && bias)
+        for (int64_t c = 0; c < C; ++c) y[c] = (((x[c] - mean0) - mu) * rstd) * weight[c] + bias[c];
+      else
+        for (int64_t c = 0; c < C; ++c) {
+          T v = ((x[c] - mean0) - mu) * rstd;
+          if (weight) v = v * weight[c];
+          if (bias) v = v + bias[c];
+          y[c] = v;
+        }
     }
   });
 }
@@ -160,7 +173,8 @@ void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T e
 template <class T>
 void relu_forward(T* out, const T* inp, int64_t n) {
   // NaN stays NaN (torch.relu propagates it); -0 becomes +0 like torch's clamp_min(0).
-  for (int64_t i = 0; i < n; ++i) out[i] = std::isnan(inp[i]) ? inp[i] : (inp[i] > T(0) ? inp[i] : T(0));
+  // x <= 0 is false for NaN and true for -0: one compare and a select, which vectorises.
+  for (int64_t i = 0; i < n; ++i) out[i] = inp[i] <= T(0) ? T(0) : inp[i];
 }
 
 template <class T>

@@ -106,4 +106,22 @@ template <class T>
 MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputs<T>& in,
                           Observer<T>* obs = nullptr);
 
+namespace detail {
+// mha_forward's inputs by reference, for the core's own blocks (no copies of the tensors).
+template <class T>
+struct MhaInputRefs {
+  const Tensor<T>& query;
+  const Tensor<T>& key;
+  const Tensor<T>& value;
+  const Mask<T>& attn_mask;
+  const Mask<T>& key_padding_mask;
+};
+// mha_forward, plus a residual: when not null, residual (B, L, E) batch-first is added to the output
+// (residual + attention, as the encoder and decoder layers' x + _sa_block(x)); the observer still
+// sees the attention's own output.
+template <class T>
+MhaOutputs<T> mha_attend(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
+                         const MhaInputRefs<T>& in, Observer<T>* obs, const T* residual);
+}  // namespace detail
+
 }  // namespace tparity
