@@ -176,7 +176,7 @@ TEST_CASE("fast path: attention without weights (fused, the L x S scores never h
     const std::string attn = fc.attn, kpm = fc.kpm;
     if (attn == "bool") {
       Tensor<uint8_t> m = test::random_bool(rng, {L, S0}, 0.3);
-      for (int64_t j = 0; j < S0; ++j) m.data[size_t(5 * S0 + j)] = 1;  // row 5: every key masked -> NaN
+      std::fill(m.data.begin() + 5 * S0, m.data.begin() + 6 * S0, uint8_t(1));  // row 5: every key masked -> NaN
       in.attn_mask = Mask<double>::of_bool(m);
     } else if (attn == "causal" || attn == "float" || attn == "inf") {
       Tensor<double> m({L, S0});

@@ -308,3 +308,61 @@ TEMPLATE_TEST_CASE("vmath softmax_rows special rows as softmax_forward_ref", "[v
     }
   }
 }
+
+TEMPLATE_TEST_CASE("vmath layernorm_rows equals layernorm_forward_ref bit for bit on every path", "[vmath]", float,
+                   double) {
+  // Rows along the lanes keep the reference's sums, so every output, mean and rstd must be the same
+  // bits: on row counts around the lane widths (whole blocks and the scalar remainder), widths
+  // around 8 and the lane widths, with and without the affine parameters, in place, on 1 to 3
+  // threads; and on rows that break careless code: NaN, +-inf, a large offset, a tiny variance,
+  // subnormals, a constant row (variance 0: rstd = 1 / sqrt(eps)).
+  using T = TestType;
+  Rng rng(31);
+  auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0 && !(std::isnan(a[i]) && std::isnan(b[i]))) return false;
+    return true;
+  };
+  const T inf = std::numeric_limits<T>::infinity();
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    for (int64_t rows : {1, 7, 8, 15, 16, 17, 33, 40}) {
+      for (int64_t cols : {1, 3, 8, 9, 16, 17, 31, 64, 100}) {
+        for (int affine = 0; affine < 3; ++affine) {
+          CAPTURE(to_string(isa), rows, cols, affine);
+          std::vector<T> x(static_cast<size_t>(rows * cols)), w(static_cast<size_t>(cols)), b(static_cast<size_t>(cols));
+          for (T& v : x) v = T(rng.normal());
+          for (T& v : w) v = T(1 + 0.1 * rng.normal());
+          for (T& v : b) v = T(0.1 * rng.normal());
+          // special rows where there are enough
+          auto row = [&](int64_t r) { return x.begin() + r * cols; };
+          if (rows > 1) std::fill(row(1), row(2), T(3));                                 // constant
+          if (rows > 2) x[size_t(2 * cols)] = std::numeric_limits<T>::quiet_NaN();      // NaN
+          if (rows > 3) x[size_t(3 * cols + cols / 2)] = -inf;                          // -inf
+          if (rows > 4) std::for_each(row(4), row(5), [](T& v) { v = T(100) + v; });   // offset
+          if (rows > 5) std::for_each(row(5), row(6), [](T& v) { v = T(1) + T(1e-6) * v; });  // tiny variance
+          if (rows > 6)
+            std::for_each(row(6), row(7), [](T& v) { v = v * std::numeric_limits<T>::denorm_min() * T(1000); });
+          const T* wp = affine == 2 ? nullptr : w.data();
+          const T* bp = affine == 0 ? b.data() : nullptr;
+          const T eps = T(1e-5);
+          std::vector<T> ref(x.size()), mean_ref(static_cast<size_t>(rows)), rstd_ref(static_cast<size_t>(rows));
+          layernorm_forward_ref(ref.data(), x.data(), wp, bp, eps, rows, cols, mean_ref.data(), rstd_ref.data());
+          for (int threads : {1, 2, 3}) {
+            CAPTURE(threads);
+            std::vector<T> fast(x.size()), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+            layernorm_rows(fast.data(), x.data(), wp, bp, eps, rows, cols, mean.data(), rstd.data(), threads);
+            CHECK(same(fast, ref));
+            CHECK(same(mean, mean_ref));
+            CHECK(same(rstd, rstd_ref));
+          }
+          std::vector<T> inplace = x;
+          layernorm_rows(inplace.data(), inplace.data(), wp, bp, eps, rows, cols, static_cast<T*>(nullptr),
+                         static_cast<T*>(nullptr));
+          CHECK(same(inplace, ref));
+        }
+      }
+    }
+  }
+}

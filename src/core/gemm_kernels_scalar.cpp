@@ -1,7 +1,7 @@
 // The GEMM's scalar path: the same micro-kernel over one element per "register", for CPUs without
 // AVX2 (and builds that are not x86-64). Compiled with the project's baseline flags; without FMA
 // hardware, fma() here rounds the product and the sum separately (the compiler may not contract
-// them: ISO C++ mode).
+// them: -ffp-contract=off, CMakeLists.txt).
 #include "gemm_driver.hpp"
 
 namespace tparity::gemm_impl {

@@ -119,6 +119,13 @@ void softmax_forward_ref(T* out, const T* inp, int64_t N, int64_t C) {
 template <class T>
 void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N, int64_t C, T* mean_out,
                        T* rstd_out) {
+  if (core_path() == CorePath::Reference) return layernorm_forward_ref(out, inp, weight, bias, eps, N, C, mean_out, rstd_out);
+  layernorm_rows(out, inp, weight, bias, eps, N, C, mean_out, rstd_out, N * 4 * C < (int64_t(1) << 15) ? 1 : num_threads());
+}
+
+template <class T>
+void layernorm_forward_ref(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N, int64_t C,
+                           T* mean_out, T* rstd_out) {
   // inp is (N, C), weight and bias are (C)
   // out will be (N, C)
   // The mean in two passes: a first estimate, then the mean of the deviations from it as a
@@ -384,6 +391,7 @@ void matmul_forward(T* out, const T* input, const T* other, const Shape& input_s
   template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                                                   \
   template void softmax_forward_ref<T>(T*, const T*, int64_t, int64_t);                                                   \
   template void layernorm_forward<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*);                  \
+  template void layernorm_forward_ref<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*);                  \
   template void relu_forward<T>(T*, const T*, int64_t);                                                               \
   template void gelu_forward<T>(T*, const T*, int64_t);                                                               \
   template void add_forward<T>(T*, const T*, const T*, int64_t);                                                      \

@@ -38,6 +38,7 @@ struct F32x8 {
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V sqrt(V a) { return _mm256_sqrt_ps(a); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   // vmaxps / vminps return their second operand when either is NaN.
   static V max_keep(V x, V acc) { return _mm256_max_ps(x, acc); }
@@ -110,6 +111,7 @@ struct F64x4 {
   static V sub(V a, V b) { return _mm256_sub_pd(a, b); }
   static V mul(V a, V b) { return _mm256_mul_pd(a, b); }
   static V div(V a, V b) { return _mm256_div_pd(a, b); }
+  static V sqrt(V a) { return _mm256_sqrt_pd(a); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
   static V max_keep(V x, V acc) { return _mm256_max_pd(x, acc); }
   static V neg_inf_to_zero(V x) { return _mm256_andnot_pd(_mm256_cmp_pd(x, set1(-INFINITY), _CMP_EQ_OQ), x); }

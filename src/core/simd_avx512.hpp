@@ -43,6 +43,7 @@ struct F32x16 {
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V sqrt(V a) { return _mm512_sqrt_ps(a); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   // vmaxps / vminps return their second operand when either is NaN.
   static V max_keep(V x, V acc) { return _mm512_max_ps(x, acc); }
@@ -102,6 +103,7 @@ struct F64x8 {
   static V sub(V a, V b) { return _mm512_sub_pd(a, b); }
   static V mul(V a, V b) { return _mm512_mul_pd(a, b); }
   static V div(V a, V b) { return _mm512_div_pd(a, b); }
+  static V sqrt(V a) { return _mm512_sqrt_pd(a); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
   static V max_keep(V x, V acc) { return _mm512_max_pd(x, acc); }
   static V neg_inf_to_zero(V x) {

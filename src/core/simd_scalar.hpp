@@ -1,7 +1,7 @@
 // Scalar "lanes" (one element per register) for the elementwise math (vmath) and the fused attention,
 // for CPUs without AVX2 and builds that are not x86-64. Compiled with the project's baseline flags:
-// fma(a, b, c) rounds the product and the sum apart, like the GEMM's scalar path (ISO C++ mode: the
-// compiler may not contract them).
+// fma(a, b, c) rounds the product and the sum apart, like the GEMM's scalar path (the core is
+// compiled with -ffp-contract=off: the compiler may not fuse them).
 //
 // The lane contract, written once (simd_avx2.hpp and simd_avx512.hpp follow it):
 //   using T (the element), V (the register); static constexpr int width (elements per register);
@@ -9,7 +9,7 @@
 //   V load_first(const T*, int n) (lanes from n on zero), V load_first_or(const T*, int n, T fill)
 //   (lanes from n on fill), void store_first(T*, V, int n) (the first n < width lanes only; the rest
 //   neither read nor written), V first_or_zero(V, int n);
-//   V add, sub, mul, div (rounded once each); V fma(a, b, c) = a * b + c, rounded once where the path
+//   V add, sub, mul, div, sqrt (rounded once each, as IEEE 754 asks); V fma(a, b, c) = a * b + c, rounded once where the path
 //   has FMA;
 //   V max_keep(V x, V acc) = x > acc ? x : acc (a NaN x keeps acc: std::max(acc, x) as softmax_forward
 //   takes its maximum);
@@ -48,6 +48,7 @@ struct ScalarCommon {
   static V sub(V a, V b) { return a - b; }
   static V mul(V a, V b) { return a * b; }
   static V div(V a, V b) { return a / b; }
+  static V sqrt(V a) { return std::sqrt(a); }  // the float or double overload: correctly rounded
   static V fma(V a, V b, V c) { return a * b + c; }
   static V max_keep(V x, V acc) { return x > acc ? x : acc; }
   static V neg_inf_to_zero(V x) { return x == -INFINITY ? V(0) : x; }

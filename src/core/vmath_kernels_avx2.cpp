@@ -8,11 +8,11 @@ namespace tparity::vmath_impl {
 
 template <>
 VmathKernels<float> avx2_kernels<float>() {
-  return {&exp_array<simd::F32x8>, &softmax_rows<simd::F32x8>};
+  return {&exp_array<simd::F32x8>, &softmax_rows<simd::F32x8>, &layernorm_rows<simd::F32x8>, simd::F32x8::width};
 }
 template <>
 VmathKernels<double> avx2_kernels<double>() {
-  return {&exp_array<simd::F64x4>, &softmax_rows<simd::F64x4>};
+  return {&exp_array<simd::F64x4>, &softmax_rows<simd::F64x4>, &layernorm_rows<simd::F64x4>, simd::F64x4::width};
 }
 
 }  // namespace tparity::vmath_impl

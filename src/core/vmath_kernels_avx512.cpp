@@ -8,11 +8,11 @@ namespace tparity::vmath_impl {
 
 template <>
 VmathKernels<float> avx512_kernels<float>() {
-  return {&exp_array<simd::F32x16>, &softmax_rows<simd::F32x16>};
+  return {&exp_array<simd::F32x16>, &softmax_rows<simd::F32x16>, &layernorm_rows<simd::F32x16>, simd::F32x16::width};
 }
 template <>
 VmathKernels<double> avx512_kernels<double>() {
-  return {&exp_array<simd::F64x8>, &softmax_rows<simd::F64x8>};
+  return {&exp_array<simd::F64x8>, &softmax_rows<simd::F64x8>, &layernorm_rows<simd::F64x8>, simd::F64x8::width};
 }
 
 }  // namespace tparity::vmath_impl

@@ -8,11 +8,11 @@ namespace tparity::vmath_impl {
 
 template <>
 VmathKernels<float> scalar_kernels<float>() {
-  return {&exp_array<simd::F32x1>, &softmax_rows<simd::F32x1>};
+  return {&exp_array<simd::F32x1>, &softmax_rows<simd::F32x1>, &layernorm_rows<simd::F32x1>, simd::F32x1::width};
 }
 template <>
 VmathKernels<double> scalar_kernels<double>() {
-  return {&exp_array<simd::F64x1>, &softmax_rows<simd::F64x1>};
+  return {&exp_array<simd::F64x1>, &softmax_rows<simd::F64x1>, &layernorm_rows<simd::F64x1>, simd::F64x1::width};
 }
 
 }  // namespace tparity::vmath_impl

@@ -95,5 +95,60 @@ void softmax_rows(typename L::T* out, const typename L::T* in, int64_t rows, int
   }
 }
 
+// layernorm_rows' contract (vmath.hpp) on `rows`, a multiple of W: W rows at a time, transposed so
+// that each lane holds a row and every sum runs lane-wise, in exactly the scalar loops' order
+// (layernorm_forward_ref, ops.cpp): element c into partial sum c % 8, ascending, the eight combined
+// pairwise; products and sums rounded apart (no FMA). xt is scratch of cols x W elements.
+template <class L>
+void layernorm_rows(typename L::T* out, const typename L::T* in, const typename L::T* weight,
+                    const typename L::T* bias, typename L::T eps, int64_t rows, int64_t cols, typename L::T* mean_out,
+                    typename L::T* rstd_out, typename L::T* xt) {
+  using T = typename L::T;
+  using V = typename L::V;
+  constexpr int W = L::width;
+  auto pairwise = [](const V* a) {
+    return L::add(L::add(L::add(a[0], a[1]), L::add(a[2], a[3])), L::add(L::add(a[4], a[5]), L::add(a[6], a[7])));
+  };
+  // sum over c of value(c), element c into partial sum c % 8 (blocks of eight, then the tail)
+  auto sum8 = [&](auto value) {
+    V a[8];
+    for (V& v : a) v = L::zero();
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8)
+      for (int j = 0; j < 8; ++j) a[j] = L::add(a[j], value(c + j));
+    for (int j = 0; c < cols; ++c, ++j) a[j] = L::add(a[j], value(c));
+    return pairwise(a);
+  };
+  const int64_t full = cols / W * W;
+  const V n = L::set1(T(cols));
+  for (int64_t r0 = 0; r0 < rows; r0 += W) {
+    const T* x = in + r0 * cols;
+    T* y = out + r0 * cols;
+    // xt (cols, W) = the W rows' block transposed: xt[c * W + i] = x[i][c]
+    for (int64_t c = 0; c < full; c += W) L::transpose(x + c, cols, xt + c * W, W);
+    for (int64_t c = full; c < cols; ++c)
+      for (int i = 0; i < W; ++i) xt[c * W + i] = x[i * cols + c];
+    const V mean0 = L::div(sum8([&](int64_t c) { return L::load(xt + c * W); }), n);
+    const V mu = L::div(sum8([&](int64_t c) { return L::sub(L::load(xt + c * W), mean0); }), n);
+    const V var = L::div(sum8([&](int64_t c) {
+                           const V d = L::sub(L::sub(L::load(xt + c * W), mean0), mu);
+                           return L::mul(d, d);
+                         }),
+                         n);
+    const V rstd = L::div(L::set1(T(1)), L::sqrt(L::add(var, L::set1(eps))));
+    if (mean_out) L::store(mean_out + r0, L::add(mean0, mu));
+    if (rstd_out) L::store(rstd_out + r0, rstd);
+    for (int64_t c = 0; c < cols; ++c) {
+      V v = L::mul(L::sub(L::sub(L::load(xt + c * W), mean0), mu), rstd);
+      if (weight) v = L::mul(v, L::set1(weight[c]));
+      if (bias) v = L::add(v, L::set1(bias[c]));
+      L::store(xt + c * W, v);
+    }
+    for (int64_t c = 0; c < full; c += W) L::transpose(xt + c * W, W, y + c, cols);
+    for (int64_t c = full; c < cols; ++c)
+      for (int i = 0; i < W; ++i) y[i * cols + c] = xt[c * W + i];
+  }
+}
+
 }  // namespace
 }  // namespace tparity::vmath_impl

@@ -62,9 +62,14 @@ void softmax_forward_ref(T* out, const T* inp, int64_t N, int64_t C);
 // out will be (N, C); out may alias inp
 // mean_out and rstd_out, when not null, will be (N): each row's mean and 1 / sqrt(var + eps), the
 // statistics torch.native_layer_norm returns beside the output.
+// Fast: vmath's layernorm_rows (rows along the SIMD lanes, the same sums bit for bit). Reference
+// (layernorm_forward_ref): the plain loops, a row at a time.
 template <class T>
 void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N, int64_t C,
                        T* mean_out = nullptr, T* rstd_out = nullptr);
+template <class T>
+void layernorm_forward_ref(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N, int64_t C,
+                           T* mean_out = nullptr, T* rstd_out = nullptr);
 
 // mirrors torch.relu. out may alias inp.
 template <class T>

@@ -32,4 +32,17 @@ void exp_forward(T* out, const T* in, int64_t n);
 template <class T>
 void softmax_rows(T* out, const T* in, int64_t rows, int64_t cols, int threads = 1);
 
+// mirrors torch.nn.functional.layer_norm over the last axis, with the semantics and the exact sums of
+// layernorm_forward_ref (ops.hpp): a first mean, its correction from the deviations, the biased
+// variance of the corrected deviations, rstd = 1 / sqrt(var + eps), each sum in eight partial sums
+// over the elements c % 8 in ascending order, combined pairwise; then ((x - mean0) - mu) * rstd
+// times weight plus bias. Bit for bit the reference's on every path: the path's lanes hold rows (a
+// block of `width` rows transposed), not elements of a row, so the sums stay the same.
+// in is (rows, cols); weight and bias are (cols) or null; out will be (rows, cols) and may alias in
+// (the same pointer); mean_out and rstd_out are (rows) or null.
+// threads: blocks of rows over up to `threads` threads (parallel.hpp).
+template <class T>
+void layernorm_rows(T* out, const T* in, const T* weight, const T* bias, T eps, int64_t rows, int64_t cols,
+                    T* mean_out, T* rstd_out, int threads = 1);
+
 }  // namespace tparity
