@@ -23,16 +23,28 @@ namespace {
 
 std::string dims(std::initializer_list<int64_t> d) { return "shape " + to_string(Shape(d)); }
 
+// Rows of the layout moves over the core's threads when they are many (a copy: any split is exact).
+template <class F>
+void copy_rows(int64_t rows, int64_t row_elems, const F& f) {
+  const int threads = rows * row_elems < (int64_t(1) << 16) ? 1 : num_threads();
+  if (threads <= 1) return f(int64_t(0), rows);
+  parallel_for(rows, threads, f);
+}
+
 // x (B, L, H*D) with row stride ld -> (B, H, L, D)
 template <class T>
 Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
   Tensor<T> y({B, H, L, D});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t l = 0; l < L; ++l)
+  copy_rows(B * L, H * D, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / L, l = r % L;
       for (int64_t h = 0; h < H; ++h) {
-        const T* from = x + (b * L + l) * ld + h * D;
-        std::copy(from, from + D, y.ptr() + ((b * H + h) * L + l) * D);
+        const T* from = x + r * ld + h * D;
+        T* to = y.ptr() + ((b * H + h) * L + l) * D;
+        for (int64_t d = 0; d < D; ++d) to[d] = from[d];
       }
+    }
+  });
   return y;
 }
 
@@ -41,11 +53,16 @@ template <class T>
 Tensor<T> merge_heads(const Tensor<T>& x) {
   const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
   Tensor<T> y({B, L, H * D});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t l = 0; l < L; ++l)
-        for (int64_t d = 0; d < D; ++d)
-          y.data[size_t((b * L + l) * H * D + h * D + d)] = x.data[size_t(((b * H + h) * L + l) * D + d)];
+  copy_rows(B * L, H * D, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / L, l = r % L;
+      for (int64_t h = 0; h < H; ++h) {
+        const T* from = x.ptr() + ((b * H + h) * L + l) * D;
+        T* to = y.ptr() + r * H * D + h * D;
+        for (int64_t d = 0; d < D; ++d) to[d] = from[d];
+      }
+    }
+  });
   return y;
 }
 
