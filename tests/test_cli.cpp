@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -331,4 +332,64 @@ TEST_CASE("cli: gate refuses a bad baseline or factor with one line", "[cli]") {
     CHECK(one_line(r.err));
     CHECK_THAT(r.err, Catch::Contains(mention));
   }
+}
+
+TEST_CASE("cli: selftest catches every injected defect and the clean core raises no alarm", "[cli][torch]") {
+  if (!with_torch()) return;
+  const Result r = tparity("selftest --format json");
+  CHECK(r.code == 0);
+  const json doc = json::parse(r.out);
+  CHECK(doc.at("pass") == true);
+  REQUIRE(doc.at("clean").size() == 13);
+  for (const json& c : doc.at("clean")) CHECK(c.at("alarm") == false);
+  REQUIRE(doc.at("defects").size() >= 12);
+  std::map<std::string, std::map<std::string, json>> cell;
+  for (const json& d : doc.at("defects")) {
+    CAPTURE(d.at("name"));
+    CHECK(d.at("caught") == true);
+    for (const json& c : d.at("cases")) cell[d.at("name")][c.at("case")] = c;
+  }
+  // Where each defect must show first, and where it cannot show: the matrix says something only if
+  // these hold. One head makes sqrt(E) and sqrt(E/heads) the same scale, and the interleave of heads
+  // moot; the sum over one head's weights is their average; seed 004's sdpa has no mask.
+  auto first = [&](const std::string& d, const std::string& c) { return cell[d][c].at("first_divergence"); };
+  CHECK(first("scale-full-dim", "multihead") == "scores");
+  CHECK(cell["scale-full-dim"]["single"].at("caught") == false);
+  CHECK(first("swap-qk", "single") == "q");
+  CHECK(first("ignore-mask", "batched") == "scores");
+  CHECK(cell["ignore-mask"]["sdpa"].at("caught") == false);
+  CHECK(first("softmax-wrong-axis", "sdpa") == "attn_weights");
+  CHECK(first("head-interleave", "multihead") == "q");
+  CHECK(cell["head-interleave"]["batched"].at("caught") == false);
+  CHECK(first("out-proj-transposed", "single") == "output");
+  CHECK(first("layernorm-eps", "layernorm") == "rstd");
+  CHECK(first("unbiased-variance", "block") == "norm1");
+  CHECK(first("drop-residual", "block") == "norm1");
+  CHECK(first("drop-bias", "decoder") == "ffn_hidden");
+  CHECK(first("gelu-tanh", "decoder") == "ffn_hidden");
+  CHECK(cell["gelu-tanh"]["block"].at("caught") == false);  // relu
+  CHECK(first("sum-head-weights", "multihead") == "attn_weights_avg");
+  CHECK(cell["sum-head-weights"]["batched"].at("caught") == false);
+  // matmul and bmm compute no attention, norm or activation: no defect here touches them
+  for (const auto& [d, cases] : cell) {
+    CAPTURE(d);
+    CHECK(cases.at("matmul").at("caught") == false);
+  }
+}
+
+TEST_CASE("cli: selftest fails when a defect escapes every chosen case / refuses an unknown defect", "[cli][torch]") {
+  if (!with_torch()) return;
+  // GELU's approximation cannot show in a relu block: missed, so the selftest fails.
+  Result r = tparity("selftest --defect gelu-tanh --case block");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("gelu-tanh"));
+  CHECK_THAT(r.out, Catch::Contains("MISSED by every case"));
+  CHECK_THAT(r.out, Catch::Contains("0 of 1 defects caught"));
+  r = tparity("selftest --defect gelu-tanh --case decoder");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("decoder at ffn_hidden"));
+  r = tparity("selftest --defect typo");
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains("option --defect: expected one of none, scale-full-dim"));
 }

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   cli::register_gate(app, action);
   cli::register_sweep(app, action);
   cli::register_bench(app, action);
+  cli::register_selftest(app, action);
   cli::g_argc = argc, cli::g_argv = argv;
   if (argc > 1 && argv[1][0] != '-') {
     const std::string sub = argv[1];
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
     if (!known) {
       std::fprintf(
           stderr,
-          "tparity: unknown subcommand \"%s\": expected run, eval, check, gate, sweep or bench (see tparity --help)\n",
+          "tparity: unknown subcommand \"%s\": expected run, eval, check, gate, sweep, bench or selftest (see tparity --help)\n",
           sub.c_str());
       return cli::kBadInput;
     }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "layout.hpp"
+#include "tparity/core/defects.hpp"
 #include "tparity/core/fused_attention.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/ops.hpp"
@@ -35,13 +36,17 @@ void copy_rows(int64_t rows, int64_t row_elems, const F& f) {
 template <class T>
 Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
   Tensor<T> y({B, H, L, D});
+  const bool interleaved = injected_defect() == Defect::WrongHeadInterleave;
   copy_rows(B * L, H * D, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / L, l = r % L;
       for (int64_t h = 0; h < H; ++h) {
         const T* from = x + r * ld + h * D;
         T* to = y.ptr() + ((b * H + h) * L + l) * D;
-        for (int64_t d = 0; d < D; ++d) to[d] = from[d];
+        if (interleaved)  // the selftest's defect: feature d of head h taken from d * H + h
+          for (int64_t d = 0; d < D; ++d) to[d] = x[r * ld + d * H + h];
+        else
+          for (int64_t d = 0; d < D; ++d) to[d] = from[d];
       }
     }
   });
@@ -53,13 +58,17 @@ template <class T>
 Tensor<T> merge_heads(const Tensor<T>& x) {
   const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
   Tensor<T> y({B, L, H * D});
+  const bool interleaved = injected_defect() == Defect::WrongHeadInterleave;
   copy_rows(B * L, H * D, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / L, l = r % L;
       for (int64_t h = 0; h < H; ++h) {
         const T* from = x.ptr() + ((b * H + h) * L + l) * D;
         T* to = y.ptr() + r * H * D + h * D;
-        for (int64_t d = 0; d < D; ++d) to[d] = from[d];
+        if (interleaved)
+          for (int64_t d = 0; d < D; ++d) y.ptr()[r * H * D + d * H + h] = from[d];
+        else
+          for (int64_t d = 0; d < D; ++d) to[d] = from[d];
       }
     }
   });
@@ -245,6 +254,17 @@ template <class T>
 Tensor<T> out_proj(const Tensor<T>& context, const MhaWeights<T>& w, bool bias, const T* residual, Observer<T>* obs) {
   const int64_t B = context.size(0), L = context.size(1), E = context.size(2);
   Tensor<T> out({B, L, E});
+  const Defect defect = injected_defect();
+  if (defect == Defect::OutProjTransposed) {  // the selftest's defect: W^T
+    Tensor<T> wt({E, E});
+    for (int64_t i = 0; i < E; ++i)
+      for (int64_t j = 0; j < E; ++j) wt.data[size_t(j * E + i)] = w.out_proj_weight.data[size_t(i * E + j)];
+    linear_forward(out.ptr(), context.ptr(), wt.ptr(), bias ? w.out_proj_bias.ptr() : nullptr, B * L, E, E);
+    if (obs) obs->on("output", out);
+    if (residual) add_forward(out.ptr(), residual, out.ptr(), out.numel());
+    return out;
+  }
+  if (defect == Defect::DropBias) bias = false;
   if (residual && !obs && core_path() == CorePath::Fast) {
     GemmEpilogue<T> ep;
     ep.bias = bias ? w.out_proj_bias.ptr() : nullptr;
@@ -258,6 +278,25 @@ Tensor<T> out_proj(const Tensor<T>& context, const MhaWeights<T>& w, bool bias, 
   if (obs) obs->on("output", out);
   if (residual) add_forward(out.ptr(), residual, out.ptr(), out.numel());
   return out;
+}
+
+// The selftest's defect SoftmaxWrongAxis: x (G, L, S) softmax over L (the queries) for each key,
+// in place.
+template <class T>
+void softmax_over_queries(T* x, int64_t G, int64_t L, int64_t S) {
+  std::vector<T> col(static_cast<size_t>(L));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t j = 0; j < S; ++j) {
+      for (int64_t i = 0; i < L; ++i) col[size_t(i)] = x[(g * L + i) * S + j];
+      softmax_forward(col.data(), col.data(), 1, L);
+      for (int64_t i = 0; i < L; ++i) x[(g * L + i) * S + j] = col[size_t(i)];
+    }
+}
+
+template <class T>
+void attention_softmax(T* x, int64_t G, int64_t L, int64_t S) {
+  if (injected_defect() == Defect::SoftmaxWrongAxis) return softmax_over_queries(x, G, L, S);
+  softmax_forward(x, x, G * L, S);
 }
 
 }  // namespace
@@ -333,18 +372,19 @@ Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
   qdotk(scores.ptr(), q.ptr(), k.ptr(), G, L, S, E);
   const T scale = std::sqrt(T(E));
   constexpr T ninf = -std::numeric_limits<T>::infinity();
+  const bool use_mask = mask.present() && injected_defect() != Defect::IgnoreMask;
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = 0; j < S; ++j) {
         T& s = scores.data[size_t((g * L + i) * S + j)];
         s = s / scale;
-        if (mask.present())
+        if (use_mask)
           s = s + (mask.is_bool() ? (mask.bools.data[size_t(i * S + j)] ? ninf : T(0))
                                   : mask.floats.data[size_t(i * S + j)]);
       }
   if (obs) obs->on("scores", scores);
   Tensor<T>& weights = scores;  // softmax in place
-  softmax_forward(weights.ptr(), weights.ptr(), G * L, S);
+  attention_softmax(weights.ptr(), G, L, S);
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> out(oshape);
   weighted_sum_v(out.ptr(), weights.ptr(), v.ptr(), G, L, S, Ev);
@@ -362,6 +402,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   if (E % H != 0)
     throw ShapeError("config: embed_dim " + std::to_string(E) + " is not divisible by num_heads " + std::to_string(H));
   const int64_t D = E / H, KD = cfg.key_dim(), VD = cfg.value_dim();
+  const Defect defect = injected_defect();
 
   // ---- layout: everything below is batched and batch-first -------------------------------------
   const bool batched = in.query.dim() == 3;
@@ -433,16 +474,19 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   const T* Wq = cfg.packed() ? w.in_proj_weight.ptr() : w.q_proj_weight.ptr();
   const T* Wk = cfg.packed() ? w.in_proj_weight.ptr() + E * E : w.k_proj_weight.ptr();
   const T* Wv = cfg.packed() ? w.in_proj_weight.ptr() + 2 * E * E : w.v_proj_weight.ptr();
-  const T* bq = cfg.bias ? w.in_proj_bias.ptr() : nullptr;
-  const T* bk = cfg.bias ? w.in_proj_bias.ptr() + E : nullptr;
-  const T* bv = cfg.bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
+  const bool drop_bias = defect == Defect::DropBias;
+  const T* bq = cfg.bias && !drop_bias ? w.in_proj_bias.ptr() : nullptr;
+  const T* bk = cfg.bias && !drop_bias ? w.in_proj_bias.ptr() + E : nullptr;
+  const T* bv = cfg.bias && !drop_bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
+  const bool swap_qk = defect == Defect::SwapQK && KD == E;  // the selftest's defect
+  if (swap_qk) std::swap(Wq, Wk), std::swap(bq, bk);
   Tensor<T> qh, kh, vh;
   // Self-attention (one tensor as query, key and value) with the packed weight: one product with
   // all of in_proj_weight, (B*L, 3E), each element the same sum as in three products (the GEMM sums
   // over K alike whatever N is), and the heads split out of it.
   const bool self = in.query.data.data() == in.key.data.data() && in.key.data.data() == in.value.data.data() &&
                     in.query.shape == in.key.shape && in.key.shape == in.value.shape && cfg.packed() &&
-                    !cfg.add_bias_kv;
+                    !cfg.add_bias_kv && defect == Defect::None;
   if (self) {
     Tensor<T> qkv({B, L, 3 * E});
     linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
@@ -482,14 +526,17 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   }
 
   // ---- scores (B, H, L, S) = q / sqrt(D) . k + mask ----------------------------------------------
-  const T root = std::sqrt(T(D));
+  const T root = std::sqrt(T(defect == Defect::ScaleByFullDim ? E : D));
   for (T& x : qh.data) x = x / root;  // torch 1.13: q_scaled = q / math.sqrt(E)
-  const MergedMask<T> mask(in.attn_mask, in.key_padding_mask, H, L, S0);  // throws on what torch rejects
+  const Mask<T> none;
+  const Mask<T>& attn_mask = defect == Defect::IgnoreMask ? none : in.attn_mask;
+  const Mask<T>& key_padding_mask = defect == Defect::IgnoreMask ? none : in.key_padding_mask;
+  const MergedMask<T> mask(attn_mask, key_padding_mask, H, L, S0);  // throws on what torch rejects
 
   // Nothing observed and no weights returned: the fused streaming attention, which never holds the
   // L x S scores (fused_attention.hpp), then the heads merged and out_proj as below.
-  if (core_path() == CorePath::Fast && !obs && !fwd.need_weights) {
-    std::optional<FusedMasks<T>> fm = FusedMasks<T>::make(in.attn_mask, in.key_padding_mask, B, H, L, S0, S);
+  if (core_path() == CorePath::Fast && !obs && !fwd.need_weights && defect == Defect::None) {
+    std::optional<FusedMasks<T>> fm = FusedMasks<T>::make(attn_mask, key_padding_mask, B, H, L, S0, S);
     if (fm) {
       Tensor<T> ctx_heads({B, H, L, D});
       fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), fm->view(),
@@ -515,7 +562,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
             s = mask.value(b, h, i, j) + s;
           }
   } else if (mask.any()) {
-    const RowMask<T> rows(in.attn_mask, in.key_padding_mask, B, H, L, S0);
+    const RowMask<T> rows(attn_mask, key_padding_mask, B, H, L, S0);
     parallel_for(B * H, num_threads(), [&](int64_t g0, int64_t g1) {
       for (int64_t g = g0; g < g1; ++g)
         for (int64_t i = 0; i < L; ++i) rows.add(scores.ptr() + (g * L + i) * S, g / H, g % H, i);
@@ -525,7 +572,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
 
   // ---- weights, context, output ------------------------------------------------------------------
   Tensor<T>& weights = scores;  // softmax in place
-  softmax_forward(weights.ptr(), weights.ptr(), B * H * L, S);
+  attention_softmax(weights.ptr(), B * H, L, S);
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> ctx_heads({B, H, L, D});
   weighted_sum_v(ctx_heads.ptr(), weights.ptr(), vh.ptr(), B * H, L, S, D);
@@ -543,7 +590,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
         for (int64_t x = 0; x < L * S; ++x) {
           T acc = T(0);
           for (int64_t h = 0; h < H; ++h) acc += weights.data[size_t((b * H + h) * L * S + x)];
-          avg.data[size_t(b * L * S + x)] = acc / T(H);
+          avg.data[size_t(b * L * S + x)] = defect == Defect::SumHeadWeights ? acc : acc / T(H);
         }
       if (obs) obs->on("attn_weights_avg", avg);
       result.attn_weights = batched ? std::move(avg) : Tensor<T>({L, S}, std::move(avg.data));

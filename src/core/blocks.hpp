@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tparity/core/attention.hpp"
+#include "tparity/core/defects.hpp"
 #include "tparity/core/encoder.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
@@ -63,7 +64,8 @@ Tensor<T> feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1,
   Tensor<T> out(x.shape);
   if (!obs && core_path() == CorePath::Fast) {
     GemmEpilogue<T> ep;
-    ep.bias = b2.ptr(), ep.residual = residual.ptr(), ep.ldr = d;
+    ep.bias = injected_defect() == Defect::DropBias ? nullptr : b2.ptr();
+    ep.residual = residual.ptr(), ep.ldr = d;
     gemm(false, true, N, d, F, T(1), hidden.ptr(), F, w2.ptr(), F, T(0), out.ptr(), d, &ep, num_threads());
     return out;
   }
@@ -83,8 +85,9 @@ Tensor<T> attention_block(const MhaConfig& cfg, const MhaWeights<T>& w, const Te
   MhaConfig c = cfg;
   c.batch_first = true;
   PrefixObserver<T> scoped(obs, prefix, "output", output_name);
+  const T* res = injected_defect() == Defect::DropResidual && prefix == "sa." ? nullptr : residual.ptr();
   return mha_attend(c, MhaForward{false, true}, w, MhaInputRefs<T>{q, kv, kv, attn_mask, kpm},
-                    PrefixObserver<T>::wrap(obs, scoped), residual.ptr())
+                    PrefixObserver<T>::wrap(obs, scoped), res)
       .output;
 }
 

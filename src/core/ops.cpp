@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tparity/core/defects.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
 #include "tparity/core/vmath.hpp"
@@ -61,6 +62,7 @@ template <class T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC) {
   // inp is (N, C), weight is (OC, C), bias is (OC)
   // out will be (N, OC)
+  if (injected_defect() == Defect::DropBias) bias = nullptr;
   if (core_path() == CorePath::Reference) return linear_forward_ref(out, inp, weight, bias, N, C, OC);
   GemmEpilogue<T> ep;
   ep.bias = bias;
@@ -70,6 +72,7 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 template <class T>
 void linear_act_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
                         Activation act) {
+  if (injected_defect() == Defect::DropBias) bias = nullptr;
   if (core_path() == CorePath::Fast && (act == Activation::Relu || act == Activation::Gelu)) {
     GemmEpilogue<T> ep;
     ep.bias = bias;
@@ -119,7 +122,9 @@ void softmax_forward_ref(T* out, const T* inp, int64_t N, int64_t C) {
 template <class T>
 void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N, int64_t C, T* mean_out,
                        T* rstd_out) {
-  if (core_path() == CorePath::Reference) return layernorm_forward_ref(out, inp, weight, bias, eps, N, C, mean_out, rstd_out);
+  const Defect defect = injected_defect();
+  if (core_path() == CorePath::Reference || defect == Defect::LayerNormEps || defect == Defect::UnbiasedVariance)
+    return layernorm_forward_ref(out, inp, weight, bias, eps, N, C, mean_out, rstd_out);
   layernorm_rows(out, inp, weight, bias, eps, N, C, mean_out, rstd_out, N * 4 * C < (int64_t(1) << 15) ? 1 : num_threads());
 }
 
@@ -140,6 +145,9 @@ void layernorm_forward_ref(T* out, const T* inp, const T* weight, const T* bias,
   // Element c goes to partial sum c % 8, in ascending c: written as whole blocks of eight and a tail
   // so that the compiler vectorises the blocks (one lane per partial sum), the same sums either way.
   const int64_t C8 = C & ~int64_t(7);
+  const Defect defect = injected_defect();
+  if (defect == Defect::LayerNormEps) eps = T(1e-6);
+  const T var_divisor = defect == Defect::UnbiasedVariance ? T(C - 1) : T(C);
   rows(N, 4 * C, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const T* x = inp + n * C;
@@ -160,7 +168,7 @@ void layernorm_forward_ref(T* out, const T* inp, const T* weight, const T* bias,
         const T d = (x[c] - mean0) - mu;
         acc[c - C8] += d * d;
       }
-      const T var = pairwise(acc) / T(C);
+      const T var = pairwise(acc) / var_divisor;
       const T rstd = T(1) / std::sqrt(var + eps);
       if (mean_out) mean_out[n] = mean0 + mu;
       if (rstd_out) rstd_out[n] = rstd;
@@ -186,6 +194,14 @@ void relu_forward(T* out, const T* inp, int64_t n) {
 
 template <class T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
+  if (injected_defect() == Defect::GeluTanh) {  // gelu(approximate='tanh'): the selftest's defect
+    const T k = T(0.79788456080286535588);      // sqrt(2 / pi)
+    for (int64_t i = 0; i < n; ++i) {
+      const T x = inp[i];
+      out[i] = T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+    }
+    return;
+  }
   const T inv_sqrt2 = T(0.70710678118654752440);
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];

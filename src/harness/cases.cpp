@@ -122,6 +122,7 @@ std::vector<CaseSpec> default_cases() {
       c("decoder", M::TransformerDecoderLayer, 8, 20, 30, 64, 0, 4, 128, true, K::Causal, false, 7),
   };
   cases[5].layers = 3, cases[5].final_norm = true;
+  cases[6].activation = Activation::Gelu;  // torch's other feed-forward activation, in a default case
 
   // seed 004's front: its own numbers (it fed zeros; uniform ids are a stronger test)
   CaseSpec embed = c("embed", M::TokenEncoder, 2, 100, 0, 300, 0, 5, 100, true, K::None, false, 8);

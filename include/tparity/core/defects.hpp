@@ -1,0 +1,47 @@
+// A test-only injection point: the defects `tparity selftest` plants in the hand core, one at a time,
+// to show that the comparator catches the bugs people really write in attention code. Off (None)
+// unless set; in normal use nothing sets it. Each op reads it once per call (a relaxed atomic load),
+// never per element, so it costs nothing measurable.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tparity {
+
+enum class Defect {
+  None,
+  ScaleByFullDim,       // scores scaled by 1 / sqrt(E) instead of 1 / sqrt(E / heads)
+  SwapQK,               // the q and k projections swapped (W_k for the queries, W_q for the keys)
+  IgnoreMask,           // attn_mask and key_padding_mask ignored
+  SoftmaxWrongAxis,     // the softmax over the queries (dim -2) instead of the keys (dim -1)
+  WrongHeadInterleave,  // heads split (and merged) as (E/H, H) instead of (H, E/H)
+  OutProjTransposed,    // out_proj.weight used transposed
+  LayerNormEps,         // layer norm with eps 1e-6 instead of the module's (1e-5)
+  UnbiasedVariance,     // layer norm with the unbiased variance (/ (C - 1)) instead of the biased one
+  DropResidual,         // the residual around the attention block dropped
+  DropBias,             // linear layers' biases dropped
+  GeluTanh,             // GELU's tanh approximation instead of erf
+  SumHeadWeights,       // averaged attention weights summed over the heads, not averaged
+};
+
+// Every defect but None, in the order above; its name (kebab-case, as `selftest --defect` takes it)
+// and one line of what it does.
+const std::vector<Defect>& all_defects();
+std::string defect_name(Defect d);
+std::string defect_description(Defect d);
+Defect defect_from_name(const std::string& name);  // std::invalid_argument naming the choices
+
+Defect injected_defect();
+void inject_defect(Defect d);
+
+// Sets a defect for one scope and clears it after.
+class ScopedDefect {
+ public:
+  explicit ScopedDefect(Defect d) { inject_defect(d); }
+  ~ScopedDefect() { inject_defect(Defect::None); }
+  ScopedDefect(const ScopedDefect&) = delete;
+  ScopedDefect& operator=(const ScopedDefect&) = delete;
+};
+
+}  // namespace tparity

@@ -1,0 +1,69 @@
+#include "tparity/core/defects.hpp"
+
+#include <atomic>
+#include <stdexcept>
+
+namespace tparity {
+
+namespace {
+
+std::atomic<Defect> g_defect{Defect::None};
+
+struct Entry {
+  Defect d;
+  const char* name;
+  const char* description;
+};
+
+const Entry kEntries[] = {
+    {Defect::ScaleByFullDim, "scale-full-dim", "scores scaled by 1/sqrt(E) instead of 1/sqrt(E/heads)"},
+    {Defect::SwapQK, "swap-qk", "q and k projections swapped"},
+    {Defect::IgnoreMask, "ignore-mask", "attn_mask and key_padding_mask ignored"},
+    {Defect::SoftmaxWrongAxis, "softmax-wrong-axis", "softmax over the queries instead of the keys"},
+    {Defect::WrongHeadInterleave, "head-interleave", "heads split as (E/H, H) instead of (H, E/H)"},
+    {Defect::OutProjTransposed, "out-proj-transposed", "out_proj.weight used transposed"},
+    {Defect::LayerNormEps, "layernorm-eps", "layer norm eps 1e-6 instead of 1e-5"},
+    {Defect::UnbiasedVariance, "unbiased-variance", "layer norm with the unbiased variance"},
+    {Defect::DropResidual, "drop-residual", "the residual around self-attention dropped"},
+    {Defect::DropBias, "drop-bias", "linear layers' biases dropped"},
+    {Defect::GeluTanh, "gelu-tanh", "GELU's tanh approximation instead of erf"},
+    {Defect::SumHeadWeights, "sum-head-weights", "attention weights summed over heads, not averaged"},
+};
+
+}  // namespace
+
+const std::vector<Defect>& all_defects() {
+  static const std::vector<Defect> all = [] {
+    std::vector<Defect> v;
+    for (const Entry& e : kEntries) v.push_back(e.d);
+    return v;
+  }();
+  return all;
+}
+
+std::string defect_name(Defect d) {
+  for (const Entry& e : kEntries)
+    if (e.d == d) return e.name;
+  return "none";
+}
+
+std::string defect_description(Defect d) {
+  for (const Entry& e : kEntries)
+    if (e.d == d) return e.description;
+  return "no defect";
+}
+
+Defect defect_from_name(const std::string& name) {
+  std::string names;
+  for (const Entry& e : kEntries) {
+    if (name == e.name) return e.d;
+    names += (names.empty() ? "" : ", ") + std::string(e.name);
+  }
+  if (name == "none") return Defect::None;
+  throw std::invalid_argument("expected one of none, " + names + ", got \"" + name + "\"");
+}
+
+Defect injected_defect() { return g_defect.load(std::memory_order_relaxed); }
+void inject_defect(Defect d) { g_defect.store(d, std::memory_order_relaxed); }
+
+}  // namespace tparity
