@@ -1,7 +1,5 @@
 // The CLI as a user runs it: exit codes (0 pass, 1 fail, 2 bad usage or input), one-line errors,
 // the JSON document's shape, files written whole or not at all.
-#include <sys/wait.h>
-
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -10,42 +8,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli_support.hpp"
+
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+using namespace clitest;
+
 namespace {
-
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-fs::path scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("tparity_cli_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-Result tparity(const std::string& args) {
-  const fs::path out = scratch() / "stdout", err = scratch() / "stderr";
-  const std::string cmd = std::string(TPARITY_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-}
-
-bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
-
-bool with_torch() { return tparity("--version").out.find("LibTorch none") == std::string::npos; }
 
 const std::string kFixtures = TPARITY_FIXTURES;
 

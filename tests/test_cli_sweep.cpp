@@ -2,8 +2,6 @@
 // whole sweep, skipped points, the progress bar; and scripts/plot_sweep on its CSV.
 // The expected values come from the documentation (the CSV header, the JSON keys, the gates) and from
 // `tparity run` on the same sizes, never from the sweep's own code.
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -16,46 +14,14 @@
 #include <set>
 #include <sstream>
 
+#include "cli_support.hpp"
+
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+using namespace clitest;
+
 namespace {
-
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-fs::path scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("tparity_cli_sweep_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-Result shell(const std::string& cmd) {
-  const fs::path out = scratch() / "stdout", err = scratch() / "stderr";
-  const int status = std::system((cmd + " >" + out.string() + " 2>" + err.string()).c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-}
-
-Result tparity(const std::string& args) { return shell(std::string(TPARITY_BIN) + " " + args); }
-
-bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
-
-bool with_torch() {
-  static const bool yes = tparity("--version").out.find("LibTorch none") == std::string::npos;
-  return yes;
-}
 
 // The sweep needs LibTorch; built without it, a valid sweep exits 2 with one line and writes nothing.
 bool refused_without_torch(const std::string& args, const fs::path& file) {

@@ -23,6 +23,7 @@ int eval(const EvalOptions& o) {
   if (o.impl == "hand") {
     r = run_hand(p, o.dtype, false, o.fixture);
   } else {
+    check_inputs(p, o.fixture);  // so that a tensor at odds with the config is named, not LibTorch's matmul
     TorchRun t = run_torch(p, o.dtype, false, o.fixture);
     if (!t.failure.empty()) throw std::runtime_error(o.fixture + ": LibTorch reference: " + t.failure);
     if (!t.module_ran)  // say where the outputs come from

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <utility>
+
 #include "tparity/torch/reference.hpp"
 
 namespace tparity {
@@ -13,6 +16,29 @@ Components outputs_as_components(const TensorMap& outs) {
   for (const char* n : {"output", "attn_weights"})
     if (auto it = outs.find(n); it != outs.end()) c.push_back({n, to_tensor<double>(it->second)});
   return c;
+}
+
+// NaN and infinities in the weights and inputs are allowed (the comparator classifies them before
+// any norm), but never silently: one note per tensor that holds them. A -inf in a float mask is the
+// mask's ordinary "masked out" and is not reported.
+void add_nonfinite_notes(CaseReport& r, const Problem& p) {
+  auto scan = [&](const TensorMap& m, const char* where) {
+    for (const auto& [name, t] : m) {
+      if (t.dtype == DType::Bool || t.dtype == DType::Int64) continue;
+      const bool mask = name.find("mask") != std::string::npos;
+      int64_t nan = 0, pinf = 0, ninf = 0;
+      for (double x : t.data) nan += std::isnan(x), pinf += x == INFINITY, ninf += x == -INFINITY && !mask;
+      if (nan + pinf + ninf == 0) continue;
+      std::string what;
+      for (auto [n, label] : {std::pair<int64_t, const char*>{nan, "NaN"}, {pinf, "+inf"}, {ninf, "-inf"}})
+        if (n) what += fmt::format("{}{} {}", what.empty() ? "" : ", ", n, label);
+      r.notes.push_back(fmt::format("non-finite values in {}.{}: {} (allowed; equal non-finite results in both "
+                                    "count as agreement and are counted, any other mismatch fails)",
+                                    where, name, what));
+    }
+  };
+  scan(p.state_dict, "state_dict");
+  scan(p.inputs, "inputs");
 }
 
 void add_reference_notes(CaseReport& r, const TorchRun& run, const char* label) {
@@ -57,7 +83,8 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
 Implementation hand_core() {
   return Implementation{"hand core",
                         [](const Problem& p, DType dtype, const Components* teacher) {
-                          return run_hand(p, dtype, true, "case " + p.name, teacher);
+                          return run_hand(p, dtype, true, p.origin.empty() ? "case " + p.name : p.origin,
+                                          teacher);
                         },
                         true};
 }
@@ -71,6 +98,7 @@ CaseReport evaluate_problem(const Problem& p, const std::string& description, st
   r.has_seed = seed.has_value();
   r.seed = seed.value_or(0);
   const std::string where = "case " + p.name;
+  add_nonfinite_notes(r, p);
   const RunResult h64 = impl.run(p, DType::Float64, nullptr);
   const RunResult h32 = impl.run(p, DType::Float32, nullptr);
   const TorchRun t64 = run_torch(p, DType::Float64, true, where);
@@ -88,6 +116,7 @@ std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where
   r.name = p.name;
   r.description = summary(p) + " [fixture " + where + "]";
   r.config = config_json(p);
+  add_nonfinite_notes(r, p);
 
   const RunResult h64 = impl.run(p, DType::Float64, nullptr);
   const RunResult h32 = impl.run(p, DType::Float32, nullptr);

@@ -231,6 +231,8 @@ std::function<void()> prepare(const Problem& p) {
 
 }  // namespace
 
+void check_inputs(const Problem& p, const std::string& where) { (void)run_hand(p, DType::Float64, false, where); }
+
 std::function<void()> prepare_hand(const Problem& p, DType dtype, const std::string& where, bool run_once) {
   try {
     std::function<void()> f = dtype == DType::Float32 ? prepare<float>(p) : prepare<double>(p);

@@ -32,6 +32,11 @@ struct RunResult {
 RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where,
                    const Components* teacher = nullptr);
 
+// The hand core's checks of the problem's tensors against its config (torch 1.13's own shape and
+// mask checks), run before anything else sees the problem: InputError naming the tensor, prefixed
+// with `where`. (It runs the core once in float64 and drops the result.)
+void check_inputs(const Problem& p, const std::string& where);
+
 // The forward pass with weights and inputs converted once (for the benchmark): each call runs the
 // core on the problem, without an observer, and drops the result. Runs it once before returning
 // unless run_once is false (to measure the first run's memory).

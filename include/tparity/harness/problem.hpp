@@ -45,6 +45,7 @@ Activation activation_from_name(const std::string& name);  // throws std::invali
 struct Problem {
   std::string name;
   std::string description;
+  std::string origin;  // the fixture's path when read from one (errors name it), else empty
   ModuleKind module = ModuleKind::MultiheadAttention;
   MhaConfig mha;             // MultiheadAttention
   MhaForward forward;        // MultiheadAttention

@@ -1,0 +1,55 @@
+// The CLI tests' shared helpers: run the built tparity binary (or a shell command) with its standard
+// output and error captured, read files, a scratch directory per test process.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace clitest {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A directory of this test process's own (ctest runs each case in its own process).
+inline fs::path scratch() {
+  static const fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("tparity_cli_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+inline Result shell(const std::string& cmd) {
+  const fs::path out = scratch() / "stdout", err = scratch() / "stderr";
+  const int status = std::system((cmd + " >" + out.string() + " 2>" + err.string()).c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+inline Result tparity(const std::string& args) { return shell(std::string(TPARITY_BIN) + " " + args); }
+
+inline bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
+
+inline bool with_torch() {
+  static const bool yes = tparity("--version").out.find("LibTorch none") == std::string::npos;
+  return yes;
+}
+
+}  // namespace clitest
