@@ -402,6 +402,35 @@ def fx_encoder_unbatched_eps():
     return cfg, m, {}, {"src": src, "src_mask": random_bool_mask(9, 9)}
 
 
+def fx_mha_all_masked_rows():
+    # Rows whose every key is masked: torch 1.13 gives NaN there (softmax of a row of -inf). Query 2
+    # of the bool attn_mask masks every key; batch element 1's key_padding_mask masks all keys but
+    # key 4, so every one of its rows attends to that key alone (weight exactly 1). Per-head weights.
+    cfg = mha_config(16, 2, bias=True, batch_first=True)
+    fwd = {"need_weights": True, "average_attn_weights": False}
+    m = _mha(cfg, affine="randomized")
+    x = torch.randn(2, 6, 16)
+    am = random_bool_mask(6, 6)
+    am[2, :] = True
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[1, :] = True
+    kpm[1, 4] = False
+    return cfg, m, fwd, {"query": x, "key": x, "value": x, "attn_mask": am, "key_padding_mask": kpm}
+
+
+def fx_encoder_all_masked_rows():
+    # An encoder layer whose batch element 0 has every key padded: NaN from the attention on, through
+    # the residual and both layer norms, to the whole of that element's output (torch 1.13's
+    # documented path; its fast path, which the exporter forbids, would zero padded positions).
+    cfg = enc_config(16, 2, dim_feedforward=32, batch_first=True)
+    m = _enc(cfg, affine="randomized")
+    src = torch.randn(2, 5, 16)
+    kpm = torch.zeros(2, 5, dtype=torch.bool)
+    kpm[0, :] = True
+    kpm[1, 3:] = True
+    return cfg, m, {}, {"src": src, "src_key_padding_mask": kpm}
+
+
 def _stack(config, affine="torch"):
     m = build_module("TransformerEncoder", config)
     if affine == "randomized":
@@ -469,6 +498,9 @@ def fx_decoder_layer_unbatched():
     memory = torch.randn(6, 16)
     return cfg, m, {}, {"tgt": tgt, "memory": memory}
 
+
+# Fixtures whose outputs hold NaN by design: rows whose every key is masked (torch 1.13's policy).
+EXPECT_NAN = {"mha_all_masked_rows", "encoder_all_masked_rows"}
 
 # name -> (seed, builder, description)
 FIXTURES = {
@@ -551,6 +583,16 @@ FIXTURES = {
         "Unbatched post-norm ReLU TransformerDecoderLayer(16, 2, ff=24) with torch init except "
         "random feed-forward biases (linear1, linear2), tgt (4, 16) and memory (6, 16), "
         "no masks."),
+    "mha_all_masked_rows": (
+        1018, fx_mha_all_masked_rows,
+        "Self-attention (2, 6, 16), 2 heads, randomized biases, whose query 2 has every key masked "
+        "by a bool attn_mask (NaN in torch 1.13) and whose batch element 1 has every key but one "
+        "padded (that key gets weight 1); per-head weights."),
+    "encoder_all_masked_rows": (
+        1019, fx_encoder_all_masked_rows,
+        "Post-norm ReLU TransformerEncoderLayer(16, 2, ff=32) whose batch element 0 has every key "
+        "padded by src_key_padding_mask: NaN through the residual and both norms to its whole "
+        "output; batch element 1 partly padded."),
 }
 
 
@@ -644,6 +686,13 @@ def make_fixture(name):
         o32, o64 = out32[key], out64[key]
         assert o32.dtype == torch.float32 and o64.dtype == torch.float64
         assert o32.shape == o64.shape
+        if name in EXPECT_NAN:
+            # NaN where every key is masked, at the same positions in both precisions, and only there
+            nan64, nan32 = torch.isnan(o64), torch.isnan(o32)
+            assert nan64.any(), f"{name}: expected NaN rows in float64 {key}"
+            assert torch.equal(nan64, nan32), f"{name}: NaN positions differ between float32 and float64 {key}"
+            assert torch.isfinite(o64[~nan64]).all(), f"{name}: non-finite float64 {key} besides the NaN rows"
+            o32, o64 = o32[~nan32], o64[~nan64]
         assert not torch.isnan(o64).any(), f"{name}: NaN in float64 {key}"
         assert torch.isfinite(o64).all(), f"{name}: non-finite float64 {key}"
         diff = l2(o32.double() - o64)

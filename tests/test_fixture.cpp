@@ -1,6 +1,7 @@
 // Fixture format v1: the committed fixtures against the hand core (no torch, no Python needed), and
 // bad files refused with a message naming the file and the field.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -221,4 +222,50 @@ TEST_CASE("fixtures: an output that cannot be written leaves nothing behind", "[
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
   CHECK(files == 1);  // no temporary left
   fs::remove_all(dir);
+}
+
+TEST_CASE("fixtures: a row whose every key is masked is NaN, as Python PyTorch 1.13 gives it", "[fixture]") {
+  // The policy (README, "Semantics worth knowing"): torch 1.13's softmax over a row of -inf is NaN,
+  // and the hand core keeps it, in the weights, the output and, through the residual and the norms,
+  // a whole encoder layer's output. NaN must sit exactly where Python put it; a key left alone by a
+  // key padding mask gets weight exactly 1.
+  struct Expect {
+    const char* name;
+    int64_t nan_output;  // NaN elements in Python's stored float64 output
+  };
+  for (const Expect& e : {Expect{"mha_all_masked_rows", 32}, Expect{"encoder_all_masked_rows", 80}}) {
+    CAPTURE(e.name);
+    const Problem p = read_fixture(std::string(TPARITY_FIXTURES) + "/" + e.name + ".json");
+    const DTensor& stored = p.outputs.at("output");
+    int64_t nan_stored = 0;
+    for (double x : stored.data) nan_stored += std::isnan(x);
+    REQUIRE(nan_stored == e.nan_output);
+    for (DType dt : {DType::Float64, DType::Float32}) {
+      const RunResult r = run_hand(p, dt, false, e.name);
+      const DTensor& out = r.outputs.at("output");
+      REQUIRE(out.data.size() == stored.data.size());
+      int64_t same_nan = 0, other = 0;
+      for (size_t i = 0; i < out.data.size(); ++i) {
+        same_nan += std::isnan(out.data[i]) && std::isnan(stored.data[i]);
+        other += std::isnan(out.data[i]) != std::isnan(stored.data[i]);
+      }
+      CHECK(same_nan == e.nan_output);
+      CHECK(other == 0);
+      if (p.module == ModuleKind::MultiheadAttention) {
+        // batch element 1: every key padded but key 4; where its attn_mask row leaves key 4 open,
+        // the row's weight on it is exactly 1 and every other weight exactly 0
+        const DTensor& w = r.outputs.at("attn_weights");  // (B, H, L, S) = (2, 2, 6, 6)
+        const DTensor& am = *p.input("attn_mask");       // (6, 6) bool
+        int64_t single_key_rows = 0;
+        for (int64_t h = 0; h < 2; ++h)
+          for (int64_t i = 0; i < 6; ++i) {
+            if (am.data[size_t(i * 6 + 4)] != 0) continue;
+            ++single_key_rows;
+            for (int64_t j = 0; j < 6; ++j)
+              CHECK(w.data[size_t(((1 * 2 + h) * 6 + i) * 6 + j)] == (j == 4 ? 1.0 : 0.0));
+          }
+        CHECK(single_key_rows >= 2);
+      }
+    }
+  }
 }

@@ -240,6 +240,26 @@ TEST_CASE("parity: every committed fixture through LibTorch and the hand core", 
   }
 }
 
+TEST_CASE("parity: rows whose every key is masked are NaN in LibTorch's C++ modules where Python's are", "[parity]") {
+  // The policy against both references: the C++ 1.13 modules (libtorch64_vs_torch64, a semantic
+  // gate) and Python (the stored outputs) give NaN at the same positions, and so does the hand core.
+  for (const char* name : {"mha_all_masked_rows", "encoder_all_masked_rows"}) {
+    CAPTURE(name);
+    const std::string f = std::string(TPARITY_FIXTURES) + "/" + name + ".json";
+    const std::vector<CaseReport> rs = check_fixture(read_fixture(f), f, GatePolicy{});
+    REQUIRE(rs.size() == 2);
+    for (const CaseReport& r : rs) require_pass(r);
+    const ComponentReport& out = rs[0].components.at(0);
+    REQUIRE(out.name == "output");
+    for (const char* leg : {"libtorch64_vs_torch64", "hand64_vs_torch64", "hand32_vs_torch64"}) {
+      CAPTURE(leg);
+      REQUIRE(out.leg(leg) != nullptr);
+      CHECK(out.leg(leg)->m.nan_matched > 0);
+      CHECK(out.leg(leg)->m.nonfinite_mismatch == 0);
+    }
+  }
+}
+
 TEST_CASE("parity: a user implementation through the library API / outputs only / and one that is wrong", "[parity]") {
   // Outputs without components: compared on the outputs, in the module's layout.
   const Implementation outputs_only{"outputs only", [](const Problem& p, DType dtype, const Components*) {
