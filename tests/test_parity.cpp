@@ -1,7 +1,9 @@
 // Parity against LibTorch: the default cases, a seeded grid of shapes and options, the fixtures
 // through the C++ reference. Each problem goes through the comparator's own gates.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "support.hpp"
@@ -418,4 +420,117 @@ TEST_CASE("parity: softmax and layer norm over a seeded grid of shapes and offse
     CAPTURE(seed, summary(p));
     require_pass(evaluate_problem(p, summary(p), seed, GatePolicy{}));
   }
+}
+
+namespace {
+
+// A case's problem with its float inputs transformed (every value kept float32-representable, so
+// both precisions still see the same numbers).
+Problem with_inputs(const CaseSpec& s, const std::function<double(double)>& f, const std::vector<std::string>& names) {
+  Problem p = make_problem(s);
+  for (const std::string& n : names)
+    for (double& x : p.inputs.at(n).data) x = round_to_float(f(x));
+  return p;
+}
+
+const ComponentReport& component(const CaseReport& r, const std::string& name) {
+  for (const ComponentReport& c : r.components)
+    if (c.name == name) return c;
+  FAIL("no component " << name << " in case " << r.name);
+  return r.components.front();
+}
+
+CaseSpec mha(const char* name, int64_t B, int64_t L, int64_t S, int64_t E, int64_t H, MaskKind mask) {
+  CaseSpec s;
+  s.name = name, s.module = ModuleKind::MultiheadAttention, s.batch = B, s.seq = L, s.kv_seq = S, s.dim = E;
+  s.heads = H, s.bias = true, s.mask = mask, s.random_params = true, s.seed = 77;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("parity: inputs that break careless code / saturating and near-tied scores", "[parity][edge]") {
+  // |score| ~ 1e4: exp overflows unless the row's maximum is subtracted; then the weights are one-hot
+  // up to exp(-large). Near-tied: scores within ~1e-8 of each other, weights ~1/S, where a softmax
+  // that rounds its sum badly or divides by a stale maximum drifts. Both against LibTorch's gates.
+  const CaseSpec s = mha("saturating", 3, 12, 0, 16, 2, MaskKind::Causal);
+  const Problem hp = with_inputs(s, [](double x) { return 8192 * x; }, {"query"});
+  const CaseReport hot = evaluate_problem(hp, "saturating", 77, GatePolicy{});
+  require_pass(hot);
+  double max_score = 0;
+  for (const Component& c : run_hand(hp, DType::Float64, true, "saturating").components)
+    if (c.name == "scores")
+      for (double x : c.value.data)
+        if (std::isfinite(x)) max_score = std::max(max_score, std::fabs(x));
+  CHECK(max_score > 1e4);  // the scores really are that large
+  CHECK(component(hot, "attn_weights").leg("hand32_vs_torch64")->m.nan_matched == 0);  // no overflow NaN
+
+  const CaseReport tied =
+      evaluate_problem(with_inputs(s, [](double x) { return x * 0x1p-24; }, {"query"}), "near-tied", 77, GatePolicy{});
+  require_pass(tied);
+}
+
+TEST_CASE("parity: inputs that break careless code / layer-norm rows of tiny variance / denormals", "[parity][edge]") {
+  // Rows around 100 with a spread of 1e-3 (a variance of 1e-6, a tenth of eps): E[x^2] - E[x]^2
+  // cancels to nothing in float32 there; the hand core's two-pass mean and centred variance do not.
+  CaseSpec ln;
+  ln.name = "layernorm_tiny_var", ln.module = ModuleKind::LayerNorm, ln.batch = 4, ln.seq = 30, ln.dim = 64;
+  ln.input_offset = 100, ln.input_scale = 1e-3, ln.seed = 78;
+  require_pass(evaluate_problem(make_problem(ln), ln.describe(), ln.seed, GatePolicy{}));
+
+  // Subnormal float32 inputs (~1e-40) through an encoder layer: the projections underflow to
+  // subnormals and zeros, the scores to zero, every row of weights is uniform; the layer norms
+  // divide by sqrt(eps). Nothing may be flushed differently from LibTorch beyond its own error.
+  CaseSpec enc;
+  enc.name = "encoder_denormal", enc.module = ModuleKind::TransformerEncoderLayer, enc.batch = 2, enc.seq = 9;
+  enc.dim = 16, enc.heads = 2, enc.ffn = 32, enc.random_params = true, enc.seed = 79;
+  const Problem dp = with_inputs(enc, [](double x) { return x * 0x1p-133; }, {"src"});
+  int64_t subnormal = 0;
+  for (double x : dp.inputs.at("src").data) subnormal += x != 0 && std::fabs(x) < 0x1p-126;
+  CHECK(subnormal > 200);
+  require_pass(evaluate_problem(dp, "denormal src", 79, GatePolicy{}));
+  CaseSpec mh = mha("mha_denormal", 2, 7, 0, 16, 4, MaskKind::None);
+  require_pass(evaluate_problem(with_inputs(mh, [](double x) { return x * 0x1p-135; }, {"query"}), "denormal", 80,
+                                GatePolicy{}));
+}
+
+TEST_CASE("parity: inputs that break careless code / long rows of 4096 keys", "[parity][edge]") {
+  // Rows of S = 4096 keys: the sums of the softmax and of the weighted values run over 4096 terms,
+  // where one running float sum loses digits that partial sums keep.
+  const CaseSpec s = mha("long_rows", 1, 6, 4096, 32, 2, MaskKind::Random);
+  require_pass(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
+  CaseSpec sm;
+  sm.name = "softmax_long", sm.module = ModuleKind::Softmax, sm.batch = 2, sm.seq = 3, sm.kv_seq = 4096;
+  sm.dim = 1, sm.input_scale = 4, sm.seed = 81;
+  require_pass(evaluate_problem(make_problem(sm), sm.describe(), sm.seed, GatePolicy{}));
+}
+
+TEST_CASE("parity: inputs that break careless code / all-masked rows / a key padding mask leaving one key",
+          "[parity][edge]") {
+  // Queries 0 and 5 have every key masked by the bool attn_mask: NaN in LibTorch and in the core,
+  // matched position by position. Batch element 1 keeps only key 3 through its key padding mask:
+  // every other row of it puts weight exactly 1 on that key, in both.
+  const CaseSpec s = mha("masked", 2, 8, 0, 16, 2, MaskKind::None);
+  Problem p = make_problem(s);
+  const int64_t L = 8;
+  DTensor am{DType::Bool, {L, L}, std::vector<double>(size_t(L * L), 0.0)};
+  for (int64_t j = 0; j < L; ++j) am.data[size_t(0 * L + j)] = am.data[size_t(5 * L + j)] = 1;
+  am.data[size_t(2 * L + 3)] = 1;  // and one row of batch 1 masks its only key too
+  DTensor kpm{DType::Bool, {2, L}, std::vector<double>(size_t(2 * L), 0.0)};
+  for (int64_t j = 0; j < L; ++j) kpm.data[size_t(L + j)] = j != 3;
+  p.inputs["attn_mask"] = am;
+  p.inputs["key_padding_mask"] = kpm;
+  p.forward.average_attn_weights = false;
+  const CaseReport r = evaluate_problem(p, "all-masked rows", s.seed, GatePolicy{});
+  require_pass(r);
+  // NaN rows: batch 0 queries 0 and 5; batch 1 queries 0, 2 and 5 (every key masked there); per head.
+  const int64_t nan_rows = (2 + 3) * 2;
+  CHECK(component(r, "attn_weights").leg("hand32_vs_torch64")->m.nan_matched == nan_rows * L);
+  CHECK(component(r, "attn_weights").leg("hand64_vs_torch64")->m.nonfinite_mismatch == 0);
+  CHECK(component(r, "output").leg("hand64_vs_torch64")->m.nan_matched == (2 + 3) * 16);
+  const RunResult h = run_hand(p, DType::Float32, false, "masked");
+  const DTensor& w = h.outputs.at("attn_weights");  // (B, H, L, S)
+  for (int64_t hd = 0; hd < 2; ++hd)
+    for (int64_t i : {1, 3, 4, 6, 7})
+      for (int64_t j = 0; j < L; ++j) CHECK(w.data[size_t(((1 * 2 + hd) * L + i) * L + j)] == (j == 3 ? 1.0 : 0.0));
 }
