@@ -363,3 +363,27 @@ TEST_CASE("cli: selftest fails when a defect escapes every chosen case / refuses
   CHECK(one_line(r.err));
   CHECK_THAT(r.err, Catch::Contains("option --defect: expected one of none, scale-full-dim"));
 }
+
+TEST_CASE("cli: the same run twice writes the same bytes / whatever the hand core's thread count", "[cli]") {
+  // Across processes: eval's output file and run's JSON report are byte-identical from run to run,
+  // and eval's with TPARITY_NUM_THREADS=1 and =3 (the core's threads) too.
+  const fs::path a = scratch() / "det_a.json", b = scratch() / "det_b.json", c = scratch() / "det_c.json";
+  const std::string fx = kFixtures + "/encoder_stack_norm.json";
+  for (const char* dtype : {"float32", "float64"}) {
+    CAPTURE(dtype);
+    const std::string args = std::string("eval --dtype ") + dtype + " --fixture " + fx + " --out ";
+    REQUIRE(shell("TPARITY_NUM_THREADS=1 " + std::string(TPARITY_BIN) + " " + args + a.string()).code == 0);
+    REQUIRE(shell("TPARITY_NUM_THREADS=1 " + std::string(TPARITY_BIN) + " " + args + b.string()).code == 0);
+    REQUIRE(shell("TPARITY_NUM_THREADS=3 " + std::string(TPARITY_BIN) + " " + args + c.string()).code == 0);
+    CHECK(slurp(a) == slurp(b));
+    CHECK(slurp(a) == slurp(c));
+    CHECK(slurp(a).size() > 1000);
+  }
+  if (with_torch()) {
+    const Result first = tparity("run --case block --seed 11 --format json");
+    const Result second = tparity("run --case block --seed 11 --format json");
+    REQUIRE(first.code == 0);
+    CHECK(first.out == second.out);
+    CHECK(tparity("run --case block --seed 12 --format json").out != first.out);
+  }
+}
