@@ -87,6 +87,8 @@ TEST_CASE("determinism: the hand core's outputs do not depend on its thread coun
             const ScopedThreads t(1);
             one = run_hand(p, dt, components, s.name);
           }
+          REQUIRE_FALSE(one.outputs.empty());
+          if (components) REQUIRE_FALSE(one.components.empty());
           for (int n : {2, 3, 4}) {
             CAPTURE(n);
             const ScopedThreads t(n);

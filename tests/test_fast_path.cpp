@@ -154,7 +154,7 @@ TEST_CASE("fast path: attention without weights (fused, the L x S scores never h
       {"+inf under padding", true, false, false, "inf", "bool"},
   };
   const double u = std::ldexp(1.0, -24);
-  int64_t differed = 0;
+  const test::ScopedCorePath fast(CorePath::Fast);
   for (const FusedCase& fc : cases) {
     CAPTURE(fc.name);
     Rng rng(21);
@@ -210,6 +210,8 @@ TEST_CASE("fast path: attention without weights (fused, the L x S scores never h
     const Tensor<float> f_unfused = mha_forward(c, with, wf, inf).output,
                         f_fused = mha_forward(c, without, wf, inf).output;
 
+    // double: the same sums in other orders, a few hundred roundings of 2^-53 at most (E = 32 and
+    // S <= 43 terms per sum, through two products and the softmax): 1e-12 leaves a hundredfold margin
     const Diff dd = diff(d_fused.data, d_unfused.data);
     CHECK(dd.nan_mismatch == 0);
     CHECK(std::sqrt(dd.d2) <= 1e-12 * std::sqrt(dd.r2));
@@ -225,7 +227,7 @@ TEST_CASE("fast path: attention without weights (fused, the L x S scores never h
       CHECK(bits.d2 == 0);  // the fallback: the unfused path itself
       CHECK(fused_err.nan_both == 0);  // the +inf under padding is torch's -inf, not NaN
     }
-    differed += bits.d2 > 0;
+    else
+      CHECK(bits.d2 > 0);  // the fused path ran: it rounds differently from the unfused one
   }
-  CHECK(differed >= 10);  // the fused path ran: it rounds differently from the unfused one
 }

@@ -1,6 +1,10 @@
 // Parity against LibTorch: the default cases, a seeded grid of shapes and options, the fixtures
 // through the C++ reference. Each problem goes through the comparator's own gates.
 #include <catch2/catch.hpp>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -245,7 +249,8 @@ TEST_CASE("parity: every committed fixture through LibTorch and the hand core", 
 TEST_CASE("parity: rows whose every key is masked are NaN in LibTorch's C++ modules where Python's are", "[parity]") {
   // The policy against both references: the C++ 1.13 modules (libtorch64_vs_torch64, a semantic
   // gate) and Python (the stored outputs) give NaN at the same positions, and so does the hand core.
-  for (const char* name : {"mha_all_masked_rows", "encoder_all_masked_rows"}) {
+  for (const auto& [name, nan_output] : {std::pair<const char*, int64_t>{"mha_all_masked_rows", 32},
+                                         {"encoder_all_masked_rows", 80}}) {
     CAPTURE(name);
     const std::string f = std::string(TPARITY_FIXTURES) + "/" + name + ".json";
     const std::vector<CaseReport> rs = check_fixture(read_fixture(f), f, GatePolicy{});
@@ -256,7 +261,7 @@ TEST_CASE("parity: rows whose every key is masked are NaN in LibTorch's C++ modu
     for (const char* leg : {"libtorch64_vs_torch64", "hand64_vs_torch64", "hand32_vs_torch64"}) {
       CAPTURE(leg);
       REQUIRE(out.leg(leg) != nullptr);
-      CHECK(out.leg(leg)->m.nan_matched > 0);
+      CHECK(out.leg(leg)->m.nan_matched == nan_output);  // the NaN elements Python stored
       CHECK(out.leg(leg)->m.nonfinite_mismatch == 0);
     }
   }
@@ -449,60 +454,151 @@ CaseSpec mha(const char* name, int64_t B, int64_t L, int64_t S, int64_t E, int64
 
 }  // namespace
 
+namespace {
+
+// The hand core's float64 component `name` on problem p.
+Tensor<double> hand_component(const Problem& p, const std::string& name) {
+  for (const Component& c : run_hand(p, DType::Float64, true, p.name).components)
+    if (c.name == name) return c.value;
+  FAIL("no component " << name);
+  return {};
+}
+
+// A careless implementation as a user would hand it in: only the output, computed in T by `f` from
+// the problem's "input" (rows of the last dim), with the LayerNorm's weight and bias when present.
+Implementation careless(const std::string& name,
+                        const std::function<void(std::vector<float>&, int64_t, int64_t, const Problem&)>& f32) {
+  return {name, [f32](const Problem& p, DType dt, const Components*) {
+            const DTensor& in = p.inputs.at("input");
+            const int64_t C = in.shape.back(), N = int64_t(in.data.size()) / C;
+            if (dt == DType::Float64) return run_hand(p, dt, false, p.name);  // careless in float32 only
+            std::vector<float> x(in.data.begin(), in.data.end());
+            f32(x, N, C, p);
+            DTensor out{DType::Float32, in.shape, std::vector<double>(x.begin(), x.end())};
+            RunResult r;
+            r.outputs["output"] = out;
+            return r;
+          }};
+}
+
+}  // namespace
+
 TEST_CASE("parity: inputs that break careless code / saturating and near-tied scores", "[parity][edge]") {
-  // |score| ~ 1e4: exp overflows unless the row's maximum is subtracted; then the weights are one-hot
-  // up to exp(-large). Near-tied: scores within ~1e-8 of each other, weights ~1/S, where a softmax
-  // that rounds its sum badly or divides by a stale maximum drifts. Both against LibTorch's gates.
-  const CaseSpec s = mha("saturating", 3, 12, 0, 16, 2, MaskKind::Causal);
-  const Problem hp = with_inputs(s, [](double x) { return 8192 * x; }, {"query"});
+  // |score| ~ 2e4: exp overflows unless the row's maximum is subtracted; the weights are then one-hot
+  // up to exp(-large). Near-tied: scores within 1e-6 of each other, weights ~1/S, where a softmax that
+  // rounds its sum badly drifts. Without biases, so that the scaled query decides the scores alone.
+  CaseSpec s = mha("saturating", 3, 12, 0, 16, 2, MaskKind::Causal);
+  s.bias = false, s.random_params = false;
+  const Problem hp = with_inputs(s, [](double x) { return 8192 * x; }, {"query", "key", "value"});
   const CaseReport hot = evaluate_problem(hp, "saturating", 77, GatePolicy{});
   require_pass(hot);
+  const Tensor<double> scores = hand_component(hp, "scores"), weights = hand_component(hp, "attn_weights");
   double max_score = 0;
-  for (const Component& c : run_hand(hp, DType::Float64, true, "saturating").components)
-    if (c.name == "scores")
-      for (double x : c.value.data)
-        if (std::isfinite(x)) max_score = std::max(max_score, std::fabs(x));
+  for (double x : scores.data)
+    if (std::isfinite(x)) max_score = std::max(max_score, std::fabs(x));
   CHECK(max_score > 1e4);  // the scores really are that large
-  CHECK(component(hot, "attn_weights").leg("hand32_vs_torch64")->m.nan_matched == 0);  // no overflow NaN
+  const int64_t S = weights.shape.back(), rows = int64_t(weights.data.size()) / S;
+  int64_t one_hot = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0;
+    for (int64_t j = 0; j < S; ++j) m = std::max(m, weights.data[size_t(r * S + j)]);
+    one_hot += m > 1 - 1e-6;
+  }
+  CHECK(one_hot > rows * 9 / 10);  // saturated: almost every row puts all its weight on one key
+  for (const char* leg : {"hand64_vs_torch64", "hand32_vs_torch64"})
+    CHECK(component(hot, "attn_weights").leg(leg)->m.nonfinite_mismatch == 0);  // no overflow to inf or NaN
 
-  const CaseReport tied =
-      evaluate_problem(with_inputs(s, [](double x) { return x * 0x1p-24; }, {"query"}), "near-tied", 77, GatePolicy{});
-  require_pass(tied);
+  const Problem tp = with_inputs(s, [](double x) { return x * 0x1p-24; }, {"query", "key", "value"});
+  require_pass(evaluate_problem(tp, "near-tied", 77, GatePolicy{}));
+  const Tensor<double> tied = hand_component(tp, "scores");
+  double spread = 0;
+  for (double x : tied.data)
+    if (std::isfinite(x)) spread = std::max(spread, std::fabs(x));
+  CHECK(spread < 1e-6);  // every finite score within 1e-6 of 0, so of each other
 }
 
 TEST_CASE("parity: inputs that break careless code / layer-norm rows of tiny variance / denormals", "[parity][edge]") {
   // Rows around 100 with a spread of 1e-3 (a variance of 1e-6, a tenth of eps): E[x^2] - E[x]^2
-  // cancels to nothing in float32 there; the hand core's two-pass mean and centred variance do not.
+  // cancels to nothing in float32 there; the hand core's two-pass mean and centred variance do not,
+  // and a layer norm computed that careless way fails the same gate.
   CaseSpec ln;
   ln.name = "layernorm_tiny_var", ln.module = ModuleKind::LayerNorm, ln.batch = 4, ln.seq = 30, ln.dim = 64;
   ln.input_offset = 100, ln.input_scale = 1e-3, ln.seed = 78;
-  require_pass(evaluate_problem(make_problem(ln), ln.describe(), ln.seed, GatePolicy{}));
+  const Problem lp = make_problem(ln);
+  require_pass(evaluate_problem(lp, ln.describe(), ln.seed, GatePolicy{}));
+  const Implementation naive_ln =
+      careless("E[x^2] - E[x]^2 layer norm", [](std::vector<float>& x, int64_t N, int64_t C, const Problem& p) {
+        const DTensor &w = p.state_dict.at("weight"), &b = p.state_dict.at("bias");
+        for (int64_t n = 0; n < N; ++n) {
+          float s = 0, s2 = 0;
+          for (int64_t c = 0; c < C; ++c) s += x[size_t(n * C + c)], s2 += x[size_t(n * C + c)] * x[size_t(n * C + c)];
+          const float mean = s / float(C), var = s2 / float(C) - mean * mean;
+          for (int64_t c = 0; c < C; ++c) {
+            float& v = x[size_t(n * C + c)];
+            v = (v - mean) / std::sqrt(var + 1e-5f) * float(w.data[size_t(c)]) + float(b.data[size_t(c)]);
+          }
+        }
+      });
+  CHECK_FALSE(evaluate_problem(lp, ln.describe(), ln.seed, GatePolicy{}, naive_ln).pass);
 
-  // Subnormal float32 inputs (~1e-40) through an encoder layer: the projections underflow to
-  // subnormals and zeros, the scores to zero, every row of weights is uniform; the layer norms
-  // divide by sqrt(eps). Nothing may be flushed differently from LibTorch beyond its own error.
+  // Subnormal float32 inputs (~1e-40) through an attention and an encoder layer, with torch's init
+  // (no attention biases): q, k, v and the context are subnormal, the scores underflow to zero, every
+  // row of weights is uniform; the encoder's norms then divide by sqrt(eps). Each component is held
+  // to LibTorch's gates, so a core that flushed subnormals to zero (FTZ / DAZ) would fail at q: it
+  // does, below, with the flags set around the hand core's run.
+  CaseSpec mh = mha("mha_denormal", 2, 7, 0, 16, 4, MaskKind::None);
+  mh.bias = false, mh.random_params = false;
+  const Problem mp = with_inputs(mh, [](double x) { return x * 0x1p-135; }, {"query", "key", "value"});
+  const Tensor<double> q = hand_component(mp, "q");
+  int64_t subnormal = 0;
+  for (double x : q.data) subnormal += x != 0 && std::fabs(x) < 0x1p-126;
+  CHECK(subnormal == int64_t(q.data.size()));  // every projected query element is subnormal
+  require_pass(evaluate_problem(mp, "denormal", 80, GatePolicy{}));
+#if defined(__x86_64__)
+  const Implementation flushing{"hand core with FTZ and DAZ", [](const Problem& p, DType dt, const Components* t) {
+                                  const unsigned csr = _mm_getcsr();
+                                  _mm_setcsr(csr | 0x8040);  // flush to zero, denormals are zero
+                                  RunResult r = run_hand(p, dt, true, p.name, t);
+                                  _mm_setcsr(csr);
+                                  return r;
+                                },
+                                true};
+  const CaseReport flushed = evaluate_problem(mp, "denormal, flushed", 80, GatePolicy{}, flushing);
+  CHECK_FALSE(flushed.pass);
+  CHECK(flushed.first_divergence == "q");
+#endif
   CaseSpec enc;
   enc.name = "encoder_denormal", enc.module = ModuleKind::TransformerEncoderLayer, enc.batch = 2, enc.seq = 9;
-  enc.dim = 16, enc.heads = 2, enc.ffn = 32, enc.random_params = true, enc.seed = 79;
+  enc.dim = 16, enc.heads = 2, enc.ffn = 32, enc.seed = 79;
   const Problem dp = with_inputs(enc, [](double x) { return x * 0x1p-133; }, {"src"});
-  int64_t subnormal = 0;
-  for (double x : dp.inputs.at("src").data) subnormal += x != 0 && std::fabs(x) < 0x1p-126;
+  subnormal = 0;
+  for (double x : hand_component(dp, "sa.context").data) subnormal += x != 0 && std::fabs(x) < 0x1p-126;
   CHECK(subnormal > 200);
   require_pass(evaluate_problem(dp, "denormal src", 79, GatePolicy{}));
-  CaseSpec mh = mha("mha_denormal", 2, 7, 0, 16, 4, MaskKind::None);
-  require_pass(evaluate_problem(with_inputs(mh, [](double x) { return x * 0x1p-135; }, {"query"}), "denormal", 80,
-                                GatePolicy{}));
 }
 
 TEST_CASE("parity: inputs that break careless code / long rows of 4096 keys", "[parity][edge]") {
   // Rows of S = 4096 keys: the sums of the softmax and of the weighted values run over 4096 terms,
-  // where one running float sum loses digits that partial sums keep.
+  // where one running float sum loses digits that partial sums keep; a softmax summed that way
+  // fails the gate that the core passes.
   const CaseSpec s = mha("long_rows", 1, 6, 4096, 32, 2, MaskKind::Random);
   require_pass(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
   CaseSpec sm;
   sm.name = "softmax_long", sm.module = ModuleKind::Softmax, sm.batch = 2, sm.seq = 3, sm.kv_seq = 4096;
-  sm.dim = 1, sm.input_scale = 4, sm.seed = 81;
-  require_pass(evaluate_problem(make_problem(sm), sm.describe(), sm.seed, GatePolicy{}));
+  sm.dim = 1, sm.input_scale = 0.25, sm.seed = 81;
+  const Problem sp = make_problem(sm);
+  require_pass(evaluate_problem(sp, sm.describe(), sm.seed, GatePolicy{}));
+  const Implementation running_sum =
+      careless("softmax with one running sum", [](std::vector<float>& x, int64_t N, int64_t C, const Problem&) {
+        for (int64_t n = 0; n < N; ++n) {
+          float* r = x.data() + n * C;
+          const float m = *std::max_element(r, r + C);
+          float total = 0;
+          for (int64_t c = 0; c < C; ++c) total += (r[c] = std::exp(r[c] - m));
+          for (int64_t c = 0; c < C; ++c) r[c] /= total;
+        }
+      });
+  CHECK_FALSE(evaluate_problem(sp, sm.describe(), sm.seed, GatePolicy{}, running_sum).pass);
 }
 
 TEST_CASE("parity: inputs that break careless code / all-masked rows / a key padding mask leaving one key",

@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "common.hpp"
+#include "tparity/core/parallel.hpp"
 #include "tparity/harness/dtensor.hpp"
 #include "tparity/torch/reference.hpp"
 
@@ -18,7 +19,8 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   CLI::App app{"tparity: reference parity of handwritten transformer layers against PyTorch (LibTorch " +
                torch_version() + ")"};
-  app.set_version_flag("--version", std::string("tparity ") + TPARITY_VERSION + ", LibTorch " + torch_version());
+  app.set_version_flag("--version", std::string("tparity ") + TPARITY_VERSION + ", LibTorch " + torch_version() +
+                                        ", hand core threads " + std::to_string(num_threads()));
   app.require_subcommand(1);
   cli::Action action;
   cli::register_run(app, action);

@@ -486,7 +486,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   // over K alike whatever N is), and the heads split out of it.
   const bool self = in.query.data.data() == in.key.data.data() && in.key.data.data() == in.value.data.data() &&
                     in.query.shape == in.key.shape && in.key.shape == in.value.shape && cfg.packed() &&
-                    !cfg.add_bias_kv && defect == Defect::None;
+                    !cfg.add_bias_kv && defect != Defect::SwapQK;  // swapped weights are not one product
   if (self) {
     Tensor<T> qkv({B, L, 3 * E});
     linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
