@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 
 #include "tparity/compare/legs.hpp"
@@ -195,6 +196,92 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
                     Catch::StartsWith("bad.json: (top level): expected a JSON object, got array"));
   CHECK_THROWS_WITH(read_fixture("/nonexistent/f.json"),
                     Catch::StartsWith("/nonexistent/f.json: cannot open fixture: No such file"));
+}
+
+// Found by the fuzzer (tests/fuzz, corpus/regress_number_overflow.json): nlohmann::json throws
+// out_of_range, not parse_error, for a number beyond double's range, and it escaped the reader.
+TEST_CASE("fixtures: a number beyond double's range is malformed JSON, not an escaping exception", "[fixture]") {
+  nlohmann::json j = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/mha_no_weights.json"));
+  j["inputs"]["query"]["data"][3] = "number here";
+  const std::string text = j.dump();
+  const std::string mark = "\"number here\"";
+  auto with = [&](const std::string& number) {
+    std::string t = text;
+    return t.replace(t.find(mark), mark.size(), number);
+  };
+  for (const char* number : {"1e999", "-1e999", "1.5e400"}) {
+    CAPTURE(number);
+    CHECK_THROWS_MATCHES(parse_fixture(with(number), "bad.json"), InputError,
+                         Catch::Matchers::Message("bad.json: malformed JSON: number overflow parsing '" +
+                                                  std::string(number) +
+                                                  "' (expected a finite number; infinities are written \"inf\" "
+                                                  "and \"-inf\")"));
+  }
+  // Below double's range is no error: the number rounds to zero, as strtod rounds it.
+  CHECK(parse_fixture(with("1e-999"), "ok.json").inputs.at("query").data[3] == 0.0);
+  CHECK(parse_fixture(with("-1e-999"), "ok.json").inputs.at("query").data[3] == 0.0);
+}
+
+// Found while writing the fuzz target and reproduced with it (corpus/regress_*.json): a size whose
+// state_dict shape overflowed int64 (3 x embed_dim, UBSan), a num_layers whose state_dict names ran
+// out of memory before any was looked up, and a deeply nested value that overflowed the stack when
+// a message showed it (nlohmann::json's dump() recurses once per level).
+TEST_CASE("fixtures: sizes, layer counts and nesting that would exhaust the reader are refused", "[fixture]") {
+  const nlohmann::json mha = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/mha_no_weights.json"));
+  const nlohmann::json stack =
+      nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/encoder_stack_norm.json"));
+  REQUIRE(stack["config"]["num_layers"] == 3);
+  REQUIRE(stack["state_dict"].size() == 38);
+  struct Case {
+    const nlohmann::json* base;
+    const char* field;
+    nlohmann::json value;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {&mha, "embed_dim", int64_t(1) << 62,
+       "bad.json: config.embed_dim: expected an integer <= 2147483648, got 4611686018427387904"},
+      {&mha, "embed_dim", (int64_t(1) << 31) + 1, "bad.json: config.embed_dim: expected an integer <= 2147483648, got 2147483649"},
+      {&mha, "num_heads", std::numeric_limits<uint64_t>::max(),
+       "bad.json: config.num_heads: expected an integer <= 2147483648, got 18446744073709551615"},
+      {&mha, "kdim", int64_t(1) << 40, "bad.json: config.kdim: expected an integer <= 2147483648, got 1099511627776"},
+      {&stack, "d_model", std::numeric_limits<int64_t>::max(),
+       "bad.json: config.d_model: expected an integer <= 2147483648, got 9223372036854775807"},
+      {&stack, "num_layers", 1000000000,
+       "bad.json: config.num_layers: expected at most 3 (12 state_dict entries per layer, 38 in state_dict), got "
+       "1000000000"},
+      {&stack, "num_layers", 4,
+       "bad.json: config.num_layers: expected at most 3 (12 state_dict entries per layer, 38 in state_dict), got 4"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = *c.base;
+    j["config"][c.field] = c.value;
+    CAPTURE(c.expect);
+    CHECK_THROWS_MATCHES(parse_fixture(j.dump(), "bad.json"), InputError, Catch::Matchers::Message(c.expect));
+  }
+  // Shape sizes beyond int64 are named as written, not wrapped to negative numbers.
+  nlohmann::json j = mha;
+  j["state_dict"]["out_proj.bias"]["shape"] = {std::numeric_limits<uint64_t>::max()};
+  CHECK_THROWS_MATCHES(parse_fixture(j.dump(), "bad.json"), InputError,
+                       Catch::Matchers::Message("bad.json: state_dict.out_proj.bias.shape[0]: expected an integer "
+                                                "<= 9223372036854775807, got 18446744073709551615"));
+
+  // 100000 nested arrays where the name goes: shown four levels deep.
+  j = mha;
+  j["name"] = "nested here";
+  std::string text = j.dump();
+  const std::string mark = "\"nested here\"";
+  text.replace(text.find(mark), mark.size(), std::string(100000, '[') + std::string(100000, ']'));
+  CHECK_THROWS_MATCHES(parse_fixture(text, "bad.json"), InputError,
+                       Catch::Matchers::Message("bad.json: name: expected a string, got array [[[[[...]]]]]"));
+  // Shallow values are shown as JSON writes them, cut at 40 characters.
+  j = mha;
+  j["name"] = {{"a", {1, {2, 3}}}, {"b", nullptr}};
+  CHECK_THROWS_WITH(parse_fixture(j.dump(), "bad.json"),
+                    "bad.json: name: expected a string, got object {\"a\":[1,[2,3]],\"b\":null}");
+  j["name"] = std::vector<int>(100, 7);
+  CHECK_THROWS_WITH(parse_fixture(j.dump(), "bad.json"),
+                    "bad.json: name: expected a string, got array [7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,...");
 }
 
 TEST_CASE("fixtures: inputs whose shapes disagree with the config are refused when run", "[fixture]") {
