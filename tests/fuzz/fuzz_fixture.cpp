@@ -1,0 +1,83 @@
+// libFuzzer target over fixture format v1's reader: parse_fixture on the bytes as a fixture file, and
+// tensor_from_json on the JSON values in them (the top level, its members and theirs), so that the
+// tensor decoder is reached past whatever else a mutated fixture gets wrong.
+// Bad input must come back as tparity::InputError. Anything else is a finding: another exception
+// type (it escapes, std::terminate aborts), a crash, an ASan/UBSan/LeakSanitizer report, a hang, or
+// a broken round trip: what the reader accepts, written back (fixture_to_json, tensor_to_json) and
+// read again, must give the same document and the same tensor bit for bit.
+// Built by scripts/fuzz (-DTPARITY_FUZZ=ON, cmake/Fuzz.cmake); seeds in tests/fuzz/corpus.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "tparity/fixture/fixture.hpp"
+
+namespace {
+
+const char* const kWhere = "fuzz.json";
+
+[[noreturn]] void finding(const std::string& what) {
+  std::fprintf(stderr, "fuzz_fixture: %s\n", what.c_str());
+  std::abort();
+}
+
+bool same_bits(const tparity::DTensor& a, const tparity::DTensor& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.data.size() == b.data.size() &&
+         (a.data.empty() || std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0);
+}
+
+void decode_tensor(const nlohmann::json& j) {
+  tparity::DTensor t;
+  try {
+    t = tparity::tensor_from_json(j, kWhere, "tensor");
+  } catch (const tparity::InputError&) {
+    return;
+  }
+  const nlohmann::json back = tparity::tensor_to_json(t);
+  tparity::DTensor again;
+  try {
+    again = tparity::tensor_from_json(nlohmann::json::parse(back.dump()), kWhere, "tensor");
+  } catch (const tparity::InputError& e) {
+    finding(std::string("tensor_to_json wrote a tensor tensor_from_json refuses: ") + e.what());
+  }
+  if (!same_bits(t, again)) finding("tensor round trip changed the tensor: " + back.dump());
+}
+
+void parse_problem(const std::string& text) {
+  tparity::Problem p;
+  try {
+    p = tparity::parse_fixture(text, kWhere);
+  } catch (const tparity::InputError&) {
+    return;
+  }
+  const std::string written = tparity::fixture_to_json(p).dump();
+  std::string rewritten;
+  try {
+    rewritten = tparity::fixture_to_json(tparity::parse_fixture(written, kWhere)).dump();
+  } catch (const tparity::InputError& e) {
+    finding(std::string("fixture_to_json wrote a fixture parse_fixture refuses: ") + e.what());
+  }
+  if (rewritten != written) finding("fixture round trip changed the document:\n" + written + "\n" + rewritten);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  parse_problem(text);
+
+  // The tensor decoder on the values a fixture holds its tensors at (state_dict.<name>): the top
+  // level, its members, and their members.
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return 0;
+  decode_tensor(doc);
+  if (!doc.is_object()) return 0;
+  for (const auto& member : doc) {
+    decode_tensor(member);
+    if (member.is_object())
+      for (const auto& inner : member) decode_tensor(inner);
+  }
+  return 0;
+}
