@@ -290,7 +290,10 @@ TEST_CASE("cli: gate --update-baseline writes the same bytes twice / and only fr
 }
 
 TEST_CASE("cli: gate refuses a bad baseline or factor with one line", "[cli]") {
+  const fs::path huge = scratch() / "huge_baseline.json";
+  std::ofstream(huge) << R"({"format": "tparity.baseline", "version": 1, "entries": {"a/b/c": 1e999}})";
   for (const auto& [args, mention] : std::vector<std::pair<std::string, std::string>>{
+           {"gate --baseline " + huge.string(), huge.string() + ": malformed JSON: number overflow"},
            {"gate --baseline /nonexistent/b.json", "/nonexistent/b.json: cannot open baseline"},
            {"gate --baseline " + kFixtures + "/mha_single.json",
             "mha_single.json: format: expected \"tparity.baseline\""},
