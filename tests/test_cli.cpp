@@ -228,7 +228,8 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
 TEST_CASE("cli: gate passes against the committed baseline and writes JUnit XML", "[cli][torch]") {
   if (!with_torch()) return;
   const fs::path xml = scratch() / "gate.xml";
-  const Result r = tparity("gate --baseline " + kFixtures + "/baseline.json --fixtures " + kFixtures + " --junit " + xml.string());
+  const Result r =
+      tparity("gate --baseline " + kFixtures + "/baseline.json --fixtures " + kFixtures + " --junit " + xml.string());
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains(", 0 failures (factor 2"));
   const std::string x = slurp(xml);

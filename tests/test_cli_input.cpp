@@ -21,10 +21,10 @@ namespace {
 const std::string kFixtures = TPARITY_FIXTURES;
 
 struct BadInput {
-  std::string what;      // the defect, for CAPTURE
-  std::string base;      // the committed fixture it starts from
+  std::string what;  // the defect, for CAPTURE
+  std::string base;  // the committed fixture it starts from
   std::function<void(json&)> mutate;
-  std::string mention;   // what the one line must say after "<file>: "
+  std::string mention;  // what the one line must say after "<file>: "
 };
 
 json fixture(const std::string& name) { return json::parse(slurp(kFixtures + "/" + name + ".json")); }
@@ -48,10 +48,14 @@ const std::vector<BadInput>& bad_inputs() {
       {"state_dict entry missing", "mha_no_weights", [](json& j) { j["state_dict"].erase("out_proj.weight"); },
        "state_dict.out_proj.weight: missing (expected shape [16, 16])"},
       {"state_dict entry extra", "mha_no_weights",
-       [](json& j) { j["state_dict"]["bias_k"] = tensor({1, 1, 16}, "float32", 0); },
+       [](json& j) {
+         j["state_dict"]["bias_k"] = tensor({1, 1, 16}, "float32", 0);
+       },
        "state_dict.bias_k: unexpected entry"},
       {"state_dict entry of the wrong shape", "mha_no_weights",
-       [](json& j) { j["state_dict"]["in_proj_weight"] = tensor({48, 8}, "float32", 0.5); },
+       [](json& j) {
+         j["state_dict"]["in_proj_weight"] = tensor({48, 8}, "float32", 0.5);
+       },
        "state_dict.in_proj_weight: expected shape [48, 16], got [48, 8]"},
       {"data length not the product of the shape", "mha_no_weights",
        [](json& j) { j["state_dict"]["out_proj.bias"]["data"].erase(0); },
@@ -60,33 +64,51 @@ const std::vector<BadInput>& bad_inputs() {
        "inputs.query.dtype: expected \"float32\", \"float64\" or \"bool\", got \"bfloat16\""},
       {"non-numeric data", "mha_no_weights", [](json& j) { j["inputs"]["key"]["data"][7] = "0.5"; },
        "inputs.key.data[7]: expected a number or \"inf\", \"-inf\", \"nan\", got \"0.5\""},
-      {"non-numeric data (an object)", "mha_no_weights", [](json& j) { j["inputs"]["key"]["data"][7] = json::object(); },
+      {"non-numeric data (an object)", "mha_no_weights",
+       [](json& j) { j["inputs"]["key"]["data"][7] = json::object(); },
        "inputs.key.data[7]: expected a number, got object"},
       {"a size of zero", "mha_no_weights", [](json& j) { j["config"]["embed_dim"] = 0; },
        "config.embed_dim: expected an integer >= 1, got 0"},
       {"a negative size", "mha_no_weights", [](json& j) { j["inputs"]["query"]["shape"][0] = -2; },
        "inputs.query.shape[0]: expected an integer >= 0, got -2"},
       {"an element count that overflows", "mha_no_weights",
-       [](json& j) { j["inputs"]["query"]["shape"] = {int64_t(1) << 40, int64_t(1) << 40}; },
+       [](json& j) {
+         j["inputs"]["query"]["shape"] = {int64_t(1) << 40, int64_t(1) << 40};
+       },
        "inputs.query.shape: expected at most 2147483648 elements"},
       {"num_heads not dividing embed_dim", "mha_no_weights", [](json& j) { j["config"]["num_heads"] = 3; },
        "config.num_heads: expected a divisor of embed_dim 16, got 3"},
       {"query disagreeing with embed_dim", "mha_no_weights",
-       [](json& j) { j["inputs"]["query"] = tensor({2, 5, 8}, "float64", 0.1); },
+       [](json& j) {
+         j["inputs"]["query"] = tensor({2, 5, 8}, "float64", 0.1);
+       },
        "inputs.query: expected last dim embed_dim = 16"},
-      {"key disagreeing with kdim", "mha_kdim_vdim", [](json& j) { j["inputs"]["key"] = tensor({2, 6, 10}, "float64", 0.1); },
+      {"key disagreeing with kdim", "mha_kdim_vdim",
+       [](json& j) {
+         j["inputs"]["key"] = tensor({2, 6, 10}, "float64", 0.1);
+       },
        "inputs.key: expected last dim kdim = 12"},
       {"value disagreeing with vdim", "mha_kdim_vdim",
-       [](json& j) { j["inputs"]["value"] = tensor({2, 6, 16}, "float64", 0.1); }, "inputs.value: expected last dim vdim = 20"},
+       [](json& j) {
+         j["inputs"]["value"] = tensor({2, 6, 16}, "float64", 0.1);
+       },
+       "inputs.value: expected last dim vdim = 20"},
       {"inputs laid out against batch_first", "mha_no_weights", [](json& j) { j["config"]["batch_first"] = false; },
        "inputs.attn_mask: expected shape [2, 2]"},
       {"attn_mask of the wrong shape", "mha_no_weights",
-       [](json& j) { j["inputs"]["attn_mask"] = tensor({5, 4}, "float64", 0); }, "inputs.attn_mask: expected shape [5, 5]"},
+       [](json& j) {
+         j["inputs"]["attn_mask"] = tensor({5, 4}, "float64", 0);
+       },
+       "inputs.attn_mask: expected shape [5, 5]"},
       {"key_padding_mask of the wrong shape", "mha_no_weights",
-       [](json& j) { j["inputs"]["key_padding_mask"] = tensor({5, 2}, "bool", 0); },
+       [](json& j) {
+         j["inputs"]["key_padding_mask"] = tensor({5, 2}, "bool", 0);
+       },
        "inputs.key_padding_mask: expected shape [2, 5] (B, S)"},
       {"masks of dtypes torch rejects together", "mha_no_weights",
-       [](json& j) { j["inputs"]["key_padding_mask"] = tensor({2, 5}, "float64", 0); },
+       [](json& j) {
+         j["inputs"]["key_padding_mask"] = tensor({2, 5}, "float64", 0);
+       },
        "inputs.key_padding_mask: a float key_padding_mask cannot be combined with a float attn_mask"},
       {"a mask of dtype bool for a float input", "encoder_block", [](json& j) { j["inputs"]["src"]["dtype"] = "bool"; },
        "inputs.src.data[0]: expected true or false (dtype bool)"},
@@ -106,9 +128,10 @@ TEST_CASE("bad input through eval and check: exit 2 / one line naming the file a
     std::ofstream(bad) << j.dump();
     const std::string mention = bad.string() + ": " + b.mention;
     fs::remove(out);
-    for (const std::string& args : {"eval --fixture " + bad.string() + " --out " + out.string(),
-                                    "eval --impl torch --dtype float64 --fixture " + bad.string() + " --out " + out.string(),
-                                    "check --fixture " + bad.string(), "check --format json --fixture " + bad.string()}) {
+    for (const std::string& args :
+         {"eval --fixture " + bad.string() + " --out " + out.string(),
+          "eval --impl torch --dtype float64 --fixture " + bad.string() + " --out " + out.string(),
+          "check --fixture " + bad.string(), "check --format json --fixture " + bad.string()}) {
       CAPTURE(args);
       const Result r = cli(args);
       CHECK(r.code == 2);
@@ -158,10 +181,10 @@ TEST_CASE("outputs that cannot be written: exit 2 / one line / nothing left behi
   const fs::path dir = scratch() / "readonly";
   fs::create_directories(dir);
   const std::string fx = kFixtures + "/mha_no_weights.json";
-  for (const std::string& args : std::vector<std::string>{
-           "eval --fixture " + fx + " --out /nonexistent-dir/r.json",
-           "eval --fixture " + fx + " --out " + dir.string(),  // a directory
-           "sweep --case single --seq 4 --dim 4 --csv /nonexistent-dir/s.csv"}) {
+  for (const std::string& args :
+       std::vector<std::string>{"eval --fixture " + fx + " --out /nonexistent-dir/r.json",
+                                "eval --fixture " + fx + " --out " + dir.string(),  // a directory
+                                "sweep --case single --seq 4 --dim 4 --csv /nonexistent-dir/s.csv"}) {
     CAPTURE(args);
     const Result r = cli(args);
     CHECK(r.code == 2);
@@ -171,12 +194,14 @@ TEST_CASE("outputs that cannot be written: exit 2 / one line / nothing left behi
   // No temporary file left: the writer's is the target's path plus ".tmp<pid>", beside it.
   size_t leftovers = 0;
   for (const fs::path& d : {scratch(), dir})
-    for (const auto& e : fs::directory_iterator(d)) leftovers += e.path().filename().string().find(".tmp") != std::string::npos;
+    for (const auto& e : fs::directory_iterator(d))
+      leftovers += e.path().filename().string().find(".tmp") != std::string::npos;
   CHECK(leftovers == 0);
   CHECK(fs::is_directory(dir));  // and the directory named as the output is still a directory
 }
 
-TEST_CASE("NaN and inf in weights and inputs: reported, matched NaN counted, never silently equal", "[cli][input][torch]") {
+TEST_CASE("NaN and inf in weights and inputs: reported, matched NaN counted, never silently equal",
+          "[cli][input][torch]") {
   if (!with_torch()) return;
   // A NaN in one query feature and an inf in a weight of mha_single (a float32 fixture of torch's
   // semantics). Against the stored outputs, computed without them, the check fails on the non-finite
@@ -198,8 +223,10 @@ TEST_CASE("NaN and inf in weights and inputs: reported, matched NaN counted, nev
   CHECK_THAT(notes, Catch::Contains("non-finite values in state_dict.out_proj.weight: 1 +inf"));
   CHECK_THAT(report.at("failures").dump(), Catch::Contains("non-finite value(s) differ"));
 
-  REQUIRE(cli("eval --impl torch --dtype float64 --fixture " + poisoned.string() + " --out " + out64.string()).code == 0);
-  REQUIRE(cli("eval --impl torch --dtype float32 --fixture " + poisoned.string() + " --out " + out32.string()).code == 0);
+  REQUIRE(cli("eval --impl torch --dtype float64 --fixture " + poisoned.string() + " --out " + out64.string()).code ==
+          0);
+  REQUIRE(cli("eval --impl torch --dtype float32 --fixture " + poisoned.string() + " --out " + out32.string()).code ==
+          0);
   j["outputs"] = json::parse(slurp(out64)).at("outputs");
   j["outputs_float32"] = json::parse(slurp(out32)).at("outputs");
   std::ofstream(poisoned) << j.dump();

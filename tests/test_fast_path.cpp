@@ -144,13 +144,19 @@ TEST_CASE("fast path: attention without weights (fused, the L x S scores never h
   // same rows. A float attn_mask with +inf where a bool key_padding_mask masks the key is torch's
   // masked_fill (-inf), not a sum (NaN): that case falls back to the unfused path, bit for bit.
   const FusedCase cases[] = {
-      {"plain", true, false, false, "none", "none"},     {"causal", true, false, false, "causal", "none"},
-      {"bool", true, false, false, "bool", "none"},      {"float", true, false, false, "float", "none"},
-      {"3d", true, false, false, "3d", "none"},          {"kpm bool", true, false, false, "none", "bool"},
-      {"kpm float", true, false, false, "none", "float"}, {"bool+kpm float", true, false, false, "bool", "float"},
-      {"float+kpm bool", true, false, false, "float", "bool"}, {"bool+kpm bool", true, false, false, "bool", "bool"},
+      {"plain", true, false, false, "none", "none"},
+      {"causal", true, false, false, "causal", "none"},
+      {"bool", true, false, false, "bool", "none"},
+      {"float", true, false, false, "float", "none"},
+      {"3d", true, false, false, "3d", "none"},
+      {"kpm bool", true, false, false, "none", "bool"},
+      {"kpm float", true, false, false, "none", "float"},
+      {"bool+kpm float", true, false, false, "bool", "float"},
+      {"float+kpm bool", true, false, false, "float", "bool"},
+      {"bool+kpm bool", true, false, false, "bool", "bool"},
       {"bias_kv zero_attn causal kpm", true, true, true, "causal", "bool"},
-      {"unbatched 3d", false, false, false, "3d", "none"}, {"unbatched kpm", false, true, false, "none", "bool"},
+      {"unbatched 3d", false, false, false, "3d", "none"},
+      {"unbatched kpm", false, true, false, "none", "bool"},
       {"+inf under padding", true, false, false, "inf", "bool"},
   };
   const double u = std::ldexp(1.0, -24);
@@ -200,13 +206,20 @@ TEST_CASE("fast path: attention without weights (fused, the L x S scores never h
       for (size_t x = 0; x < m.data.size(); x += 3) m.data[x] = 0;
       in.key_padding_mask = Mask<double>::of_float(m);
     }
-    MhaWeights<float> wf{cast<float>(w.in_proj_weight), {}, {}, {}, cast<float>(w.in_proj_bias),
-                         cast<float>(w.bias_k),         cast<float>(w.bias_v), cast<float>(w.out_proj_weight),
+    MhaWeights<float> wf{cast<float>(w.in_proj_weight),
+                         {},
+                         {},
+                         {},
+                         cast<float>(w.in_proj_bias),
+                         cast<float>(w.bias_k),
+                         cast<float>(w.bias_v),
+                         cast<float>(w.out_proj_weight),
                          cast<float>(w.out_proj_bias)};
     const MhaInputs<float> inf{cast<float>(in.query), cast<float>(in.key), cast<float>(in.value),
                                cast<float>(in.attn_mask), cast<float>(in.key_padding_mask)};
     const MhaForward with{true, true}, without{false, true};
-    const Tensor<double> d_unfused = mha_forward(c, with, w, in).output, d_fused = mha_forward(c, without, w, in).output;
+    const Tensor<double> d_unfused = mha_forward(c, with, w, in).output,
+                         d_fused = mha_forward(c, without, w, in).output;
     const Tensor<float> f_unfused = mha_forward(c, with, wf, inf).output,
                         f_fused = mha_forward(c, without, wf, inf).output;
 
@@ -218,16 +231,16 @@ TEST_CASE("fast path: attention without weights (fused, the L x S scores never h
     const Diff fused_err = diff(f_fused.data, d_unfused.data), unfused_err = diff(f_unfused.data, d_unfused.data);
     CHECK(fused_err.nan_mismatch == 0);
     CHECK(unfused_err.nan_mismatch == 0);
-    const double e_fused = std::sqrt(fused_err.d2 / fused_err.r2), e_unfused = std::sqrt(unfused_err.d2 / unfused_err.r2);
+    const double e_fused = std::sqrt(fused_err.d2 / fused_err.r2),
+                 e_unfused = std::sqrt(unfused_err.d2 / unfused_err.r2);
     CAPTURE(e_fused, e_unfused, fused_err.nan_both);
     CHECK(e_fused <= 2 * e_unfused + 4 * u);
     if (attn == "bool" || attn == "3d") CHECK(fused_err.nan_both > 0);  // the fully masked row is there
     const Diff bits = diff(f_fused.data, f_unfused.data);
     if (attn == "inf") {
-      CHECK(bits.d2 == 0);  // the fallback: the unfused path itself
+      CHECK(bits.d2 == 0);             // the fallback: the unfused path itself
       CHECK(fused_err.nan_both == 0);  // the +inf under padding is torch's -inf, not NaN
-    }
-    else
+    } else
       CHECK(bits.d2 > 0);  // the fused path ran: it rounds differently from the unfused one
   }
 }

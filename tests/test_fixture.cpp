@@ -211,11 +211,11 @@ TEST_CASE("fixtures: a number beyond double's range is malformed JSON, not an es
   };
   for (const char* number : {"1e999", "-1e999", "1.5e400"}) {
     CAPTURE(number);
-    CHECK_THROWS_MATCHES(parse_fixture(with(number), "bad.json"), InputError,
-                         Catch::Matchers::Message("bad.json: malformed JSON: number overflow parsing '" +
-                                                  std::string(number) +
-                                                  "' (expected a finite number; infinities are written \"inf\" "
-                                                  "and \"-inf\")"));
+    CHECK_THROWS_MATCHES(
+        parse_fixture(with(number), "bad.json"), InputError,
+        Catch::Matchers::Message("bad.json: malformed JSON: number overflow parsing '" + std::string(number) +
+                                 "' (expected a finite number; infinities are written \"inf\" "
+                                 "and \"-inf\")"));
   }
   // Below double's range is no error: the number rounds to zero, as strtod rounds it.
   CHECK(parse_fixture(with("1e-999"), "ok.json").inputs.at("query").data[3] == 0.0);
@@ -228,8 +228,7 @@ TEST_CASE("fixtures: a number beyond double's range is malformed JSON, not an es
 // a message showed it (nlohmann::json's dump() recurses once per level).
 TEST_CASE("fixtures: sizes, layer counts and nesting that would exhaust the reader are refused", "[fixture]") {
   const nlohmann::json mha = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/mha_no_weights.json"));
-  const nlohmann::json stack =
-      nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/encoder_stack_norm.json"));
+  const nlohmann::json stack = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/encoder_stack_norm.json"));
   REQUIRE(stack["config"]["num_layers"] == 3);
   REQUIRE(stack["state_dict"].size() == 38);
   struct Case {
@@ -241,7 +240,8 @@ TEST_CASE("fixtures: sizes, layer counts and nesting that would exhaust the read
   const std::vector<Case> cases = {
       {&mha, "embed_dim", int64_t(1) << 62,
        "bad.json: config.embed_dim: expected an integer <= 2147483648, got 4611686018427387904"},
-      {&mha, "embed_dim", (int64_t(1) << 31) + 1, "bad.json: config.embed_dim: expected an integer <= 2147483648, got 2147483649"},
+      {&mha, "embed_dim", (int64_t(1) << 31) + 1,
+       "bad.json: config.embed_dim: expected an integer <= 2147483648, got 2147483649"},
       {&mha, "num_heads", std::numeric_limits<uint64_t>::max(),
        "bad.json: config.num_heads: expected an integer <= 2147483648, got 18446744073709551615"},
       {&mha, "kdim", int64_t(1) << 40, "bad.json: config.kdim: expected an integer <= 2147483648, got 1099511627776"},
@@ -342,7 +342,7 @@ TEST_CASE("fixtures: a row whose every key is masked is NaN, as Python PyTorch 1
         // batch element 1: every key padded but key 4; where its attn_mask row leaves key 4 open,
         // the row's weight on it is exactly 1 and every other weight exactly 0
         const DTensor& w = r.outputs.at("attn_weights");  // (B, H, L, S) = (2, 2, 6, 6)
-        const DTensor& am = *p.input("attn_mask");       // (6, 6) bool
+        const DTensor& am = *p.input("attn_mask");        // (6, 6) bool
         int64_t single_key_rows = 0;
         for (int64_t h = 0; h < 2; ++h)
           for (int64_t i = 0; i < 6; ++i) {

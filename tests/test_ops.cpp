@@ -4,8 +4,8 @@
 #include <limits>
 #include <vector>
 
-#include "tparity/core/ops.hpp"
 #include "support.hpp"
+#include "tparity/core/ops.hpp"
 #include "tparity/harness/rng.hpp"
 
 using namespace tparity;

@@ -249,8 +249,8 @@ TEST_CASE("parity: every committed fixture through LibTorch and the hand core", 
 TEST_CASE("parity: rows whose every key is masked are NaN in LibTorch's C++ modules where Python's are", "[parity]") {
   // The policy against both references: the C++ 1.13 modules (libtorch64_vs_torch64, a semantic
   // gate) and Python (the stored outputs) give NaN at the same positions, and so does the hand core.
-  for (const auto& [name, nan_output] : {std::pair<const char*, int64_t>{"mha_all_masked_rows", 32},
-                                         {"encoder_all_masked_rows", 80}}) {
+  for (const auto& [name, nan_output] :
+       {std::pair<const char*, int64_t>{"mha_all_masked_rows", 32}, {"encoder_all_masked_rows", 80}}) {
     CAPTURE(name);
     const std::string f = std::string(TPARITY_FIXTURES) + "/" + name + ".json";
     const std::vector<CaseReport> rs = check_fixture(read_fixture(f), f, GatePolicy{});
@@ -555,7 +555,8 @@ TEST_CASE("parity: inputs that break careless code / layer-norm rows of tiny var
   CHECK(subnormal == int64_t(q.data.size()));  // every projected query element is subnormal
   require_pass(evaluate_problem(mp, "denormal", 80, GatePolicy{}));
 #if defined(__x86_64__)
-  const Implementation flushing{"hand core with FTZ and DAZ", [](const Problem& p, DType dt, const Components* t) {
+  const Implementation flushing{"hand core with FTZ and DAZ",
+                                [](const Problem& p, DType dt, const Components* t) {
                                   const unsigned csr = _mm_getcsr();
                                   _mm_setcsr(csr | 0x8040);  // flush to zero, denormals are zero
                                   RunResult r = run_hand(p, dt, true, p.name, t);

@@ -331,16 +331,17 @@ TEMPLATE_TEST_CASE("vmath layernorm_rows equals layernorm_forward_ref bit for bi
       for (int64_t cols : {1, 3, 8, 9, 16, 17, 31, 64, 100}) {
         for (int affine = 0; affine < 3; ++affine) {
           CAPTURE(to_string(isa), rows, cols, affine);
-          std::vector<T> x(static_cast<size_t>(rows * cols)), w(static_cast<size_t>(cols)), b(static_cast<size_t>(cols));
+          std::vector<T> x(static_cast<size_t>(rows * cols)), w(static_cast<size_t>(cols)),
+              b(static_cast<size_t>(cols));
           for (T& v : x) v = T(rng.normal());
           for (T& v : w) v = T(1 + 0.1 * rng.normal());
           for (T& v : b) v = T(0.1 * rng.normal());
           // special rows where there are enough
           auto row = [&](int64_t r) { return x.begin() + r * cols; };
-          if (rows > 1) std::fill(row(1), row(2), T(3));                                 // constant
-          if (rows > 2) x[size_t(2 * cols)] = std::numeric_limits<T>::quiet_NaN();      // NaN
-          if (rows > 3) x[size_t(3 * cols + cols / 2)] = -inf;                          // -inf
-          if (rows > 4) std::for_each(row(4), row(5), [](T& v) { v = T(100) + v; });   // offset
+          if (rows > 1) std::fill(row(1), row(2), T(3));                                      // constant
+          if (rows > 2) x[size_t(2 * cols)] = std::numeric_limits<T>::quiet_NaN();            // NaN
+          if (rows > 3) x[size_t(3 * cols + cols / 2)] = -inf;                                // -inf
+          if (rows > 4) std::for_each(row(4), row(5), [](T& v) { v = T(100) + v; });          // offset
           if (rows > 5) std::for_each(row(5), row(6), [](T& v) { v = T(1) + T(1e-6) * v; });  // tiny variance
           if (rows > 6)
             std::for_each(row(6), row(7), [](T& v) { v = v * std::numeric_limits<T>::denorm_min() * T(1000); });

@@ -51,7 +51,8 @@ int selftest(const SelftestOptions& o) {
   for (const std::string& n : o.defects) {
     try {
       const Defect d = defect_from_name(n);
-      if (d == Defect::None) throw std::invalid_argument("expected a defect, got \"none\" (the clean core always runs)");
+      if (d == Defect::None)
+        throw std::invalid_argument("expected a defect, got \"none\" (the clean core always runs)");
       defects.push_back(d);
     } catch (const std::invalid_argument& e) {
       throw InputError(std::string("option --defect: ") + e.what());
@@ -129,7 +130,8 @@ int selftest(const SelftestOptions& o) {
   for (size_t i = 0; i < defects.size(); ++i) {
     std::string where;
     for (size_t k = 0; k < cases.size(); ++k)
-      if (matrix[i][k].caught) where += fmt::format("{}{} at {}", where.empty() ? "" : ", ", cases[k].name, matrix[i][k].first);
+      if (matrix[i][k].caught)
+        where += fmt::format("{}{} at {}", where.empty() ? "" : ", ", cases[k].name, matrix[i][k].first);
     fmt::print("  {:<{}}  {}: {}\n", defect_name(defects[i]), w, defect_description(defects[i]),
                where.empty() ? "MISSED by every case" : where);
   }

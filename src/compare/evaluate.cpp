@@ -32,9 +32,10 @@ void add_nonfinite_notes(CaseReport& r, const Problem& p) {
       std::string what;
       for (auto [n, label] : {std::pair<int64_t, const char*>{nan, "NaN"}, {pinf, "+inf"}, {ninf, "-inf"}})
         if (n) what += fmt::format("{}{} {}", what.empty() ? "" : ", ", n, label);
-      r.notes.push_back(fmt::format("non-finite values in {}.{}: {} (allowed; equal non-finite results in both "
-                                    "count as agreement and are counted, any other mismatch fails)",
-                                    where, name, what));
+      r.notes.push_back(
+          fmt::format("non-finite values in {}.{}: {} (allowed; equal non-finite results in both "
+                      "count as agreement and are counted, any other mismatch fails)",
+                      where, name, what));
     }
   };
   scan(p.state_dict, "state_dict");
@@ -50,8 +51,7 @@ void add_reference_notes(CaseReport& r, const TorchRun& run, const char* label) 
 // torch64's components (each op fed the reference's own inputs), on the local ones. An
 // implementation without components is compared on its outputs.
 void compare_every_component(CaseReport& r, const Problem& p, const Implementation& impl, const RunResult& h64,
-                             const RunResult& h32, const TorchRun& t64, const TorchRun& t32,
-                             const GatePolicy& policy) {
+                             const RunResult& h32, const TorchRun& t64, const TorchRun& t32, const GatePolicy& policy) {
   if (h64.components.empty() || h32.components.empty()) {
     const Components a64 = outputs_as_components(h64.outputs), a32 = outputs_as_components(h32.outputs),
                      b64 = outputs_as_components(t64.result.outputs), b32 = outputs_as_components(t32.result.outputs);
@@ -64,8 +64,10 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
   }
   if (!impl.teacher_forcing) {
     compare_components(r, component_names(p),
-                       {{"hand64", &h64.components}, {"hand32", &h32.components},
-                        {"torch64", &t64.result.components}, {"torch32", &t32.result.components}},
+                       {{"hand64", &h64.components},
+                        {"hand32", &h32.components},
+                        {"torch64", &t64.result.components},
+                        {"torch32", &t32.result.components}},
                        standard_legs(), policy, {"torch64", "torch32"});
     return;
   }
@@ -83,8 +85,7 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
 Implementation hand_core() {
   return Implementation{"hand core",
                         [](const Problem& p, DType dtype, const Components* teacher) {
-                          return run_hand(p, dtype, true, p.origin.empty() ? "case " + p.name : p.origin,
-                                          teacher);
+                          return run_hand(p, dtype, true, p.origin.empty() ? "case " + p.name : p.origin, teacher);
                         },
                         true};
 }
@@ -105,7 +106,8 @@ CaseReport evaluate_problem(const Problem& p, const std::string& description, st
   const TorchRun t32 = run_torch(p, DType::Float32, true, where);
   add_reference_notes(r, t64, "torch64");
   add_reference_notes(r, t32, "torch32");
-  if (impl.name != hand_core().name) r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
+  if (impl.name != hand_core().name)
+    r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
   compare_every_component(r, p, impl, h64, h32, t64, t32, policy);
   return r;
 }
@@ -120,7 +122,8 @@ std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where
 
   const RunResult h64 = impl.run(p, DType::Float64, nullptr);
   const RunResult h32 = impl.run(p, DType::Float32, nullptr);
-  if (impl.name != hand_core().name) r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
+  if (impl.name != hand_core().name)
+    r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
   const Components hand64 = outputs_as_components(h64.outputs), hand32 = outputs_as_components(h32.outputs);
 
   // The stored outputs: Python PyTorch's.

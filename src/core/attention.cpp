@@ -226,8 +226,7 @@ class FusedMasks {
           const bool on = kpm.is_bool() ? kpm.bools.data[from] != 0 : kpm.floats.data[from] != T(0);
           // as RowMask: alone, a float key padding mask is added as it is; with an attn_mask, or
           // bool, it masks (logical_or, or masked_fill with -inf)
-          m.key_bias_[size_t(b * S + j)] =
-              kpm.is_bool() || attn.present() ? (on ? ninf : T(0)) : kpm.floats.data[from];
+          m.key_bias_[size_t(b * S + j)] = kpm.is_bool() || attn.present() ? (on ? ninf : T(0)) : kpm.floats.data[from];
         }
     }
     return m;
@@ -605,8 +604,8 @@ template <class T>
 MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputs<T>& in,
                           Observer<T>* obs) {
   return detail::mha_attend(cfg, fwd, w,
-                            detail::MhaInputRefs<T>{in.query, in.key, in.value, in.attn_mask, in.key_padding_mask},
-                            obs, static_cast<const T*>(nullptr));
+                            detail::MhaInputRefs<T>{in.query, in.key, in.value, in.attn_mask, in.key_padding_mask}, obs,
+                            static_cast<const T*>(nullptr));
 }
 
 #define TPARITY_INSTANTIATE(T)                                                                             \
@@ -617,7 +616,7 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   template Tensor<T> sdpa_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Mask<T>&, \
                                      Observer<T>*);                                                        \
   template MhaOutputs<T> mha_forward<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,         \
-                                        const MhaInputs<T>&, Observer<T>*);                                  \
+                                        const MhaInputs<T>&, Observer<T>*);                                \
   template MhaOutputs<T> detail::mha_attend<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,  \
                                                const detail::MhaInputRefs<T>&, Observer<T>*, const T*);
 TPARITY_INSTANTIATE(float)

@@ -8,8 +8,8 @@
 #include "tparity/core/defects.hpp"
 #include "tparity/core/encoder.hpp"
 #include "tparity/core/gemm.hpp"
-#include "tparity/core/parallel.hpp"
 #include "tparity/core/ops.hpp"
+#include "tparity/core/parallel.hpp"
 
 namespace tparity::detail {
 

@@ -125,7 +125,8 @@ void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T e
   const Defect defect = injected_defect();
   if (core_path() == CorePath::Reference || defect == Defect::LayerNormEps || defect == Defect::UnbiasedVariance)
     return layernorm_forward_ref(out, inp, weight, bias, eps, N, C, mean_out, rstd_out);
-  layernorm_rows(out, inp, weight, bias, eps, N, C, mean_out, rstd_out, N * 4 * C < (int64_t(1) << 15) ? 1 : num_threads());
+  layernorm_rows(out, inp, weight, bias, eps, N, C, mean_out, rstd_out,
+                 N * 4 * C < (int64_t(1) << 15) ? 1 : num_threads());
 }
 
 template <class T>
@@ -405,9 +406,9 @@ void matmul_forward(T* out, const T* input, const T* other, const Shape& input_s
   template void linear_forward_ref<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                   \
   template void linear_act_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, Activation);       \
   template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                                                   \
-  template void softmax_forward_ref<T>(T*, const T*, int64_t, int64_t);                                                   \
+  template void softmax_forward_ref<T>(T*, const T*, int64_t, int64_t);                                               \
   template void layernorm_forward<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*);                  \
-  template void layernorm_forward_ref<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*);                  \
+  template void layernorm_forward_ref<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*);              \
   template void relu_forward<T>(T*, const T*, int64_t);                                                               \
   template void gelu_forward<T>(T*, const T*, int64_t);                                                               \
   template void add_forward<T>(T*, const T*, const T*, int64_t);                                                      \

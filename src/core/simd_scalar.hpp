@@ -9,18 +9,14 @@
 //   V load_first(const T*, int n) (lanes from n on zero), V load_first_or(const T*, int n, T fill)
 //   (lanes from n on fill), void store_first(T*, V, int n) (the first n < width lanes only; the rest
 //   neither read nor written), V first_or_zero(V, int n);
-//   V add, sub, mul, div, sqrt (rounded once each, as IEEE 754 asks); V fma(a, b, c) = a * b + c, rounded once where the path
-//   has FMA;
-//   V max_keep(V x, V acc) = x > acc ? x : acc (a NaN x keeps acc: std::max(acc, x) as softmax_forward
-//   takes its maximum);
-//   V neg_inf_to_zero(V x): lanes equal to -inf become 0; bool all_neg_inf(V x): every lane is -inf;
-//   T hmax(V) (lanes never NaN), T hsum(V), in an order of the path's choosing;
-//   void transpose(const T* src, int64_t lds, T* dst, int64_t ldd): dst[i * ldd + j] = src[j * lds + i],
-//   i, j < width.
-//   float only: V clamp(V x, V lo, V hi) (a NaN x stays NaN); V round_nearest(V) (to the nearest
-//   integer, ties to even); V scale2(V p, V n) = p * 2^n for integer-valued n in [-252, 254], rounded
-//   once (overflow to inf, gradual underflow to subnormals and 0).
-//   double only: V exp_each(V), the C library's exp on each lane.
+//   V add, sub, mul, div, sqrt (rounded once each, as IEEE 754 asks); V fma(a, b, c) = a * b + c, rounded once where
+//   the path has FMA; V max_keep(V x, V acc) = x > acc ? x : acc (a NaN x keeps acc: std::max(acc, x) as
+//   softmax_forward takes its maximum); V neg_inf_to_zero(V x): lanes equal to -inf become 0; bool all_neg_inf(V x):
+//   every lane is -inf; T hmax(V) (lanes never NaN), T hsum(V), in an order of the path's choosing; void
+//   transpose(const T* src, int64_t lds, T* dst, int64_t ldd): dst[i * ldd + j] = src[j * lds + i], i, j < width. float
+//   only: V clamp(V x, V lo, V hi) (a NaN x stays NaN); V round_nearest(V) (to the nearest integer, ties to even); V
+//   scale2(V p, V n) = p * 2^n for integer-valued n in [-252, 254], rounded once (overflow to inf, gradual underflow to
+//   subnormals and 0). double only: V exp_each(V), the C library's exp on each lane.
 // Anonymous namespace: see simd_avx512.hpp.
 #pragma once
 

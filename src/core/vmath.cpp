@@ -82,8 +82,8 @@ void softmax_rows(T* out, const T* in, int64_t rows, int64_t cols, int threads) 
 }
 
 template <class T>
-void layernorm_rows(T* out, const T* in, const T* weight, const T* bias, T eps, int64_t rows, int64_t cols,
-                    T* mean_out, T* rstd_out, int threads) {
+void layernorm_rows(T* out, const T* in, const T* weight, const T* bias, T eps, int64_t rows, int64_t cols, T* mean_out,
+                    T* rstd_out, int threads) {
   // in is (rows, cols); out will be (rows, cols); mean_out, rstd_out (rows) when not null
   assert(rows >= 0 && cols >= 0);
   if (rows == 0 || cols == 0) return;
@@ -109,9 +109,9 @@ void layernorm_rows(T* out, const T* in, const T* weight, const T* bias, T eps, 
   parallel_for(blocks, threads, [&](int64_t b0, int64_t b1) { run(b0 * W, std::min(rows, b1 * W)); });
 }
 
-#define TPARITY_INSTANTIATE(T)                                                                                     \
-  template void exp_forward<T>(T*, const T*, int64_t);                                                             \
-  template void softmax_rows<T>(T*, const T*, int64_t, int64_t, int);                                              \
+#define TPARITY_INSTANTIATE(T)                                        \
+  template void exp_forward<T>(T*, const T*, int64_t);                \
+  template void softmax_rows<T>(T*, const T*, int64_t, int64_t, int); \
   template void layernorm_rows<T>(T*, const T*, const T*, const T*, T, int64_t, int64_t, T*, T*, int);
 TPARITY_INSTANTIATE(float)
 TPARITY_INSTANTIATE(double)

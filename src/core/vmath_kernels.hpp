@@ -12,8 +12,8 @@ struct VmathKernels {
   void (*exp)(T* out, const T* in, int64_t n);
   void (*softmax)(T* out, const T* in, int64_t rows, int64_t cols);
   // rows a multiple of width; xt scratch of cols x width
-  void (*layernorm)(T* out, const T* in, const T* weight, const T* bias, T eps, int64_t rows, int64_t cols,
-                    T* mean_out, T* rstd_out, T* xt);
+  void (*layernorm)(T* out, const T* in, const T* weight, const T* bias, T eps, int64_t rows, int64_t cols, T* mean_out,
+                    T* rstd_out, T* xt);
   int width;
 };
 

@@ -100,9 +100,9 @@ void softmax_rows(typename L::T* out, const typename L::T* in, int64_t rows, int
 // (layernorm_forward_ref, ops.cpp): element c into partial sum c % 8, ascending, the eight combined
 // pairwise; products and sums rounded apart (no FMA). xt is scratch of cols x W elements.
 template <class L>
-void layernorm_rows(typename L::T* out, const typename L::T* in, const typename L::T* weight,
-                    const typename L::T* bias, typename L::T eps, int64_t rows, int64_t cols, typename L::T* mean_out,
-                    typename L::T* rstd_out, typename L::T* xt) {
+void layernorm_rows(typename L::T* out, const typename L::T* in, const typename L::T* weight, const typename L::T* bias,
+                    typename L::T eps, int64_t rows, int64_t cols, typename L::T* mean_out, typename L::T* rstd_out,
+                    typename L::T* xt) {
   using T = typename L::T;
   using V = typename L::V;
   constexpr int W = L::width;

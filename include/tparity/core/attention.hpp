@@ -120,8 +120,8 @@ struct MhaInputRefs {
 // (residual + attention, as the encoder and decoder layers' x + _sa_block(x)); the observer still
 // sees the attention's own output.
 template <class T>
-MhaOutputs<T> mha_attend(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
-                         const MhaInputRefs<T>& in, Observer<T>* obs, const T* residual);
+MhaOutputs<T> mha_attend(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputRefs<T>& in,
+                         Observer<T>* obs, const T* residual);
 }  // namespace detail
 
 }  // namespace tparity

@@ -42,7 +42,7 @@ void softmax_rows(T* out, const T* in, int64_t rows, int64_t cols, int threads =
 // (the same pointer); mean_out and rstd_out are (rows) or null.
 // threads: blocks of rows over up to `threads` threads (parallel.hpp).
 template <class T>
-void layernorm_rows(T* out, const T* in, const T* weight, const T* bias, T eps, int64_t rows, int64_t cols,
-                    T* mean_out, T* rstd_out, int threads = 1);
+void layernorm_rows(T* out, const T* in, const T* weight, const T* bias, T eps, int64_t rows, int64_t cols, T* mean_out,
+                    T* rstd_out, int threads = 1);
 
 }  // namespace tparity
