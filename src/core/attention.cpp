@@ -142,35 +142,49 @@ class MergedMask {
 // The same merge as MergedMask, row by row (the fast path): the attn_mask as an additive row (bool
 // turned into -inf/0 once), the key padding mask as an additive row per batch element, and where a
 // bool key padding mask meets a float attn_mask, a -inf that replaces the attn value (masked_fill)
-// rather than adding to it. Columns past S0 (bias_kv, zero_attn) are left alone.
+// rather than adding to it. Rows are S wide (the keys after bias_kv and zero_attn); columns past S0
+// are zero, and add() leaves them alone.
+// The same arrays are the masks fused_attention adds (fused_view()), attn_mask + key bias, which is
+// torch's merge except where masked_fill would replace a +inf or NaN of a float attn_mask at a padded
+// key (a sum gives NaN): sum_is_merge() says whether that cannot happen.
 template <class T>
 class RowMask {
  public:
-  RowMask(const Mask<T>& attn, const Mask<T>& kpm, int64_t B, int64_t H, int64_t L, int64_t S0)
-      : H_(H), L_(L), S0_(S0) {
+  RowMask(const Mask<T>& attn, const Mask<T>& kpm, int64_t B, int64_t H, int64_t L, int64_t S0, int64_t S)
+      : H_(H), L_(L), S0_(S0), S_(S) {
     constexpr T ninf = -std::numeric_limits<T>::infinity();
     if (attn.present()) {
       attn3d_ = attn.shape().size() == 3;
-      a_.resize(size_t(numel(attn.shape())));
-      for (size_t x = 0; x < a_.size(); ++x)
-        a_[x] = attn.is_bool() ? (attn.bools.data[x] ? ninf : T(0)) : attn.floats.data[x];
+      const int64_t rows = numel(attn.shape()) / S0;
+      a_.assign(size_t(rows * S), T(0));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < S0; ++j) {
+          const size_t x = size_t(r * S0 + j);
+          a_[size_t(r * S + j)] = attn.is_bool() ? (attn.bools.data[x] ? ninf : T(0)) : attn.floats.data[x];
+        }
     }
     if (kpm.present()) {
-      k_.resize(size_t(B * S0));
+      k_.assign(size_t(B * S), T(0));
       fill_ = !attn.is_bool() && attn.present();  // masked_fill into a float attn_mask
-      for (size_t x = 0; x < k_.size(); ++x) {
-        const bool on = kpm.is_bool() ? kpm.bools.data[x] != 0 : kpm.floats.data[x] != T(0);
-        // alone or with a bool attn_mask (logical_or) a bool or nonzero-float key is -inf; alone,
-        // a float key padding mask is added as it is
-        k_[x] = kpm.is_bool() || attn.present() ? (on ? ninf : T(0)) : kpm.floats.data[x];
-      }
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < S0; ++j) {
+          const size_t x = size_t(b * S0 + j);
+          const bool on = kpm.is_bool() ? kpm.bools.data[x] != 0 : kpm.floats.data[x] != T(0);
+          // alone or with a bool attn_mask (logical_or) a bool or nonzero-float key is -inf; alone,
+          // a float key padding mask is added as it is
+          k_[size_t(b * S + j)] = kpm.is_bool() || attn.present() ? (on ? ninf : T(0)) : kpm.floats.data[x];
+        }
+      if (fill_)
+        for (T v : a_) sum_is_merge_ = sum_is_merge_ && !std::isnan(v) && v != -ninf;
     }
   }
+  bool any() const { return !a_.empty() || !k_.empty(); }
+
   // row (b, h, i) of the scores += the merged mask
   void add(T* row, int64_t b, int64_t h, int64_t i) const {
     constexpr T ninf = -std::numeric_limits<T>::infinity();
-    const T* a = a_.empty() ? nullptr : a_.data() + ((attn3d_ ? (b * H_ + h) * L_ : 0) + i) * S0_;
-    const T* k = k_.empty() ? nullptr : k_.data() + b * S0_;
+    const T* a = a_.empty() ? nullptr : a_.data() + ((attn3d_ ? (b * H_ + h) * L_ : 0) + i) * S_;
+    const T* k = k_.empty() ? nullptr : k_.data() + b * S_;
     if (a && k && fill_)
       for (int64_t j = 0; j < S0_; ++j) row[j] = (k[j] == ninf ? ninf : a[j]) + row[j];
     else if (a && k)
@@ -181,69 +195,20 @@ class RowMask {
       for (int64_t j = 0; j < S0_; ++j) row[j] = k[j] + row[j];
   }
 
- private:
-  int64_t H_, L_, S0_;
-  bool attn3d_ = false, fill_ = false;
-  std::vector<T> a_, k_;
-};
-
-// torch 1.13's merged mask in the form fused_attention adds it: attn_mask as a float (L, S) or
-// (B*H, L, S) array (a bool one turned into -inf / 0) and the key padding mask as a float (B, S) key
-// bias, both widened to the S keys after bias_kv and zero_attn with zeros. make() returns nothing
-// where adding the two is not torch's merge: a float attn_mask holding +inf or NaN while a bool
-// key_padding_mask fills keys with -inf (torch: -inf at a padded key; a sum: NaN). The caller then
-// takes the unfused path.
-template <class T>
-class FusedMasks {
- public:
-  static std::optional<FusedMasks> make(const Mask<T>& attn, const Mask<T>& kpm, int64_t B, int64_t H, int64_t L,
-                                        int64_t S0, int64_t S) {
-    constexpr T ninf = -std::numeric_limits<T>::infinity();
-    FusedMasks m;
-    m.heads_ = H;
-    if (attn.present()) {
-      const bool three_d = attn.shape().size() == 3;
-      const int64_t groups = three_d ? attn.shape()[0] : 1;
-      m.attn_.assign(size_t(groups * L * S), T(0));
-      for (int64_t g = 0; g < groups; ++g)
-        for (int64_t i = 0; i < L; ++i)
-          for (int64_t j = 0; j < S0; ++j) {
-            const size_t from = size_t((g * L + i) * S0 + j);
-            m.attn_[size_t((g * L + i) * S + j)] =
-                attn.is_bool() ? (attn.bools.data[from] ? ninf : T(0)) : attn.floats.data[from];
-          }
-      m.attn_stride_ = three_d ? L * S : 0;
-    }
-    if (kpm.present()) {
-      const bool fill = attn.present() && !attn.is_bool();  // masked_fill into a float attn_mask
-      if (fill)
-        for (T a : attn.floats.data)
-          if (std::isnan(a) || a == -ninf) return std::nullopt;
-      m.key_bias_.assign(size_t(B * S), T(0));
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t j = 0; j < S0; ++j) {
-          const size_t from = size_t(b * S0 + j);
-          const bool on = kpm.is_bool() ? kpm.bools.data[from] != 0 : kpm.floats.data[from] != T(0);
-          // as RowMask: alone, a float key padding mask is added as it is; with an attn_mask, or
-          // bool, it masks (logical_or, or masked_fill with -inf)
-          m.key_bias_[size_t(b * S + j)] = kpm.is_bool() || attn.present() ? (on ? ninf : T(0)) : kpm.floats.data[from];
-        }
-    }
-    return m;
-  }
-
-  AttentionMasks<T> view() const {
+  bool sum_is_merge() const { return sum_is_merge_; }
+  AttentionMasks<T> fused_view() const {
     AttentionMasks<T> v;
-    v.attn = attn_.empty() ? nullptr : attn_.data();
-    v.attn_group_stride = attn_stride_;
-    v.key_bias = key_bias_.empty() ? nullptr : key_bias_.data();
-    v.heads = heads_;
+    v.attn = a_.empty() ? nullptr : a_.data();
+    v.attn_group_stride = attn3d_ ? L_ * S_ : 0;
+    v.key_bias = k_.empty() ? nullptr : k_.data();
+    v.heads = H_;
     return v;
   }
 
  private:
-  std::vector<T> attn_, key_bias_;
-  int64_t attn_stride_ = 0, heads_ = 1;
+  int64_t H_, L_, S0_, S_;
+  bool attn3d_ = false, fill_ = false, sum_is_merge_ = true;
+  std::vector<T> a_, k_;
 };
 
 // out_proj: context (B, L, E) -> (B, L, E), plus the residual (B, L, E) when given, in the GEMM's
@@ -252,28 +217,23 @@ class FusedMasks {
 template <class T>
 Tensor<T> out_proj(const Tensor<T>& context, const MhaWeights<T>& w, bool bias, const T* residual, Observer<T>* obs) {
   const int64_t B = context.size(0), L = context.size(1), E = context.size(2);
-  Tensor<T> out({B, L, E});
   const Defect defect = injected_defect();
-  if (defect == Defect::OutProjTransposed) {  // the selftest's defect: W^T
-    Tensor<T> wt({E, E});
+  Tensor<T> wt;  // the selftest's defect OutProjTransposed: W^T
+  if (defect == Defect::OutProjTransposed) {
+    wt = Tensor<T>({E, E});
     for (int64_t i = 0; i < E; ++i)
       for (int64_t j = 0; j < E; ++j) wt.data[size_t(j * E + i)] = w.out_proj_weight.data[size_t(i * E + j)];
-    linear_forward(out.ptr(), context.ptr(), wt.ptr(), bias ? w.out_proj_bias.ptr() : nullptr, B * L, E, E);
-    if (obs) obs->on("output", out);
-    if (residual) add_forward(out.ptr(), residual, out.ptr(), out.numel());
-    return out;
   }
-  if (defect == Defect::DropBias) bias = false;
+  const T* W = wt.empty() ? w.out_proj_weight.ptr() : wt.ptr();
+  const T* b = bias && defect != Defect::DropBias ? w.out_proj_bias.ptr() : nullptr;
+  Tensor<T> out({B, L, E});
   if (residual && !obs && core_path() == CorePath::Fast) {
     GemmEpilogue<T> ep;
-    ep.bias = bias ? w.out_proj_bias.ptr() : nullptr;
-    ep.residual = residual, ep.ldr = E;
-    gemm(false, true, B * L, E, E, T(1), context.ptr(), E, w.out_proj_weight.ptr(), E, T(0), out.ptr(), E, &ep,
-         num_threads());
+    ep.bias = b, ep.residual = residual, ep.ldr = E;
+    gemm(false, true, B * L, E, E, T(1), context.ptr(), E, W, E, T(0), out.ptr(), E, &ep, num_threads());
     return out;
   }
-  linear_forward(out.ptr(), context.ptr(), w.out_proj_weight.ptr(), bias ? w.out_proj_bias.ptr() : nullptr, B * L, E,
-                 E);
+  linear_forward(out.ptr(), context.ptr(), W, b, B * L, E, E);
   if (obs) obs->on("output", out);
   if (residual) add_forward(out.ptr(), residual, out.ptr(), out.numel());
   return out;
@@ -473,10 +433,9 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   const T* Wq = cfg.packed() ? w.in_proj_weight.ptr() : w.q_proj_weight.ptr();
   const T* Wk = cfg.packed() ? w.in_proj_weight.ptr() + E * E : w.k_proj_weight.ptr();
   const T* Wv = cfg.packed() ? w.in_proj_weight.ptr() + 2 * E * E : w.v_proj_weight.ptr();
-  const bool drop_bias = defect == Defect::DropBias;
-  const T* bq = cfg.bias && !drop_bias ? w.in_proj_bias.ptr() : nullptr;
-  const T* bk = cfg.bias && !drop_bias ? w.in_proj_bias.ptr() + E : nullptr;
-  const T* bv = cfg.bias && !drop_bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
+  const T* bq = cfg.bias ? w.in_proj_bias.ptr() : nullptr;  // (linear_forward drops them for DropBias)
+  const T* bk = cfg.bias ? w.in_proj_bias.ptr() + E : nullptr;
+  const T* bv = cfg.bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
   const bool swap_qk = defect == Defect::SwapQK && KD == E;  // the selftest's defect
   if (swap_qk) std::swap(Wq, Wk), std::swap(bq, bk);
   Tensor<T> qh, kh, vh;
@@ -532,22 +491,23 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   const Mask<T>& key_padding_mask = defect == Defect::IgnoreMask ? none : in.key_padding_mask;
   const MergedMask<T> mask(attn_mask, key_padding_mask, H, L, S0);  // throws on what torch rejects
 
+  // The fast path's masks, also what the fused attention adds.
+  std::optional<RowMask<T>> rows;
+  if (core_path() == CorePath::Fast) rows.emplace(attn_mask, key_padding_mask, B, H, L, S0, S);
+
   // Nothing observed and no weights returned: the fused streaming attention, which never holds the
   // L x S scores (fused_attention.hpp), then the heads merged and out_proj as below.
-  if (core_path() == CorePath::Fast && !obs && !fwd.need_weights && defect == Defect::None) {
-    std::optional<FusedMasks<T>> fm = FusedMasks<T>::make(attn_mask, key_padding_mask, B, H, L, S0, S);
-    if (fm) {
-      Tensor<T> ctx_heads({B, H, L, D});
-      fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), fm->view(),
-                      num_threads());
-      qh = kh = vh = Tensor<T>();
-      Tensor<T> context = merge_heads(ctx_heads);
-      ctx_heads = Tensor<T>();
-      MhaOutputs<T> result;
-      result.output = out_proj(context, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr));
-      result.output = detail::from_batch_first(std::move(result.output), batched, cfg.batch_first);
-      return result;
-    }
+  if (rows && !obs && !fwd.need_weights && defect == Defect::None && rows->sum_is_merge()) {
+    Tensor<T> ctx_heads({B, H, L, D});
+    fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), rows->fused_view(),
+                    num_threads());
+    qh = kh = vh = Tensor<T>();
+    Tensor<T> context = merge_heads(ctx_heads);
+    ctx_heads = Tensor<T>();
+    MhaOutputs<T> result;
+    result.output = detail::from_batch_first(
+        out_proj(context, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr)), batched, cfg.batch_first);
+    return result;
   }
 
   Tensor<T> scores({B, H, L, S});
@@ -560,11 +520,10 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
             T& s = scores.data[size_t(((b * H + h) * L + i) * S + j)];
             s = mask.value(b, h, i, j) + s;
           }
-  } else if (mask.any()) {
-    const RowMask<T> rows(attn_mask, key_padding_mask, B, H, L, S0);
+  } else if (rows && rows->any()) {
     parallel_for(B * H, num_threads(), [&](int64_t g0, int64_t g1) {
       for (int64_t g = g0; g < g1; ++g)
-        for (int64_t i = 0; i < L; ++i) rows.add(scores.ptr() + (g * L + i) * S, g / H, g % H, i);
+        for (int64_t i = 0; i < L; ++i) rows->add(scores.ptr() + (g * L + i) * S, g / H, g % H, i);
     });
   }
   if (obs) obs->on("scores", scores);

@@ -45,11 +45,14 @@ CorePath initial_path() {
 
 std::atomic<CorePath> g_path{initial_path()};
 
-// Rows [0, N) of a row-wise op over the core's threads, when there is enough work to share.
+// The threads a row-wise op over N rows shares: the core's, when there is enough work to share.
+int row_threads(int64_t N, int64_t cost_per_row) { return N * cost_per_row < (int64_t(1) << 15) ? 1 : num_threads(); }
+
+// Rows [0, N) of a row-wise op over row_threads() threads.
 template <class F>
 void rows(int64_t N, int64_t cost_per_row, const F& f) {
-  const int threads = num_threads();
-  if (threads <= 1 || N * cost_per_row < (int64_t(1) << 15)) return f(int64_t(0), N);
+  const int threads = row_threads(N, cost_per_row);
+  if (threads <= 1) return f(int64_t(0), N);
   parallel_for(N, threads, f);
 }
 
@@ -98,8 +101,7 @@ void linear_forward_ref(T* out, const T* inp, const T* weight, const T* bias, in
 template <class T>
 void softmax_forward(T* out, const T* inp, int64_t N, int64_t C) {
   if (core_path() == CorePath::Reference) return softmax_forward_ref(out, inp, N, C);
-  const int threads = N * 8 * C < (int64_t(1) << 15) ? 1 : num_threads();
-  softmax_rows(out, inp, N, C, threads);
+  softmax_rows(out, inp, N, C, row_threads(N, 8 * C));
 }
 
 template <class T>
@@ -125,8 +127,7 @@ void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T e
   const Defect defect = injected_defect();
   if (core_path() == CorePath::Reference || defect == Defect::LayerNormEps || defect == Defect::UnbiasedVariance)
     return layernorm_forward_ref(out, inp, weight, bias, eps, N, C, mean_out, rstd_out);
-  layernorm_rows(out, inp, weight, bias, eps, N, C, mean_out, rstd_out,
-                 N * 4 * C < (int64_t(1) << 15) ? 1 : num_threads());
+  layernorm_rows(out, inp, weight, bias, eps, N, C, mean_out, rstd_out, row_threads(N, 4 * C));
 }
 
 template <class T>

@@ -34,9 +34,8 @@ VmathKernels<T> make_kernels(GemmIsa isa) {
   }
 }
 
-// The kernels of the path in use; gemm_isa() has checked that the CPU has it (or thrown). Each path's
-// entry points are fetched the first time it is used: an AVX file's code runs only after that check.
-// A given path's kernels (available: the scalar one always).
+// A given path's kernels, the path available (the scalar one always is). Each path's entry points
+// are fetched the first time it is used: an AVX file's code runs only after that check.
 template <class T>
 const VmathKernels<T>& kernels_for(GemmIsa isa) {
   switch (isa) {
@@ -55,8 +54,7 @@ const VmathKernels<T>& kernels_for(GemmIsa isa) {
   }
 }
 
-// The kernels of the path in use; gemm_isa() has checked that the CPU has it (or thrown). Each path's
-// entry points are fetched the first time it is used: an AVX file's code runs only after that check.
+// The kernels of the path in use; gemm_isa() has checked that the CPU has it (or thrown).
 template <class T>
 const VmathKernels<T>& kernels() {
   return kernels_for<T>(gemm_isa());
