@@ -1,11 +1,33 @@
 #!/usr/bin/python3
-"""Export tparity reference fixtures (format v1) from PyTorch.
+"""Export tparity reference fixtures (format v2) from PyTorch 2.13 or 1.13.
 
-Each fixture is one JSON file fixtures/<name>.json holding the module config,
-forward() flags, the state_dict, the inputs and the outputs of a
-torch.nn.MultiheadAttention, TransformerEncoderLayer, TransformerEncoder (a stack
-of encoder layers with an optional final LayerNorm) or TransformerDecoderLayer,
-computed in float64 ("outputs") and in float32 ("outputs_float32").
+Each fixture is one JSON file fixtures/torch-<major>.<minor>/<name>.json holding
+the module config, forward() flags, the state_dict, the inputs and the outputs of
+a torch.nn.MultiheadAttention, TransformerEncoderLayer, TransformerEncoder (a
+stack of encoder layers with an optional final LayerNorm) or
+TransformerDecoderLayer, computed in float64 ("outputs") and in float32
+("outputs_float32"), and which PyTorch computed them ("reference").
+
+The script runs under either PyTorch whose semantics it has been checked against:
+  * torch 2.13, the project's venv (the normal one):
+        .venv/bin/python scripts/export_fixtures.py      -> fixtures/torch-2.13/
+  * torch 1.13, Debian's python3-torch:
+        /usr/bin/python3 scripts/export_fixtures.py      -> fixtures/torch-1.13/
+Any other version is refused: the per-version expectations below would be
+unverified. Both sets share names, seeds and shapes, so they line up name by
+name; a fixture a version cannot express is skipped there with a printed line.
+
+Format version 2 is version 1 (README, "Fixture format v1") plus
+  "version": 2,
+  "reference": {"name":    "torch.nn.<Module> (Python)",
+                "torch":   torch.__version__, e.g. "2.13.0+cpu" or "1.13.0a0",
+                "blas":    BLAS and backends from torch.__config__.show(), e.g.
+                           "mkl 2024.2, onednn v3.12.0, cpu capability AVX512" or
+                           "openblas 0.3.21 Cooperlake (generic BLAS_INFO), onednn v2.6.3,
+                           cpu capability AVX2" (it depends on the machine's CPU),
+                "threads": str(torch.get_num_threads()), "1"}
+(all values strings). Tensors stay inline {"dtype", "shape", "data"}; everything
+else is as in v1.
 
 Procedure per fixture:
   1. torch.manual_seed(seed); build the module in float32 with dropout=0.0, .eval().
@@ -23,34 +45,69 @@ Procedure per fixture:
   4. Run the float32 module; run copy.deepcopy(module).double() on the inputs
      cast to float64 (bool masks stay bool). Since everything started as
      float32, both runs see exactly the same values.
-Autograd stays enabled, so PyTorch takes the documented Python path
-(F.multi_head_attention_forward) and not the fused fast path; the script
-additionally guards the fast-path entry points (and the encoder stack's
-nested-tensor conversion) and fails if they are hit.
+Autograd stays enabled with every parameter requiring grad, so PyTorch takes the
+documented Python path (F.multi_head_attention_forward) and not the fused fast
+path; the script additionally traps the fast-path entry points (and the encoder
+stack's nested-tensor conversion) and fails if they are hit, and under 2.13 also
+switches torch.backends.mha's fast path off during the export.
 
-Requires the Debian PyTorch (torch 1.13): run with /usr/bin/python3.
+What the documented path computes differs between the versions in a few places
+the fixtures pin down (each fixture's expectation is asserted per version):
+  * Rows whose every key is masked. With need_weights=True both give NaN there
+    (plain softmax of a row of -inf). With need_weights=False, 1.13 still gives
+    NaN, but 2.13 runs scaled_dot_product_attention, whose safe softmax gives a
+    zero context: the attention's output there is out_proj.bias, and an
+    encoder / decoder layer (whose attention always runs with
+    need_weights=False) stays finite (encoder_all_masked_rows,
+    mha_all_masked_rows_no_weights, decoder_layer_all_masked_memory).
+  * A float key_padding_mask with a bool attn_mask: 1.13 ORs them (any nonzero
+    kpm value masks the key), 2.13 adds the kpm to the scores
+    (mha_bool_attn_float_kpm).
+  * A float key_padding_mask with a float attn_mask: 2.13 adds both; 1.13
+    silently ignores the kpm (masked_fill reads the float mask's low byte), so
+    mha_float_attn_float_kpm is not exported under 1.13.
+  * Rounding: 2.13 scales q by sqrt(1/E) (1.13 divides by sqrt(E)), runs
+    need_weights=False attention through SDPA's flash kernel, and uses MKL and
+    AVX-512 kernels instead of OpenBLAS and AVX2: float64 results differ by a
+    few ulp.
+
+Determinism: single-threaded (torch.set_num_threads(1); under 1.13 OpenBLAS's own
+thread pool is pinned to 1 too), so re-runs under the same interpreter on the same
+machine are byte-identical. Files are written atomically (temp file + os.replace).
 
 Usage:
-  scripts/export_fixtures.py [--out DIR] [--only NAME ...]
+  .venv/bin/python scripts/export_fixtures.py [--out DIR] [--only NAME ...]
+  /usr/bin/python3 scripts/export_fixtures.py [--out DIR] [--only NAME ...]
 """
 
 import argparse
 import contextlib
 import copy
+import ctypes
 import json
 import math
 import os
+import re
 import sys
+import tempfile
+import warnings
 
 import torch
 import torch.nn as nn
 
 FORMAT = "tparity.fixture"
-VERSION = 1
+VERSION = 2
 REL_TOL = 1e-4  # loose float32-vs-float64 agreement check
 
 SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_OUT = os.path.join(os.path.dirname(SCRIPT_DIR), "fixtures")
+FIXTURES_DIR = os.path.join(os.path.dirname(SCRIPT_DIR), "fixtures")
+
+_MM = re.match(r"(\d+)\.(\d+)", torch.__version__)
+TORCH_MAJOR_MINOR = f"{_MM.group(1)}.{_MM.group(2)}"
+# The versions whose semantics the expectations in this script were checked against.
+SUPPORTED = ("1.13", "2.13")
+SEM = TORCH_MAJOR_MINOR  # the semantics version the per-version expectations key on
+DEFAULT_OUT = os.path.join(FIXTURES_DIR, f"torch-{TORCH_MAJOR_MINOR}")
 
 
 # ---------------------------------------------------------------------------
@@ -220,20 +277,49 @@ class FastPathTaken(RuntimeError):
     pass
 
 
+# Fused fast-path entry points, looked up as attributes of the torch module at call time by
+# MultiheadAttention.forward, TransformerEncoderLayer.forward and TransformerEncoder.forward (1.13
+# and 2.13 alike). The nested-tensor pair is TransformerEncoder's sparsity path (its left-aligned
+# check runs whenever nested tensors are enabled and a src_key_padding_mask is given, even with
+# autograd on); the decoder-only pair exists only in 1.13, where Python's TransformerDecoderLayer
+# does not call it, and is trapped in case a build does.
+FAST_PATH_NAMES = ("_native_multi_head_attention", "_transformer_encoder_layer_fwd",
+                   "_nested_tensor_from_mask", "_nested_tensor_from_mask_left_aligned",
+                   "_transformer_decoder_only_layer_fwd",
+                   "_native_decoder_only_multi_head_attention")
+# These must exist in every supported version, or the guard traps nothing.
+FAST_PATH_REQUIRED = FAST_PATH_NAMES[:4]
+
+
+def _mha_fastpath_switch():
+    """torch.backends.mha.{get,set}_fastpath_enabled (2.x; absent in 1.13), or None."""
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None or not hasattr(mha, "set_fastpath_enabled"):
+        return None
+    return mha
+
+
+@contextlib.contextmanager
+def fastpath_switch(enabled):
+    """Set torch.backends.mha's fast-path switch where it exists (2.x), restoring it on exit."""
+    mha = _mha_fastpath_switch()
+    if mha is None:
+        yield
+        return
+    before = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(before)
+
+
 @contextlib.contextmanager
 def forbid_fast_path():
-    """Replace torch's fused fast-path entry points (looked up as attributes of
-    the torch module at call time by MultiheadAttention.forward,
-    TransformerEncoderLayer.forward and TransformerEncoder.forward in 1.13) by
-    functions that raise. The nested-tensor pair is TransformerEncoder's sparsity
-    path (its left-aligned check runs whenever enable_nested_tensor is True and a
-    src_key_padding_mask is given, even with autograd on); the decoder-only pair
-    is not called by Python's TransformerDecoderLayer in 1.13 and is trapped in
-    case a build does."""
-    names = ["_native_multi_head_attention", "_transformer_encoder_layer_fwd",
-             "_nested_tensor_from_mask", "_nested_tensor_from_mask_left_aligned",
-             "_transformer_decoder_only_layer_fwd", "_native_decoder_only_multi_head_attention"]
-    saved = {n: getattr(torch, n) for n in names if hasattr(torch, n)}
+    """Replace torch's fused fast-path entry points (FAST_PATH_NAMES) by functions that raise."""
+    missing = [n for n in FAST_PATH_REQUIRED if not hasattr(torch, n)]
+    assert not missing, f"fast-path entry points not found in torch {torch.__version__}: {missing}"
+    saved = {n: getattr(torch, n) for n in FAST_PATH_NAMES if hasattr(torch, n)}
 
     def make(n):
         def trap(*args, **kwargs):
@@ -249,10 +335,19 @@ def forbid_fast_path():
             setattr(torch, n, f)
 
 
+@contextlib.contextmanager
+def documented_path():
+    """The export's guards: the traps, plus (2.x) torch.backends.mha's fast path switched off."""
+    with forbid_fast_path(), fastpath_switch(False):
+        yield
+
+
 def self_test_fast_path_guard():
     """Make sure the guard is meaningful: under no_grad, a fast-path-eligible
     MHA / encoder layer / encoder stack (default enable_nested_tensor=True,
-    left-aligned padding mask) must trip it."""
+    left-aligned padding mask) must trip it (1.13 and 2.13 alike; under 2.13 with
+    torch.backends.mha's switch on, its default). Under 2.13, the same calls with
+    the switch off must not (the second guard works on its own)."""
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(8, 2, dropout=0.0, batch_first=True).eval()
     enc = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0,
@@ -260,18 +355,29 @@ def self_test_fast_path_guard():
     stack = nn.TransformerEncoder(enc, 2).eval()
     x = torch.randn(2, 3, 8)
     kpm = padding_mask(3, [0, 1])
-    for mod, call in ((mha, lambda: mha(x, x, x)), (enc, lambda: enc(x)),
-                      (stack, lambda: stack(x, src_key_padding_mask=kpm))):
-        tripped = False
-        with forbid_fast_path(), torch.no_grad():
-            try:
-                call()
-            except FastPathTaken:
-                tripped = True
-        if not tripped:
-            raise AssertionError(
-                f"fast-path guard self-test: {type(mod).__name__} did not take the fast path "
-                "under no_grad; the guard may not be effective with this torch version")
+    calls = ((mha, lambda: mha(x, x, x)), (enc, lambda: enc(x)),
+             (stack, lambda: stack(x, src_key_padding_mask=kpm)))
+    switch_states = (True, False) if _mha_fastpath_switch() is not None else (None,)
+    for enabled in switch_states:
+        for mod, call in calls:
+            tripped = False
+            with contextlib.ExitStack() as es:
+                if enabled is not None:
+                    es.enter_context(fastpath_switch(enabled))
+                es.enter_context(forbid_fast_path())
+                es.enter_context(torch.no_grad())
+                try:
+                    call()
+                except FastPathTaken:
+                    tripped = True
+            if enabled is False and tripped:
+                raise AssertionError(
+                    f"fast-path guard self-test: {type(mod).__name__} took the fast path under "
+                    "no_grad although torch.backends.mha.set_fastpath_enabled(False)")
+            if enabled is not False and not tripped:
+                raise AssertionError(
+                    f"fast-path guard self-test: {type(mod).__name__} did not take the fast path "
+                    "under no_grad; the guard may not be effective with this torch version")
 
 
 # ---------------------------------------------------------------------------
@@ -403,9 +509,10 @@ def fx_encoder_unbatched_eps():
 
 
 def fx_mha_all_masked_rows():
-    # Rows whose every key is masked: torch 1.13 gives NaN there (softmax of a row of -inf). Query 2
-    # of the bool attn_mask masks every key; batch element 1's key_padding_mask masks all keys but
-    # key 4, so every one of its rows attends to that key alone (weight exactly 1). Per-head weights.
+    # Rows whose every key is masked: NaN there in both versions (need_weights=True runs a plain
+    # softmax of a row of -inf). Query 2 of the bool attn_mask masks every key; batch element 1's
+    # key_padding_mask masks all keys but key 4, so every one of its rows attends to that key alone
+    # (weight exactly 1) unless the attn_mask masks key 4 too. Per-head weights.
     cfg = mha_config(16, 2, bias=True, batch_first=True)
     fwd = {"need_weights": True, "average_attn_weights": False}
     m = _mha(cfg, affine="randomized")
@@ -419,9 +526,12 @@ def fx_mha_all_masked_rows():
 
 
 def fx_encoder_all_masked_rows():
-    # An encoder layer whose batch element 0 has every key padded: NaN from the attention on, through
-    # the residual and both layer norms, to the whole of that element's output (torch 1.13's
-    # documented path; its fast path, which the exporter forbids, would zero padded positions).
+    # An encoder layer whose batch element 0 has every key padded. 1.13: NaN from the attention on,
+    # through the residual and both layer norms, to the whole of that element's output. 2.13: the
+    # layer's attention runs with need_weights=False, i.e. through scaled_dot_product_attention,
+    # whose safe softmax gives a zero context there, so the attention block gives out_proj.bias and
+    # the element's output is finite. (The fused fast path, which the exporter forbids, gives NaN
+    # for this layer in both versions.)
     cfg = enc_config(16, 2, dim_feedforward=32, batch_first=True)
     m = _enc(cfg, affine="randomized")
     src = torch.randn(2, 5, 16)
@@ -429,6 +539,76 @@ def fx_encoder_all_masked_rows():
     kpm[0, :] = True
     kpm[1, 3:] = True
     return cfg, m, {}, {"src": src, "src_key_padding_mask": kpm}
+
+
+def _kpm_values(B, S):
+    """Float (B, S) key padding mask drawn from {0, 0.5, -1.5}; key 0 always 0."""
+    vals = torch.tensor([0.0, 0.5, -1.5])
+    kpm = vals[torch.randint(0, 3, (B, S))]
+    kpm[:, 0] = 0.0
+    return kpm
+
+
+def fx_mha_bool_attn_float_kpm():
+    # A bool attn_mask with a float key_padding_mask: 1.13 ORs them (any nonzero kpm value masks
+    # its key), 2.13 adds the kpm to the scores (the bool mask becoming -inf/0). Key 0 is never
+    # masked, so no row is fully masked under either reading.
+    cfg = mha_config(8, 2, bias=True, batch_first=True)
+    fwd = {"need_weights": True, "average_attn_weights": False}
+    m = _mha(cfg, affine="randomized")
+    q = torch.randn(2, 4, 8)
+    kv = torch.randn(2, 6, 8)
+    am = random_bool_mask(4, 6)
+    kpm = _kpm_values(2, 6)
+    return cfg, m, fwd, {"query": q, "key": kv, "value": kv, "attn_mask": am,
+                         "key_padding_mask": kpm}
+
+
+def fx_mha_float_attn_float_kpm():
+    # A float attn_mask with a float key_padding_mask: 2.13 adds both to the scores. 1.13 does not
+    # raise but silently ignores the kpm (masked_fill reads a float mask's low byte, 0 for these
+    # values): not exported under 1.13.
+    cfg = mha_config(8, 2, bias=True, batch_first=True)
+    fwd = {"need_weights": True, "average_attn_weights": False}
+    m = _mha(cfg, affine="randomized")
+    q = torch.randn(2, 4, 8)
+    kv = torch.randn(2, 6, 8)
+    am = torch.randn(4, 6)
+    kpm = _kpm_values(2, 6)
+    return cfg, m, fwd, {"query": q, "key": kv, "value": kv, "attn_mask": am,
+                         "key_padding_mask": kpm}
+
+
+def fx_mha_all_masked_rows_no_weights():
+    # mha_all_masked_rows' masks with need_weights=False: 1.13 NaN in the fully masked rows; 2.13
+    # runs scaled_dot_product_attention, whose safe softmax gives a zero context there, so the
+    # output in those rows is out_proj.bias.
+    cfg = mha_config(8, 2, bias=True, batch_first=True)
+    fwd = {"need_weights": False, "average_attn_weights": True}
+    m = _mha(cfg, affine="randomized")
+    x = torch.randn(2, 6, 8)
+    am = random_bool_mask(6, 6)
+    am[2, :] = True
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[1, :] = True
+    kpm[1, 4] = False
+    return cfg, m, fwd, {"query": x, "key": x, "value": x, "attn_mask": am, "key_padding_mask": kpm}
+
+
+def fx_decoder_layer_all_masked_memory():
+    # A decoder layer whose memory_key_padding_mask masks every memory key of batch element 0:
+    # 1.13 NaN for all of that element's tokens (cross-attention, then the residual and norms);
+    # 2.13 finite, its cross-attention block giving multihead_attn.out_proj.bias there.
+    cfg = dec_config(8, 2, dim_feedforward=16, activation="relu", layer_norm_eps=1e-5,
+                     batch_first=True, norm_first=False)
+    m = _dec(cfg, affine="randomized")
+    tgt = torch.randn(2, 5, 8)
+    memory = torch.randn(2, 6, 8)
+    mkpm = torch.zeros(2, 6, dtype=torch.bool)
+    mkpm[0, :] = True
+    mkpm[1, 4:] = True
+    return cfg, m, {}, {"tgt": tgt, "memory": memory, "tgt_mask": causal_mask(5, 5),
+                        "memory_key_padding_mask": mkpm}
 
 
 def _stack(config, affine="torch"):
@@ -499,10 +679,245 @@ def fx_decoder_layer_unbatched():
     return cfg, m, {}, {"tgt": tgt, "memory": memory}
 
 
-# Fixtures whose outputs hold NaN by design: rows whose every key is masked (torch 1.13's policy).
-EXPECT_NAN = {"mha_all_masked_rows", "encoder_all_masked_rows"}
+# ---------------------------------------------------------------------------
+# Per-version expectations
+# ---------------------------------------------------------------------------
+# Where the two versions' documented paths compute different things, each fixture states what the
+# version running the export must give, and the export asserts it. An expectation gets a Run (the
+# modules, inputs and outputs in both precisions) and returns {output key: bool tensor} marking the
+# positions that hold NaN by design (left out of the float32-vs-float64 noise check).
 
-# name -> (seed, builder, description)
+class Run:
+    def __init__(self, name, module_name, config, fwd, module32, module64, inputs32, inputs64):
+        self.name, self.module_name, self.config, self.fwd = name, module_name, config, fwd
+        self.module32, self.module64 = module32, module64
+        self.inputs32, self.inputs64 = inputs32, inputs64
+        self.out32 = self.out64 = None
+        self.warnings = []
+
+    def precisions(self):
+        """(label, module, inputs, outputs) for float64 and float32."""
+        return (("float64", self.module64, self.inputs64, self.out64),
+                ("float32", self.module32, self.inputs32, self.out32))
+
+    def call(self, module, inputs, fwd=None, hooks=()):
+        """Run module on inputs on the documented path (the export's guards on), collecting the
+        warnings torch gives; hooks: (submodule, list) pairs whose forward output is captured."""
+        fwd = self.fwd if fwd is None else fwd
+        handles = [sub.register_forward_hook(lambda mod, args, res, sink=sink: sink.append(res))
+                   for sub, sink in hooks]
+        try:
+            with warnings.catch_warnings(record=True) as caught, documented_path():
+                warnings.simplefilter("always")
+                ret = module(**inputs, **fwd)
+        finally:
+            for h in handles:
+                h.remove()
+        for w in caught:
+            msg = f"{w.category.__name__}: {str(w.message).splitlines()[0]}"
+            if msg not in self.warnings:
+                self.warnings.append(msg)
+        return split_outputs(ret, self.module_name, fwd)
+
+
+def fully_masked_rows(attn_mask, key_padding_mask, B, L, S):
+    """Bool (B, L): the query rows whose every key is masked by bool masks (True = masked out);
+    attn_mask (L, S) or None, key_padding_mask (B, S) or None."""
+    masked = torch.zeros(B, L, S, dtype=torch.bool)
+    if attn_mask is not None:
+        assert attn_mask.dtype == torch.bool and tuple(attn_mask.shape) == (L, S)
+        masked |= attn_mask[None]
+    if key_padding_mask is not None:
+        assert key_padding_mask.dtype == torch.bool and tuple(key_padding_mask.shape) == (B, S)
+        masked |= key_padding_mask[:, None, :]
+    return masked.all(dim=-1)
+
+
+def assert_nan_exactly(run, key, precision, t, where, why):
+    nan = torch.isnan(t)
+    assert torch.equal(nan, where), (
+        f"{run.name}: {precision} {key}: expected NaN exactly in {why} ({int(where.sum())} values), "
+        f"got {int(nan.sum())} NaN values, {int((nan & ~where).sum())} of them elsewhere")
+    assert torch.isfinite(t[~nan]).all(), f"{run.name}: {precision} {key}: non-finite besides the NaN rows"
+
+
+def assert_rows_equal_bias(run, precision, t, rows, bias, what):
+    n = int(rows.sum())
+    assert torch.equal(t[rows], bias.detach().expand(n, -1)), (
+        f"{run.name}: {precision}: {what} in the {n} fully masked rows is not exactly out_proj.bias")
+
+
+def expect_mha_masked_rows(run):
+    """MultiheadAttention (batch_first, bool masks) with query rows whose every key is masked.
+    Weights (need_weights=True): NaN in those rows in 1.13 and 2.13 alike (plain softmax of a row of
+    -inf). Output: NaN in those rows under 1.13 (either need_weights) and under 2.13 with
+    need_weights=True; under 2.13 with need_weights=False (scaled_dot_product_attention, safe
+    softmax: a zero context) finite and exactly out_proj.bias in those rows."""
+    x = run.inputs64
+    assert run.config["batch_first"] and x["query"].dim() == 3
+    B, L, _ = x["query"].shape
+    S = x["key"].shape[1]
+    rows = fully_masked_rows(x.get("attn_mask"), x.get("key_padding_mask"), B, L, S)
+    assert rows.any(), f"{run.name}: no fully masked row"
+    nan = {}
+    if "attn_weights" in run.out64:
+        w = run.out64["attn_weights"]
+        wrows = (rows[:, None, :, None] if w.dim() == 4 else rows[:, :, None]).expand(w.shape)
+        for precision, _, _, out in run.precisions():
+            assert_nan_exactly(run, "attn_weights", precision, out["attn_weights"], wrows,
+                               "the fully masked rows (need_weights=True, 1.13 and 2.13)")
+        nan["attn_weights"] = wrows
+    orows = rows[:, :, None].expand(run.out64["output"].shape)
+    if SEM == "1.13" or run.fwd["need_weights"]:
+        why = ("the fully masked rows (torch 1.13)" if SEM == "1.13" else
+               "the fully masked rows (torch 2.13, need_weights=True: plain softmax)")
+        for precision, _, _, out in run.precisions():
+            assert_nan_exactly(run, "output", precision, out["output"], orows, why)
+        nan["output"] = orows
+    else:
+        for precision, module, _, out in run.precisions():
+            o = out["output"]
+            assert torch.isfinite(o).all(), (
+                f"{run.name}: {precision} output: torch 2.13 with need_weights=False should give "
+                "finite rows where every key is masked (zero context)")
+            assert_rows_equal_bias(run, precision, o, rows, module.out_proj.bias,
+                                   "the output (torch 2.13, need_weights=False)")
+    return nan
+
+
+def expect_layer_masked_rows(attn_name, query_name, mask_name, kpm_name):
+    """An encoder/decoder layer (batch_first) whose attention attn_name has query rows whose every
+    key is masked by the bool masks mask_name / kpm_name. 1.13: NaN in those rows from the
+    attention on, through the residual and the norms, to the whole of those tokens' output.
+    2.13: the layer calls its attention with need_weights=False (scaled_dot_product_attention, safe
+    softmax: a zero context), so the output is finite and the attention block's output in those
+    rows is exactly its out_proj.bias (captured with a forward hook on a second run, which must
+    reproduce the exported output bit for bit)."""
+    def expect(run):
+        x = run.inputs64
+        assert run.config["batch_first"] and x[query_name].dim() == 3
+        B, L, _ = x[query_name].shape
+        S = x[kpm_name].shape[1]
+        rows = fully_masked_rows(x.get(mask_name), x[kpm_name], B, L, S)
+        assert rows.any(), f"{run.name}: no fully masked row"
+        orows = rows[:, :, None].expand(run.out64["output"].shape)
+        if SEM == "1.13":
+            for precision, _, _, out in run.precisions():
+                assert_nan_exactly(run, "output", precision, out["output"], orows,
+                                   "the tokens whose every key is masked (torch 1.13)")
+            return {"output": orows}
+        for precision, module, inputs, out in run.precisions():
+            assert torch.isfinite(out["output"]).all(), (
+                f"{run.name}: {precision} output: torch 2.13 should give finite tokens where "
+                f"every key of {attn_name} is masked")
+            attn = getattr(module, attn_name)
+            captured = []
+            again = run.call(module, inputs, hooks=((attn, captured),))
+            assert torch.equal(again["output"], out["output"]), (
+                f"{run.name}: {precision}: the hooked re-run differs from the export")
+            assert len(captured) == 1, f"{run.name}: {attn_name} ran {len(captured)} times"
+            assert_rows_equal_bias(run, precision, captured[0][0], rows, attn.out_proj.bias,
+                                   f"the {attn_name} block's output (torch 2.13)")
+        return {}
+    return expect
+
+
+def _merged_mask_reference(run, module, inputs, merge):
+    """The module's output when its attn_mask and key_padding_mask are replaced by one 3-D
+    (B * heads, L, S) attn_mask merged by hand:
+      "or":  bool attn_mask OR (key_padding_mask != 0)   (1.13's merge of a float kpm into a bool mask)
+      "add": additive(attn_mask) + key_padding_mask        (2.13: each mask additive, summed)
+      "attn_only": attn_mask alone, the kpm dropped        (what 1.13 does with float + float)."""
+    am, kpm, q = inputs["attn_mask"], inputs["key_padding_mask"], inputs["query"]
+    H = run.config["num_heads"]
+    B, L, S = q.shape[0], q.shape[1], inputs["key"].shape[1]
+    assert run.config["batch_first"] and am.shape == (L, S) and kpm.shape == (B, S)
+    if merge == "or":
+        assert am.dtype == torch.bool
+        merged = am[None] | (kpm != 0)[:, None, :]
+    elif merge == "add":
+        additive = (torch.zeros(L, S, dtype=q.dtype).masked_fill(am, float("-inf"))
+                    if am.dtype == torch.bool else am)
+        merged = additive[None] + kpm[:, None, :]
+    else:
+        merged = am[None].expand(B, L, S)
+    merged = merged.repeat_interleave(H, dim=0)  # batch b, head h -> b * H + h, as torch's merge
+    ins = {k: v for k, v in inputs.items() if k not in ("attn_mask", "key_padding_mask")}
+    ins["attn_mask"] = merged
+    return run.call(module, ins)
+
+
+def _assert_merge(run, expected, other, why):
+    """Outputs equal the `expected` hand-merged reference bit for bit and differ from `other`."""
+    for precision, module, inputs, out in run.precisions():
+        ref = _merged_mask_reference(run, module, inputs, expected)
+        alt = _merged_mask_reference(run, module, inputs, other)
+        for key in out:
+            assert torch.isfinite(out[key]).all(), f"{run.name}: {precision} {key} not finite"
+            assert torch.equal(out[key], ref[key]), (
+                f"{run.name}: {precision} {key} is not the '{expected}' merge of the masks ({why})")
+            assert not torch.allclose(out[key], alt[key], rtol=1e-3, atol=0), (
+                f"{run.name}: {precision} {key}: the '{expected}' and '{other}' merges agree; "
+                "the fixture does not tell them apart")
+    return {}
+
+
+def expect_bool_attn_float_kpm(run):
+    """bool attn_mask + float key_padding_mask. 1.13 ORs them: any nonzero kpm value masks the
+    key. 2.13 adds the kpm to the scores."""
+    if SEM == "1.13":
+        return _assert_merge(run, "or", "add", "torch 1.13 ORs a float kpm into a bool attn_mask")
+    return _assert_merge(run, "add", "or", "torch 2.13 adds a float kpm to the scores")
+
+
+def expect_float_attn_float_kpm(run):
+    """float attn_mask + float key_padding_mask, exported under 2.13 only: both added."""
+    assert SEM == "2.13"
+    return _assert_merge(run, "add", "attn_only", "torch 2.13 adds both float masks")
+
+
+def skip_float_attn_float_kpm_113(run):
+    """Under 1.13 a float kpm with a float attn_mask neither raises nor masks anything for
+    ordinary values: masked_fill reads the float mask's low byte (0 for 0, 0.5, -1.5). Check
+    that the output is the attn_mask-only one and say so."""
+    out = {}
+    for precision, module, inputs, _ in run.precisions():
+        try:
+            out[precision] = run.call(module, inputs)
+        except RuntimeError as e:
+            return f"torch {torch.__version__} raises on it ({str(e).splitlines()[0]})"
+        ref = _merged_mask_reference(run, module, inputs, "attn_only")
+        for key in out[precision]:
+            assert torch.equal(out[precision][key], ref[key]), (
+                f"{run.name}: torch 1.13 neither raised nor ignored the float kpm ({precision} {key})")
+    return ("torch 1.13 silently ignores a float key_padding_mask next to a float attn_mask "
+            "(masked_fill reads the float's low byte; checked here: the output equals the run "
+            "without the kpm), which is not the documented additive meaning")
+
+
+# name -> {semantics version: expectation(run) -> {key: expected-NaN positions}}; a version absent
+# from a fixture's dict has no version-dependent expectation for it.
+EXPECT = {
+    "mha_all_masked_rows": {"1.13": expect_mha_masked_rows, "2.13": expect_mha_masked_rows},
+    "encoder_all_masked_rows": dict.fromkeys(
+        SUPPORTED, expect_layer_masked_rows("self_attn", "src", "src_mask", "src_key_padding_mask")),
+    "mha_bool_attn_float_kpm": dict.fromkeys(SUPPORTED, expect_bool_attn_float_kpm),
+    "mha_float_attn_float_kpm": {"2.13": expect_float_attn_float_kpm},
+    "mha_all_masked_rows_no_weights": dict.fromkeys(SUPPORTED, expect_mha_masked_rows),
+    "decoder_layer_all_masked_memory": dict.fromkeys(
+        SUPPORTED, expect_layer_masked_rows("multihead_attn", "tgt", "memory_mask",
+                                            "memory_key_padding_mask")),
+}
+
+# name -> {semantics version: why(run) -> reason}: fixtures not exported under that version; the
+# function may check the reason and returns it for the printed "skipped" line.
+SKIP = {
+    "mha_float_attn_float_kpm": {"1.13": skip_float_attn_float_kpm_113},
+}
+
+
+# name -> (seed, builder, description); the description is one string, or one per semantics
+# version where what the fixture holds differs between them.
 FIXTURES = {
     "mha_single": (
         1001, fx_mha_single,
@@ -586,13 +1001,52 @@ FIXTURES = {
     "mha_all_masked_rows": (
         1018, fx_mha_all_masked_rows,
         "Self-attention (2, 6, 16), 2 heads, randomized biases, whose query 2 has every key masked "
-        "by a bool attn_mask (NaN in torch 1.13) and whose batch element 1 has every key but one "
-        "padded (that key gets weight 1); per-head weights."),
+        "by a bool attn_mask (NaN in its output row and weights: need_weights=True, torch 1.13 and "
+        "2.13 alike) and whose batch element 1 has every key but one padded (that key gets weight "
+        "1); per-head weights."),
     "encoder_all_masked_rows": (
         1019, fx_encoder_all_masked_rows,
-        "Post-norm ReLU TransformerEncoderLayer(16, 2, ff=32) whose batch element 0 has every key "
-        "padded by src_key_padding_mask: NaN through the residual and both norms to its whole "
-        "output; batch element 1 partly padded."),
+        {"1.13": "Post-norm ReLU TransformerEncoderLayer(16, 2, ff=32) whose batch element 0 has "
+                 "every key padded by src_key_padding_mask: NaN through the residual and both "
+                 "norms to its whole output (torch 1.13); batch element 1 partly padded.",
+         "2.13": "Post-norm ReLU TransformerEncoderLayer(16, 2, ff=32) whose batch element 0 has "
+                 "every key padded by src_key_padding_mask: torch 2.13's attention "
+                 "(scaled_dot_product_attention, need_weights=False) gives a zero context there, "
+                 "so the attention block is out_proj.bias and the output finite; batch element 1 "
+                 "partly padded."}),
+    "mha_bool_attn_float_kpm": (
+        1020, fx_mha_bool_attn_float_kpm,
+        {"1.13": "Cross-attention (B=2, L=4, S=6, E=8, 2 heads), randomized biases, a random 2-D "
+                 "bool attn_mask and a float key_padding_mask of 0, 0.5 and -1.5, which torch 1.13 "
+                 "ORs into the bool mask (every nonzero value masks its key); per-head weights.",
+         "2.13": "Cross-attention (B=2, L=4, S=6, E=8, 2 heads), randomized biases, a random 2-D "
+                 "bool attn_mask and a float key_padding_mask of 0, 0.5 and -1.5, which torch 2.13 "
+                 "adds to the scores (the bool mask as -inf/0); per-head weights."}),
+    "mha_float_attn_float_kpm": (
+        1021, fx_mha_float_attn_float_kpm,
+        "Cross-attention (B=2, L=4, S=6, E=8, 2 heads), randomized biases, a random 2-D float "
+        "attn_mask and a float key_padding_mask of 0, 0.5 and -1.5, both added to the scores "
+        "(torch 2.13; torch 1.13 silently ignores such a kpm, so it has no such fixture); per-head "
+        "weights."),
+    "mha_all_masked_rows_no_weights": (
+        1022, fx_mha_all_masked_rows_no_weights,
+        {"1.13": "Self-attention (2, 6, 8), 2 heads, randomized biases, need_weights=False, whose "
+                 "query 2 has every key masked by a bool attn_mask and whose batch element 1 has "
+                 "every key but one padded: NaN in the fully masked rows (torch 1.13).",
+         "2.13": "Self-attention (2, 6, 8), 2 heads, randomized biases, need_weights=False, whose "
+                 "query 2 has every key masked by a bool attn_mask and whose batch element 1 has "
+                 "every key but one padded: torch 2.13's scaled_dot_product_attention gives a zero "
+                 "context there, so the output is out_proj.bias in those rows."}),
+    "decoder_layer_all_masked_memory": (
+        1023, fx_decoder_layer_all_masked_memory,
+        {"1.13": "Post-norm ReLU TransformerDecoderLayer(8, 2, ff=16), batch_first tgt (2, 5, 8) "
+                 "with a causal float tgt_mask and memory (2, 6, 8) whose memory_key_padding_mask "
+                 "masks every key of batch element 0: NaN in all of that element's output "
+                 "(torch 1.13); element 1 partly padded.",
+         "2.13": "Post-norm ReLU TransformerDecoderLayer(8, 2, ff=16), batch_first tgt (2, 5, 8) "
+                 "with a causal float tgt_mask and memory (2, 6, 8) whose memory_key_padding_mask "
+                 "masks every key of batch element 0: torch 2.13's cross-attention gives "
+                 "out_proj.bias there and the output stays finite; element 1 partly padded."}),
 }
 
 
@@ -647,8 +1101,93 @@ def l2(t):
     return float(torch.linalg.vector_norm(t.to(torch.float64)))
 
 
-def make_fixture(name):
-    seed, builder, description = FIXTURES[name]
+# ---------------------------------------------------------------------------
+# Which PyTorch computes the outputs ("reference")
+# ---------------------------------------------------------------------------
+
+def _openblas():
+    """A ctypes handle on the OpenBLAS this process has loaded (Debian's torch 1.13 reaches it
+    through libblas.so.3), or None."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            paths = sorted({line.split()[-1] for line in f if "libopenblas" in line})
+    except OSError:
+        return None
+    for p in paths:
+        try:
+            lib = ctypes.CDLL(p)  # already loaded: the same library, not a second copy
+        except OSError:
+            continue
+        if hasattr(lib, "openblas_get_config") and hasattr(lib, "openblas_set_num_threads"):
+            lib.openblas_get_config.restype = ctypes.c_char_p
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            lib.openblas_get_num_threads.restype = ctypes.c_int
+            return lib
+    return None
+
+
+def _blas_info():
+    m = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    return m.group(1) if m else "unknown"
+
+
+def blas_description():
+    """BLAS and backends, from torch.__config__.show() (plus OpenBLAS's own version and core where
+    torch reports a generic BLAS): e.g. "mkl 2024.2, onednn v3.12.0, cpu capability AVX512"."""
+    cfg = torch.__config__.show()
+
+    def grab(pattern):
+        m = re.search(pattern, cfg)
+        return m.group(1) if m else None
+
+    info = _blas_info()
+    parts = []
+    if info == "mkl":
+        v = grab(r"Math Kernel Library Version ([0-9.]+)")
+        parts.append(f"mkl {v}" if v else "mkl")
+    else:
+        ob = _openblas()
+        if ob is not None:
+            m = re.search(r"OpenBLAS ([0-9.]+)", ob.openblas_get_config().decode())
+            core = ob.openblas_get_corename().decode()
+            parts.append(f"openblas{' ' + m.group(1) if m else ''} {core} ({info} BLAS_INFO)")
+        else:
+            parts.append(f"{info} BLAS_INFO")
+    dnnl = grab(r"MKL-DNN (v[0-9.]+)")
+    if dnnl:
+        parts.append(f"onednn {dnnl}")
+    cap = grab(r"CPU capability usage: (\w+)")
+    if cap:
+        parts.append(f"cpu capability {cap}")
+    return ", ".join(parts)
+
+
+def pin_threads():
+    """One thread: torch's (and MKL's, which torch.set_num_threads sets in 2.x) and, where torch
+    uses OpenBLAS (Debian's 1.13), OpenBLAS's own pool, which torch.set_num_threads does not
+    reach and whose thread count changes some results' last bits."""
+    torch.set_num_threads(1)
+    if _blas_info() != "mkl":
+        ob = _openblas()
+        if ob is not None:
+            ob.openblas_set_num_threads(1)
+            assert ob.openblas_get_num_threads() == 1
+    assert torch.get_num_threads() == 1
+
+
+def reference_json(module_name):
+    return {"name": f"torch.nn.{module_name} (Python)",
+            "torch": torch.__version__,
+            "blas": blas_description(),
+            "threads": str(torch.get_num_threads())}
+
+
+# ---------------------------------------------------------------------------
+# Export
+# ---------------------------------------------------------------------------
+
+def build_run(name):
+    seed, builder, _ = FIXTURES[name]
     torch.manual_seed(seed)
     config, module32, fwd, inputs32 = builder()
     module_name = type(module32).__name__
@@ -668,33 +1207,46 @@ def make_fixture(name):
         if id(v) not in cast_cache:
             cast_cache[id(v)] = to_float64(v)
         inputs64[k] = cast_cache[id(v)]
+    return Run(name, module_name, config, fwd, module32, module64, inputs32, inputs64)
 
-    with forbid_fast_path():
-        out32 = split_outputs(module32(**inputs32, **fwd), module_name, fwd)
-        out64 = split_outputs(module64(**inputs64, **fwd), module_name, fwd)
+
+def skip_reason(name):
+    """Why the fixture is not exported under this version (its check run), or None."""
+    why = SKIP.get(name, {}).get(SEM)
+    return None if why is None else why(build_run(name))
+
+
+def make_fixture(name):
+    _, _, description = FIXTURES[name]
+    if isinstance(description, dict):
+        description = description[SEM]
+    run = build_run(name)
+    run.out32 = run.call(run.module32, run.inputs32)
+    run.out64 = run.call(run.module64, run.inputs64)
 
     # Float64 parameters must be exact copies of the float32 ones.
-    sd32 = module32.state_dict()
-    sd64 = module64.state_dict()
+    sd32 = run.module32.state_dict()
+    sd64 = run.module64.state_dict()
     assert list(sd32.keys()) == list(sd64.keys())
     for k in sd32:
         assert sd64[k].dtype == torch.float64
         assert torch.equal(sd64[k], sd32[k].double()), k
 
+    # What this version must give where the versions differ; NaN by design is only allowed there.
+    expect = EXPECT.get(name, {}).get(SEM)
+    expected_nan = expect(run) if expect is not None else {}
+
     noise = {}
-    for key in out64:
-        o32, o64 = out32[key], out64[key]
+    for key in run.out64:
+        o32, o64 = run.out32[key], run.out64[key]
         assert o32.dtype == torch.float32 and o64.dtype == torch.float64
         assert o32.shape == o64.shape
-        if name in EXPECT_NAN:
-            # NaN where every key is masked, at the same positions in both precisions, and only there
-            nan64, nan32 = torch.isnan(o64), torch.isnan(o32)
-            assert nan64.any(), f"{name}: expected NaN rows in float64 {key}"
-            assert torch.equal(nan64, nan32), f"{name}: NaN positions differ between float32 and float64 {key}"
-            assert torch.isfinite(o64[~nan64]).all(), f"{name}: non-finite float64 {key} besides the NaN rows"
-            o32, o64 = o32[~nan32], o64[~nan64]
+        if key in expected_nan:  # checked by the expectation: NaN exactly there, finite elsewhere
+            keep = ~expected_nan[key]
+            o32, o64 = o32[keep], o64[keep]
         assert not torch.isnan(o64).any(), f"{name}: NaN in float64 {key}"
         assert torch.isfinite(o64).all(), f"{name}: non-finite float64 {key}"
+        assert torch.isfinite(o32).all(), f"{name}: non-finite float32 {key}"
         diff = l2(o32.double() - o64)
         ref = l2(o64)
         assert diff <= REL_TOL * ref, f"{name}: {key} float32/float64 rel diff {diff / ref:.3e}"
@@ -706,16 +1258,17 @@ def make_fixture(name):
         "format": FORMAT,
         "version": VERSION,
         "name": name,
-        "module": module_name,
-        "config": config,
-        "forward": dict(fwd),
+        "module": run.module_name,
+        "reference": reference_json(run.module_name),
+        "config": run.config,
+        "forward": dict(run.fwd),
         "state_dict": {k: tensor_json(v, "float64") for k, v in sd64.items()},
-        "inputs": {k: tensor_json_auto(v) for k, v in inputs64.items()},
-        "outputs": {k: tensor_json(v, "float64") for k, v in out64.items()},
-        "outputs_float32": {k: tensor_json(v, "float32") for k, v in out32.items()},
+        "inputs": {k: tensor_json_auto(v) for k, v in run.inputs64.items()},
+        "outputs": {k: tensor_json(v, "float64") for k, v in run.out64.items()},
+        "outputs_float32": {k: tensor_json(v, "float32") for k, v in run.out32.items()},
         "description": description,
     }
-    return fixture, noise
+    return fixture, noise, run.warnings
 
 
 def build_config_echo(module, module_name):
@@ -766,30 +1319,48 @@ def build_config_echo(module, module_name):
 
 
 def write_fixture(fixture, path):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(fixture, f, separators=(",", ":"), allow_nan=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write atomically: a temporary file in the same directory, then os.replace."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
+                               prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(fixture, f, separators=(",", ":"), allow_nan=False)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=DEFAULT_OUT,
-                    help="output directory (default: %(default)s)")
+                    help="output directory (default: %(default)s, from the running torch's version)")
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=list(FIXTURES),
                     help="write only these fixtures")
     args = ap.parse_args(argv)
 
-    # Single-threaded for run-to-run reproducibility of the float32 results.
-    torch.set_num_threads(1)
+    if SEM not in SUPPORTED:
+        print(f"export_fixtures.py: torch {torch.__version__} is not one of the versions whose "
+              f"semantics this script checks ({', '.join(SUPPORTED)}); run it with the venv's "
+              "torch 2.13 (.venv/bin/python) or Debian's 1.13 (/usr/bin/python3)", file=sys.stderr)
+        return 2
+
+    # Single-threaded for run-to-run reproducibility of the results.
+    pin_threads()
     self_test_fast_path_guard()
 
     os.makedirs(args.out, exist_ok=True)
     names = args.only if args.only else list(FIXTURES)
-    print(f"torch {torch.__version__}")
+    print(f"torch {torch.__version__} ({blas_description()}; threads {torch.get_num_threads()})")
     for name in names:
-        fixture, noise = make_fixture(name)
+        reason = skip_reason(name)
+        if reason is not None:
+            print(f"{name}  skipped under torch {TORCH_MAJOR_MINOR}: {reason}")
+            continue
+        fixture, noise, warned = make_fixture(name)
         path = os.path.join(args.out, name + ".json")
         write_fixture(fixture, path)
         size = os.path.getsize(path)
@@ -797,6 +1368,8 @@ def main(argv=None):
         for key, (diff, ref) in noise.items():
             print(f"    {key:13s} |out32-out64|_2 = {diff:.3e}   |out64|_2 = {ref:.3e}   "
                   f"rel = {diff / ref:.3e}")
+        for w in warned:
+            print(f"    torch warned: {w}")
     return 0
 
 

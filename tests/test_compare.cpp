@@ -103,7 +103,7 @@ TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
   };
   // The keys the README documents, no fewer and no others.
   CHECK(keys(c) == std::set<std::string>{"name", "description", "config", "seed", "pass", "components", "failures",
-                                         "notes", "first_divergence"});
+                                         "notes", "first_divergence", "reference", "stored_reference"});
   CHECK(keys(c.at("components").at(0)) == std::set<std::string>{"name", "shape", "pass", "growth", "legs"});
   CHECK(keys(legs) ==
         std::set<std::string>{"hand64_vs_torch64", "hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"});

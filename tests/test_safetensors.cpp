@@ -527,7 +527,7 @@ TEST_CASE("safetensors: a tensor not in the file is named with the file's", "[sa
   CHECK_THROWS_WITH(f.tensor("c"), "bad.safetensors: c: no such tensor (the file holds: a, b)");
 }
 
-TEST_CASE("safetensors: open names the path; a bad file on disk is refused like bytes", "[safetensors]") {
+TEST_CASE("safetensors: open names the path and refuses a bad file on disk as it refuses bytes", "[safetensors]") {
   TempDir dir;
   const std::string missing = (dir.path / "missing.safetensors").string();
   CHECK_THROWS_WITH(SafetensorsFile::open(missing),

@@ -10,6 +10,7 @@
 #include "common.hpp"
 #include "tparity/compare/baseline.hpp"
 #include "tparity/compare/evaluate.hpp"
+#include "tparity/core/gemm.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
 #include "tparity/torch/reference.hpp"
@@ -35,12 +36,13 @@ struct Gated {
   std::string rerun;
 };
 
-// The fixtures in dir: every .json file but the baseline itself (and any other baseline*.json).
+// The fixtures under dir, its subdirectories included (one per torch version that exported a set):
+// every .json file but the baseline itself (and any other baseline*.json).
 std::vector<std::string> fixture_files(const std::string& dir, const std::string& baseline) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError("option --fixtures: " + dir + ": not a directory");
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(dir)) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
     if (e.path().extension() != ".json" || e.path().filename().string().rfind("baseline", 0) == 0) continue;
     if (fs::equivalent(e.path(), baseline, ec)) continue;
     files.push_back(e.path().string());
@@ -73,7 +75,7 @@ std::string xml_escape(const std::string& s) {
 // JUnit XML: one testcase per case and component (plus one per case for failures that name no
 // component), failures carrying their one-line message.
 void write_junit(const std::string& path, const std::vector<Gated>& gated,
-                 const std::map<std::string, std::vector<std::string>>& failures_by_test) {
+                 const std::map<std::string, std::vector<std::string>>& failures_by_test, const ReferenceInfo& ref) {
   std::string cases;
   size_t tests = 0, failed = 0;
   auto testcase = [&](const std::string& cls, const std::string& name) {
@@ -97,8 +99,11 @@ void write_junit(const std::string& path, const std::vector<Gated>& gated,
   }
   const std::string xml = fmt::format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"tparity gate\" tests=\"{}\" "
-      "failures=\"{}\">\n{}  </testsuite>\n</testsuites>\n",
-      tests, failed, cases);
+      "failures=\"{}\">\n    <properties>\n      <property name=\"reference\" value=\"{}\"/>\n"
+      "      <property name=\"torch\" value=\"{}\"/>\n      <property name=\"blas\" value=\"{}\"/>\n"
+      "      <property name=\"kernel\" value=\"{}\"/>\n    </properties>\n{}  </testsuite>\n</testsuites>\n",
+      tests, failed, xml_escape(ref.line()), xml_escape(ref.torch), xml_escape(ref.blas), xml_escape(ref.kernel),
+      cases);
   write_text_file(path, xml);
 }
 
@@ -111,14 +116,28 @@ int gate(const GateOptions& o) {
   for (const CaseSpec& s : default_cases())
     gated.push_back({evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}), std::to_string(s.seed),
                      fmt::format("tparity run --case {} --seed {}", s.name, s.seed)});
-  for (const std::string& f : fixture_files(o.fixtures, o.baseline))
-    for (CaseReport& r : check_fixture(read_fixture(f), f, GatePolicy{}))
+  for (const std::string& f : fixture_files(o.fixtures, o.baseline)) {
+    // Named by the file below --fixtures ("torch-2.13/mha_single"): two sets share fixture names.
+    std::string stem = fs::path(f).lexically_relative(o.fixtures).replace_extension().generic_string();
+    for (CaseReport& r : check_fixture(read_fixture(f), f, GatePolicy{})) {
+      const std::string suffix =
+          r.name.size() > 0 && r.name.find('/') != std::string::npos ? r.name.substr(r.name.find('/')) : "";
+      r.name = stem + suffix;
       gated.push_back({std::move(r), "none (fixture data)", "tparity check --fixture " + f});
+    }
+  }
 
   std::vector<CaseReport> reports;
   for (const Gated& g : gated) reports.push_back(g.report);
-  const std::map<std::string, std::string> env{
-      {"torch", torch_version()}, {"blas", torch_blas()}, {"threads", std::to_string(torch_threads())}};
+  // Which PyTorch judged, recorded with the baseline and compared with the one that recorded it.
+  const ReferenceInfo ref = reference_info();
+  const std::map<std::string, std::string> env{{"torch", ref.torch},
+                                               {"source", ref.source},
+                                               {"blas", ref.blas},
+                                               {"kernel", ref.kernel},
+                                               {"capability", ref.capability},
+                                               {"threads", std::to_string(ref.threads)},
+                                               {"hand_isa", to_string(gemm_isa())}};
 
   if (o.update) {
     size_t failing = 0;
@@ -134,8 +153,8 @@ int gate(const GateOptions& o) {
     }
     const Baseline b = make_baseline(reports, env);
     write_text_file(o.baseline, baseline_to_json(b).dump(2) + "\n");
-    fmt::print("baseline {}: {} entries from {} cases, environment torch {}, blas {}, threads {}\n", o.baseline,
-               b.entries.size(), reports.size(), env.at("torch"), env.at("blas"), env.at("threads"));
+    fmt::print("baseline {}: {} entries from {} cases; reference: {}; hand core ISA {}\n", o.baseline, b.entries.size(),
+               reports.size(), ref.line(), env.at("hand_isa"));
     return kPass;
   }
 
@@ -187,9 +206,9 @@ int gate(const GateOptions& o) {
     fmt::print("{} {} ({} components)\n", bad ? "FAIL" : "PASS", g.report.name, g.report.components.size());
   }
   for (const std::string& l : lines) fmt::print("FAIL {}\n", l);
-  fmt::print("gate: {} cases, {} failures (factor {:g}, baseline {})\n", gated.size(), lines.size(), o.factor,
-             o.baseline);
-  if (!o.junit.empty()) write_junit(o.junit, gated, by_test);
+  fmt::print("gate: {} cases, {} failures (factor {:g}, baseline {}); reference: {}\n", gated.size(), lines.size(),
+             o.factor, o.baseline, ref.line());
+  if (!o.junit.empty()) write_junit(o.junit, gated, by_test, ref);
   return lines.empty() ? kPass : kFail;
 }
 

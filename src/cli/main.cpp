@@ -17,10 +17,15 @@ int main(int argc, char** argv) {
   // BERT-sized layer). Both sides benefit alike (LibTorch's CPU allocator is malloc as well).
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // The reference computes on one thread unless a subcommand says otherwise (bench): its float32
+  // results, hence the float32 gates' reference figures, depend on how its products split their work.
+  set_torch_threads(1);
   CLI::App app{"tparity: reference parity of handwritten transformer layers against PyTorch (LibTorch " +
                torch_version() + ")"};
-  app.set_version_flag("--version", std::string("tparity ") + TPARITY_VERSION + ", LibTorch " + torch_version() +
-                                        ", hand core threads " + std::to_string(num_threads()));
+  app.set_version_flag("--version", [] {
+    return std::string("tparity ") + TPARITY_VERSION + "; reference: " + reference_info().line() +
+           "; hand core threads " + std::to_string(num_threads());
+  });
   app.require_subcommand(1);
   cli::Action action;
   cli::register_run(app, action);

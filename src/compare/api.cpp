@@ -47,6 +47,13 @@ void print_reports(const std::vector<CaseReport>& reports, std::FILE* out, bool 
     return;
   }
   size_t failed = 0;
+  if (!reports.empty()) {
+    // Which PyTorch judged, once, and again where a case says otherwise.
+    std::fputs(fmt::format("reference: {}\n", reports.front().reference.line()).c_str(), out);
+    if (!reports.front().reference.warning.empty())
+      std::fputs(fmt::format("warning: {}\n", reports.front().reference.warning).c_str(), out);
+    std::fputs("\n", out);
+  }
   for (const CaseReport& r : reports) {
     failed += r.pass ? 0 : 1;
     std::fputs((render_table(r) + "\n").c_str(), out);

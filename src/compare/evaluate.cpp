@@ -90,14 +90,18 @@ Implementation hand_core() {
                         true};
 }
 
-CaseReport evaluate_problem(const Problem& p, const std::string& description, std::optional<uint64_t> seed,
+CaseReport evaluate_problem(const Problem& problem, const std::string& description, std::optional<uint64_t> seed,
                             const GatePolicy& policy, const Implementation& impl) {
+  // A case follows the reference's semantics where torch versions differ (core/attention.hpp).
+  Problem p = problem;
+  resolve_semantics(p, reference_semantics());
   CaseReport r;
   r.name = p.name;
   r.description = description;
   r.config = config_json(p);
   r.has_seed = seed.has_value();
   r.seed = seed.value_or(0);
+  r.reference = reference_info();
   const std::string where = "case " + p.name;
   add_nonfinite_notes(r, p);
   const RunResult h64 = impl.run(p, DType::Float64, nullptr);
@@ -112,58 +116,105 @@ CaseReport evaluate_problem(const Problem& p, const std::string& description, st
   return r;
 }
 
-std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where, const GatePolicy& policy,
+std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string& where, const GatePolicy& policy,
                                       const Implementation& impl) {
+  // The hand side follows the fixture's semantics (its producer's torch) against the stored outputs,
+  // and the reference's against LibTorch's decomposition.
+  Problem p = fixture;
+  resolve_semantics(p, reference_semantics());
   CaseReport r;
   r.name = p.name;
   r.description = summary(p) + " [fixture " + where + "]";
   r.config = config_json(p);
+  r.reference = reference_info();
+  for (const auto& [k, v] : p.producer) r.stored_reference += (r.stored_reference.empty() ? "" : ", ") + k + " " + v;
+  if (r.stored_reference.empty()) r.stored_reference = "Python torch 1.13 (fixture format v1)";
+  r.notes.push_back("torch64 and torch32 are the fixture's stored results: " + r.stored_reference + "; semantics " +
+                    semantics_name(*p.semantics));
   add_nonfinite_notes(r, p);
 
   const RunResult h64 = impl.run(p, DType::Float64, nullptr);
   const RunResult h32 = impl.run(p, DType::Float32, nullptr);
   if (impl.name != hand_core().name)
     r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
-  const Components hand64 = outputs_as_components(h64.outputs), hand32 = outputs_as_components(h32.outputs);
 
-  // The stored outputs: Python PyTorch's.
+  // The stored results: the outputs as the module returns them, and the producer's components in
+  // their canonical layout (format v2), "output" being the module's own.
+  // "output" and "attn_weights" are the module's, in its layout, not the components of those names.
+  auto is_output = [](const std::string& n) { return n == "output" || n == "attn_weights"; };
+  auto stored = [&](const TensorMap& outs, const TensorMap& comps) {
+    Components c;
+    for (const auto& [name, t] : comps)
+      if (!is_output(name)) c.push_back({name, to_tensor<double>(t)});
+    for (const Component& o : outputs_as_components(outs)) c.push_back(o);
+    return c;
+  };
+  auto with_outputs = [&](const RunResult& run) {
+    Components c;
+    for (const Component& x : run.components)
+      if (!is_output(x.name)) c.push_back(x);
+    for (const Component& o : outputs_as_components(run.outputs)) c.push_back(o);
+    return c;
+  };
   Components torch64, torch32, lt64, lt32;
   const bool stored64 = !p.outputs.empty() && p.outputs.at("output").dtype == DType::Float64;
   if (stored64)
-    torch64 = outputs_as_components(p.outputs);
+    torch64 = stored(p.outputs, p.components);
   else if (!p.outputs.empty())
-    torch32 = outputs_as_components(p.outputs);
-  if (!p.outputs_float32.empty()) torch32 = outputs_as_components(p.outputs_float32);
+    torch32 = stored(p.outputs, p.components_float32);
+  if (!p.outputs_float32.empty()) torch32 = stored(p.outputs_float32, p.components_float32);
   if (p.outputs.empty() && p.outputs_float32.empty())
     throw InputError(where + ": outputs: missing (check compares against the outputs PyTorch stored in the fixture)");
 
   std::vector<CaseReport> reports;
   std::vector<LegSpec> legs = standard_legs();
   if (torch_available()) {
-    const TorchRun t64 = run_torch(p, DType::Float64, true, where);
-    const TorchRun t32 = run_torch(p, DType::Float32, true, where);
+    Problem q = fixture;  // the reference's semantics, for the comparison with LibTorch's decomposition
+    q.semantics.reset();
+    resolve_semantics(q, reference_semantics());
+    const TorchRun t64 = run_torch(q, DType::Float64, true, where);
+    const TorchRun t32 = run_torch(q, DType::Float32, true, where);
     add_reference_notes(r, t64, "libtorch64");
     add_reference_notes(r, t32, "libtorch32");
-    lt64 = outputs_as_components(t64.result.outputs);
-    lt32 = outputs_as_components(t32.result.outputs);
+    lt64 = with_outputs(t64.result);
+    lt32 = with_outputs(t32.result);
     if (torch64.empty()) {
-      torch64 = lt64;
+      torch64 = outputs_as_components(t64.result.outputs);
       r.notes.push_back("torch64 is LibTorch's (the fixture stores no float64 outputs)");
     }
     if (torch32.empty()) {
-      torch32 = lt32;
+      torch32 = outputs_as_components(t32.result.outputs);
       r.notes.push_back("torch32 is LibTorch's (the fixture stores no float32 outputs)");
     }
-    legs.push_back({"libtorch64_vs_torch64", "libtorch64", "torch64", LegRole::Semantic, ""});
+    // LibTorch against what Python stored: the reference's semantics must be the fixture's, or the
+    // problem must not exercise where they differ; otherwise the leg is reported, not gated.
+    const std::vector<std::string> diffs = semantic_differences(p);
+    const bool comparable = *p.semantics == reference_semantics() || diffs.empty();
+    legs.push_back(
+        {"libtorch64_vs_torch64", "libtorch64", "torch64", comparable ? LegRole::Semantic : LegRole::Report, ""});
     legs.push_back({"libtorch32_vs_torch32", "libtorch32", "torch32", LegRole::Report, ""});
+    if (!comparable)
+      for (const std::string& d : diffs)
+        r.notes.push_back(
+            fmt::format("libtorch64_vs_torch64 reported, not gated: LibTorch {} follows {}'s semantics, "
+                        "the fixture {}'s, and it exercises a difference: {}",
+                        torch_version(), semantics_name(reference_semantics()), semantics_name(*p.semantics), d));
 
-    // Every component, against the LibTorch decomposition (verified just above by its outputs).
+    // Every component, against the LibTorch decomposition (verified just above by its outputs), the
+    // hand side on the reference's semantics too.
     CaseReport cr;
     cr.name = p.name + "/components";
     cr.description =
         "every component against the LibTorch decomposition, which the fixture's leg libtorch64_vs_torch64 verifies";
     cr.config = r.config;
-    compare_every_component(cr, p, impl, h64, h32, t64, t32, policy);
+    cr.reference = r.reference;
+    const bool same = *p.semantics == *q.semantics;
+    const RunResult q64 = same ? RunResult() : impl.run(q, DType::Float64, nullptr);
+    const RunResult q32 = same ? RunResult() : impl.run(q, DType::Float32, nullptr);
+    if (!same)
+      cr.notes.push_back(
+          fmt::format("the hand side runs with {}'s semantics here, LibTorch's", semantics_name(*q.semantics)));
+    compare_every_component(cr, q, impl, same ? h64 : q64, same ? h32 : q32, t64, t32, policy);
     reports.push_back(std::move(cr));
   }
   if (torch64.empty())
@@ -174,10 +225,31 @@ std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where
     throw InputError(where +
                      ": outputs_float32: missing, and tparity was built without LibTorch, so there is no "
                      "float32 error to judge the hand core's float32 run by");
-  const Implementations impls{{"hand64", &hand64},   {"hand32", &hand32},   {"torch64", &torch64},
-                              {"torch32", &torch32}, {"libtorch64", &lt64}, {"libtorch32", &lt32}};
-  std::vector<std::string> names{"output"};
+
+  // The names compared: the stored components in dataflow order, then the outputs.
+  std::vector<std::string> names;
+  for (const std::string& n : component_names(p))
+    if (!is_output(n) && p.components.count(n)) names.push_back(n);
+  names.push_back("output");
   if (p.module == ModuleKind::MultiheadAttention && p.forward.need_weights) names.push_back("attn_weights");
+  const Components hand64 = with_outputs(h64), hand32 = with_outputs(h32);
+  Implementations impls{{"hand64", &hand64},   {"hand32", &hand32},   {"torch64", &torch64},
+                        {"torch32", &torch32}, {"libtorch64", &lt64}, {"libtorch32", &lt32}};
+  // With stored components, every op of the hand side also runs on the producer's own inputs
+  // (teacher forcing with the stored float64 components): the local legs and the first divergence.
+  Components l64, l32;
+  if (!p.components.empty() && impl.teacher_forcing && !h64.components.empty()) {
+    Components teacher;  // canonical layouts only
+    for (const auto& [name, t] : p.components)
+      if (!is_output(name)) teacher.push_back({name, to_tensor<double>(t)});
+    l64 = with_outputs(impl.run(p, DType::Float64, &teacher));
+    l32 = with_outputs(impl.run(p, DType::Float32, &teacher));
+    impls["local_hand64"] = &l64;
+    impls["local_hand32"] = &l32;
+    std::vector<LegSpec> local = legs_with_local();
+    legs.insert(legs.begin() + 4, local.begin() + 4, local.end());
+    legs[1].local = "local_hand32_vs_torch64";
+  }
   compare_components(r, names, impls, legs, policy, {"hand64", "hand32", "torch64", "torch32"});
   reports.insert(reports.begin(), std::move(r));
   return reports;

@@ -99,6 +99,12 @@ std::string render_table(const CaseReport& r) {
   return out;
 }
 
+nlohmann::json to_json(const ReferenceInfo& ref) {
+  return {{"torch", ref.torch},   {"source", ref.source},         {"blas", ref.blas},
+          {"kernel", ref.kernel}, {"capability", ref.capability}, {"threads", ref.threads},
+          {"pinned", ref.pinned}, {"warning", ref.warning},       {"line", ref.line()}};
+}
+
 nlohmann::json to_json(const CaseReport& r) {
   nlohmann::json comps = nlohmann::json::array();
   for (const ComponentReport& c : r.components) {
@@ -131,6 +137,8 @@ nlohmann::json to_json(const CaseReport& r) {
                       {"pass", r.pass},  {"components", std::move(comps)}, {"failures", r.failures},
                       {"notes", r.notes}};
   j["seed"] = r.has_seed ? nlohmann::json(r.seed) : nlohmann::json(nullptr);
+  j["reference"] = to_json(r.reference);
+  j["stored_reference"] = r.stored_reference.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.stored_reference);
   j["first_divergence"] = r.first_divergence.empty() ? nlohmann::json(nullptr)
                                                      : nlohmann::json{{"component", r.first_divergence},
                                                                       {"detail", r.first_divergence_detail}};
@@ -140,7 +148,9 @@ nlohmann::json to_json(const CaseReport& r) {
 nlohmann::json to_json(const std::vector<CaseReport>& rs) {
   nlohmann::json cases = nlohmann::json::array();
   for (const CaseReport& r : rs) cases.push_back(to_json(r));
-  return {{"cases", std::move(cases)}};
+  nlohmann::json doc = {{"cases", std::move(cases)}};
+  doc["reference"] = rs.empty() ? nlohmann::json(nullptr) : to_json(rs.front().reference);
+  return doc;
 }
 
 }  // namespace tparity

@@ -16,6 +16,8 @@
 
 namespace tparity {
 
+const char* semantics_name(TorchSemantics s) { return s == TorchSemantics::Torch2 ? "torch 2.x" : "torch 1.13"; }
+
 namespace {
 
 [[noreturn]] void shape_error(const std::string& tensor, const std::string& expected, const Shape& got) {
@@ -99,18 +101,25 @@ Tensor<T> append_zero_row(const Tensor<T>& x) {
   return y;
 }
 
-// torch 1.13's merge of attn_mask and key_padding_mask into one additive mask, read lazily.
-// Coordinates are those of the padded keys: columns >= S0 (bias_kv, zero_attn) are unmasked, as the
-// zero padding torch appends to both masks leaves them.
+// The merge of attn_mask and key_padding_mask into one additive mask, read lazily: torch 1.13's
+// (logical_or, masked_fill) or torch 2.x's (each additive, summed). Coordinates are those of the padded
+// keys: columns >= S0 (bias_kv, zero_attn) are unmasked, as the zero padding torch appends to both
+// masks leaves them.
 template <class T>
 class MergedMask {
  public:
-  MergedMask(const Mask<T>& attn, const Mask<T>& kpm, int64_t H, int64_t L, int64_t S0)
-      : attn_(attn), kpm_(kpm), H_(H), L_(L), S0_(S0), attn3d_(attn.present() && attn.shape().size() == 3) {
-    if (kpm.present() && !kpm.is_bool() && attn.present() && !attn.is_bool())
+  MergedMask(const Mask<T>& attn, const Mask<T>& kpm, int64_t H, int64_t L, int64_t S0, TorchSemantics semantics)
+      : attn_(attn),
+        kpm_(kpm),
+        H_(H),
+        L_(L),
+        S0_(S0),
+        attn3d_(attn.present() && attn.shape().size() == 3),
+        add_(semantics == TorchSemantics::Torch2) {
+    if (!add_ && kpm.present() && !kpm.is_bool() && attn.present() && !attn.is_bool())
       throw std::invalid_argument(
-          "key_padding_mask: a float key_padding_mask cannot be combined with a float attn_mask "
-          "(torch 1.13 rejects it: masked_fill needs a bool mask)");
+          "key_padding_mask: a float key_padding_mask cannot be combined with a float attn_mask under torch 1.13's "
+          "semantics (its masked_fill reads each float as a bool byte and ignores most values; torch 2.x adds them)");
   }
   bool any() const { return attn_.present() || kpm_.present(); }
 
@@ -120,6 +129,15 @@ class MergedMask {
     if (j >= S0_) return T(0);
     const int64_t ai = attn_.present() ? ((attn3d_ ? (b * H_ + h) * L_ : 0) + i) * S0_ + j : 0;
     const int64_t ki = b * S0_ + j;
+    if (add_) {  // torch 2.x: attn_mask + key_padding_mask, each bool as -inf where true
+      const T a = !attn_.present()  ? T(0)
+                  : attn_.is_bool() ? (attn_.bools.data[size_t(ai)] ? ninf : T(0))
+                                    : attn_.floats.data[size_t(ai)];
+      const T k = !kpm_.present()  ? T(0)
+                  : kpm_.is_bool() ? (kpm_.bools.data[size_t(ki)] ? ninf : T(0))
+                                   : kpm_.floats.data[size_t(ki)];
+      return attn_.present() && kpm_.present() ? a + k : attn_.present() ? a : k;
+    }
     if (!kpm_.present())
       return attn_.is_bool() ? (attn_.bools.data[size_t(ai)] ? ninf : T(0)) : attn_.floats.data[size_t(ai)];
     if (!attn_.present())
@@ -136,22 +154,23 @@ class MergedMask {
   const Mask<T>& attn_;
   const Mask<T>& kpm_;
   int64_t H_, L_, S0_;
-  bool attn3d_;
+  bool attn3d_, add_;
 };
 
 // The same merge as MergedMask, row by row (the fast path): the attn_mask as an additive row (bool
-// turned into -inf/0 once), the key padding mask as an additive row per batch element, and where a
-// bool key padding mask meets a float attn_mask, a -inf that replaces the attn value (masked_fill)
-// rather than adding to it. Rows are S wide (the keys after bias_kv and zero_attn); columns past S0
-// are zero, and add() leaves them alone.
-// The same arrays are the masks fused_attention adds (fused_view()), attn_mask + key bias, which is
-// torch's merge except where masked_fill would replace a +inf or NaN of a float attn_mask at a padded
-// key (a sum gives NaN): sum_is_merge() says whether that cannot happen.
+// turned into -inf/0 once), the key padding mask as an additive row per batch element, and, under
+// 1.13's semantics, where a bool key padding mask meets a float attn_mask, a -inf that replaces the
+// attn value (masked_fill) rather than adding to it. Rows are S wide (the keys after bias_kv and zero_attn); columns
+// past S0 are zero, and add() leaves them alone. The same arrays are the masks fused_attention adds (fused_view()),
+// attn_mask + key bias, which is torch's merge except where masked_fill would replace a +inf or NaN of a float
+// attn_mask at a padded key (a sum gives NaN): sum_is_merge() says whether that cannot happen.
 template <class T>
 class RowMask {
  public:
-  RowMask(const Mask<T>& attn, const Mask<T>& kpm, int64_t B, int64_t H, int64_t L, int64_t S0, int64_t S)
+  RowMask(const Mask<T>& attn, const Mask<T>& kpm, int64_t B, int64_t H, int64_t L, int64_t S0, int64_t S,
+          TorchSemantics semantics)
       : H_(H), L_(L), S0_(S0), S_(S) {
+    const bool add = semantics == TorchSemantics::Torch2;  // torch 2.x: every mask additive, summed
     constexpr T ninf = -std::numeric_limits<T>::infinity();
     if (attn.present()) {
       attn3d_ = attn.shape().size() == 3;
@@ -165,14 +184,15 @@ class RowMask {
     }
     if (kpm.present()) {
       k_.assign(size_t(B * S), T(0));
-      fill_ = !attn.is_bool() && attn.present();  // masked_fill into a float attn_mask
+      fill_ = !add && !attn.is_bool() && attn.present();  // 1.13: masked_fill into a float attn_mask
       for (int64_t b = 0; b < B; ++b)
         for (int64_t j = 0; j < S0; ++j) {
           const size_t x = size_t(b * S0 + j);
           const bool on = kpm.is_bool() ? kpm.bools.data[x] != 0 : kpm.floats.data[x] != T(0);
           // alone or with a bool attn_mask (logical_or) a bool or nonzero-float key is -inf; alone,
           // a float key padding mask is added as it is
-          k_[size_t(b * S + j)] = kpm.is_bool() || attn.present() ? (on ? ninf : T(0)) : kpm.floats.data[x];
+          // (2.x: a float key padding mask is added as it is, whatever attn_mask is)
+          k_[size_t(b * S + j)] = kpm.is_bool() || (attn.present() && !add) ? (on ? ninf : T(0)) : kpm.floats.data[x];
         }
       if (fill_)
         for (T v : a_) sum_is_merge_ = sum_is_merge_ && !std::isnan(v) && v != -ninf;
@@ -258,6 +278,27 @@ void attention_softmax(T* x, int64_t G, int64_t L, int64_t S) {
   softmax_forward(x, x, G * L, S);
 }
 
+// Which of the rows (S wide) hold -inf in every score: the rows torch 2.x's scaled_dot_product_attention
+// gives zero weights (its _safe_softmax: where(all(x == -inf), 0, softmax(x))). Empty when none does.
+template <class T>
+std::vector<uint8_t> dead_rows(const T* x, int64_t rows, int64_t S) {
+  std::vector<uint8_t> dead;
+  for (int64_t r = 0; r < rows; ++r) {
+    bool all = true;
+    for (int64_t j = 0; j < S && all; ++j) all = x[r * S + j] == -std::numeric_limits<T>::infinity();
+    if (!all) continue;
+    if (dead.empty()) dead.assign(size_t(rows), 0);
+    dead[size_t(r)] = 1;
+  }
+  return dead;
+}
+
+template <class T>
+void zero_rows(T* x, const std::vector<uint8_t>& dead, int64_t S) {
+  for (size_t r = 0; r < dead.size(); ++r)
+    if (dead[r]) std::fill(x + int64_t(r) * S, x + int64_t(r + 1) * S, T(0));
+}
+
 }  // namespace
 
 template <class T>
@@ -308,7 +349,7 @@ void weighted_sum_v_ref(T* out, const T* w, const T* v, int64_t G, int64_t L, in
 
 template <class T>
 Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Mask<T>& mask,
-                       Observer<T>* obs) {
+                       Observer<T>* obs, TorchSemantics semantics) {
   if (q.dim() < 2) shape_error("query", "at least 2 dims (..., L, E)", q.shape);
   if (k.dim() != q.dim()) shape_error("key", std::to_string(q.dim()) + " dims like query", k.shape);
   if (v.dim() != q.dim()) shape_error("value", std::to_string(q.dim()) + " dims like query", v.shape);
@@ -343,7 +384,10 @@ Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
       }
   if (obs) obs->on("scores", scores);
   Tensor<T>& weights = scores;  // softmax in place
+  const std::vector<uint8_t> dead =
+      semantics == TorchSemantics::Torch2 ? dead_rows(scores.ptr(), G * L, S) : std::vector<uint8_t>();
   attention_softmax(weights.ptr(), G, L, S);
+  zero_rows(weights.ptr(), dead, S);
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> out(oshape);
   weighted_sum_v(out.ptr(), weights.ptr(), v.ptr(), G, L, S, Ev);
@@ -489,18 +533,22 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   const Mask<T> none;
   const Mask<T>& attn_mask = defect == Defect::IgnoreMask ? none : in.attn_mask;
   const Mask<T>& key_padding_mask = defect == Defect::IgnoreMask ? none : in.key_padding_mask;
-  const MergedMask<T> mask(attn_mask, key_padding_mask, H, L, S0);  // throws on what torch rejects
+  const MergedMask<T> mask(attn_mask, key_padding_mask, H, L, S0, cfg.semantics);  // throws on what is undefined
+  // torch 2.x without weights runs scaled_dot_product_attention: rows whose every score is -inf get
+  // zero weights there, NaN everywhere else.
+  const bool zero_dead = cfg.semantics == TorchSemantics::Torch2 && !fwd.need_weights;
 
   // The fast path's masks, also what the fused attention adds.
   std::optional<RowMask<T>> rows;
-  if (core_path() == CorePath::Fast) rows.emplace(attn_mask, key_padding_mask, B, H, L, S0, S);
+  if (core_path() == CorePath::Fast) rows.emplace(attn_mask, key_padding_mask, B, H, L, S0, S, cfg.semantics);
 
   // Nothing observed and no weights returned: the fused streaming attention, which never holds the
   // L x S scores (fused_attention.hpp), then the heads merged and out_proj as below.
   if (rows && !obs && !fwd.need_weights && defect == Defect::None && rows->sum_is_merge()) {
     Tensor<T> ctx_heads({B, H, L, D});
-    fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), rows->fused_view(),
-                    num_threads());
+    AttentionMasks<T> masks = rows->fused_view();
+    masks.zero_dead_rows = zero_dead;
+    fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), masks, num_threads());
     qh = kh = vh = Tensor<T>();
     Tensor<T> context = merge_heads(ctx_heads);
     ctx_heads = Tensor<T>();
@@ -530,7 +578,9 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
 
   // ---- weights, context, output ------------------------------------------------------------------
   Tensor<T>& weights = scores;  // softmax in place
+  const std::vector<uint8_t> dead = zero_dead ? dead_rows(scores.ptr(), B * H * L, S) : std::vector<uint8_t>();
   attention_softmax(weights.ptr(), B * H, L, S);
+  zero_rows(weights.ptr(), dead, S);
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> ctx_heads({B, H, L, D});
   weighted_sum_v(ctx_heads.ptr(), weights.ptr(), vh.ptr(), B * H, L, S, D);
@@ -573,7 +623,7 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   template void weighted_sum_v_ref<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);         \
   template void weighted_sum_v<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);             \
   template Tensor<T> sdpa_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Mask<T>&, \
-                                     Observer<T>*);                                                        \
+                                     Observer<T>*, TorchSemantics);                                        \
   template MhaOutputs<T> mha_forward<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,         \
                                         const MhaInputs<T>&, Observer<T>*);                                \
   template MhaOutputs<T> detail::mha_attend<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,  \

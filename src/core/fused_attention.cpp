@@ -162,6 +162,7 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
       b.S = S, b.D = D, b.Dv = Dv;
       b.scale = scale;
       b.key_stats = stats.empty() ? nullptr : stats.data() + g * key_blocks;
+      b.zero_dead_rows = masks.zero_dead_rows;
       path.run(b, s);
     }
   };

@@ -32,6 +32,7 @@ struct QueryBlock {
   T scale;
   // (ceil(S / bc)): the group's key blocks, or null: then no key block is skipped
   const KeyBlockStats<T>* key_stats;
+  bool zero_dead_rows;  // AttentionMasks::zero_dead_rows
 };
 
 // A thread's scratch, each part 64-byte aligned: qt (D, br) the block's queries transposed, st

@@ -307,6 +307,11 @@ struct FusedKernel {
       for (; e + MR <= b.Dv; e += MR) pv_tile<MR>(nk, vb + e, b.Dv, s.st, s.ot + e * BR, s.alpha);
       if (e < b.Dv) ByRows::pv[b.Dv - e - 1](nk, vb + e, b.Dv, s.st, s.ot + e * BR, s.alpha);
     }
+    // A row whose every score was -inf has added nothing: l = 0 and O = 0 (its blocks were skipped
+    // or added exp(-inf) = 0). torch 2.x's flash kernel divides by 1 there instead of 0.
+    if (b.zero_dead_rows)
+      for (int64_t i = 0; i < BR; ++i)
+        if (s.l[i] == T(0)) s.l[i] = T(1);
     finish(s.ot, s.l, b.nq, b.Dv, b.out);
   }
 

@@ -162,7 +162,8 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
     }
     case ModuleKind::ScaledDotProductAttention: {
       r.outputs["output"] = to_dtensor(sdpa_forward(input<T>(p, "query"), input<T>(p, "key"), input<T>(p, "value"),
-                                                    to_mask<T>(p.input("attn_mask")), obs));
+                                                    to_mask<T>(p.input("attn_mask")), obs,
+                                                    p.semantics.value_or(TorchSemantics::Torch113)));
       break;
     }
     case ModuleKind::TokenEncoder: {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
+#include <stdexcept>
 
 namespace tparity {
 
@@ -525,6 +527,125 @@ std::string summary(const Problem& p) {
                          p.affine ? " affine" : "", shape_of("input"));
   }
   return "";
+}
+
+}  // namespace tparity
+
+namespace tparity {
+
+void resolve_semantics(Problem& p, TorchSemantics s) {
+  if (!p.semantics) p.semantics = s;
+  p.mha.semantics = p.encoder.semantics = p.token.layer.semantics = p.vit.layer.semantics = *p.semantics;
+}
+
+TorchSemantics semantics_of_version(const std::string& v) {
+  if (v.rfind("1.13", 0) == 0) return TorchSemantics::Torch113;
+  if (!v.empty() && v[0] == '2' && v.size() > 1 && v[1] == '.') return TorchSemantics::Torch2;
+  throw std::invalid_argument("expected a torch version 1.13.x or 2.x, got \"" + v + "\"");
+}
+
+namespace {
+
+// Whether any query row of one attention is masked at every one of its S keys, with the masks
+// merged as `s` merges them (core/attention.hpp). attn: (L, S) or (G, L, S) with G = B * H (or H
+// unbatched); kpm: (B, S) or (S). Extra keys (bias_kv, zero_attn) are never masked: pass extra > 0.
+bool any_dead_row(const DTensor* attn, const DTensor* kpm, int64_t H, TorchSemantics s, int64_t extra) {
+  if (extra > 0 || (!attn && !kpm)) return false;
+  const double ninf = -std::numeric_limits<double>::infinity();
+  auto additive = [&](const DTensor& m, size_t i) {
+    return m.dtype == DType::Bool ? (m.data[i] != 0 ? ninf : 0.0) : m.data[i];
+  };
+  const int64_t S = attn ? attn->shape.back() : kpm->shape.back();
+  const int64_t L = attn ? attn->shape[attn->shape.size() - 2] : 1;
+  const int64_t B =
+      kpm ? (kpm->shape.size() == 2 ? kpm->shape[0] : 1) : (attn && attn->shape.size() == 3 ? attn->shape[0] / H : 1);
+  const bool attn3d = attn && attn->shape.size() == 3;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < (attn3d ? H : 1); ++h)
+      for (int64_t i = 0; i < L; ++i) {
+        bool dead = true;
+        for (int64_t j = 0; j < S && dead; ++j) {
+          const size_t ai = size_t(((attn3d ? (b * H + h) * L : 0) + i) * S + j), ki = size_t(b * S + j);
+          double v;
+          if (s == TorchSemantics::Torch2 || !attn || !kpm) {
+            v = (attn ? additive(*attn, ai) : 0.0) + (kpm ? additive(*kpm, ki) : 0.0);
+          } else if (attn->dtype == DType::Bool) {  // 1.13: logical_or, a nonzero float key counts
+            v = attn->data[ai] != 0 || kpm->data[ki] != 0 ? ninf : 0.0;
+          } else {  // 1.13: masked_fill of a bool key padding mask into the float attn_mask
+            v = kpm->data[ki] != 0 ? ninf : attn->data[ai];
+          }
+          dead = v == ninf;
+        }
+        if (dead) return true;
+      }
+  return false;
+}
+
+}  // namespace
+
+bool has_fully_masked_rows(const Problem& p, TorchSemantics s) {
+  switch (p.module) {
+    case ModuleKind::MultiheadAttention:
+      return any_dead_row(p.input("attn_mask"), p.input("key_padding_mask"), p.mha.num_heads, s,
+                          (p.mha.add_bias_kv ? 1 : 0) + (p.mha.add_zero_attn ? 1 : 0));
+    case ModuleKind::TransformerEncoderLayer:
+      return any_dead_row(p.input("src_mask"), p.input("src_key_padding_mask"), p.encoder.nhead, s, 0);
+    case ModuleKind::TransformerEncoder:
+      return any_dead_row(p.input("mask"), p.input("src_key_padding_mask"), p.encoder.nhead, s, 0);
+    case ModuleKind::TransformerDecoderLayer:
+      return any_dead_row(p.input("tgt_mask"), p.input("tgt_key_padding_mask"), p.encoder.nhead, s, 0) ||
+             any_dead_row(p.input("memory_mask"), p.input("memory_key_padding_mask"), p.encoder.nhead, s, 0);
+    default:
+      return false;
+  }
+}
+
+}  // namespace tparity
+
+namespace tparity {
+
+std::vector<std::string> semantic_differences(const Problem& p) {
+  std::vector<std::string> out;
+  const bool no_weights = p.module != ModuleKind::MultiheadAttention || !p.forward.need_weights;
+  if (no_weights &&
+      (has_fully_masked_rows(p, TorchSemantics::Torch113) || has_fully_masked_rows(p, TorchSemantics::Torch2)))
+    out.push_back(
+        "rows whose every key is masked, without weights: torch 1.13's softmax gives NaN, 2.x's "
+        "scaled_dot_product_attention zero weights");
+  // Each attention's (attn_mask, key_padding_mask) pair.
+  std::vector<std::pair<const char*, const char*>> pairs;
+  switch (p.module) {
+    case ModuleKind::MultiheadAttention:
+      pairs = {{"attn_mask", "key_padding_mask"}};
+      break;
+    case ModuleKind::TransformerEncoderLayer:
+      pairs = {{"src_mask", "src_key_padding_mask"}};
+      break;
+    case ModuleKind::TransformerEncoder:
+      pairs = {{"mask", "src_key_padding_mask"}};
+      break;
+    case ModuleKind::TransformerDecoderLayer:
+      pairs = {{"tgt_mask", "tgt_key_padding_mask"}, {"memory_mask", "memory_key_padding_mask"}};
+      break;
+    default:
+      break;
+  }
+  for (const auto& [a, k] : pairs) {
+    const DTensor* attn = p.input(a);
+    const DTensor* kpm = p.input(k);
+    if (!attn || !kpm) continue;
+    if (kpm->dtype != DType::Bool)
+      out.push_back(std::string("a float ") + k + " with an " + a + ": torch 1.13 ORs its nonzeros into a bool " + a +
+                    " and ignores it beside a float one, 2.x adds it");
+    else if (attn->dtype != DType::Bool)
+      for (double x : attn->data)
+        if (!(x < std::numeric_limits<double>::infinity())) {
+          out.push_back(std::string("+inf or NaN in a float ") + a + " beside a bool " + k +
+                        ": torch 1.13 overwrites a padded key with -inf, 2.x adds -inf to it");
+          break;
+        }
+  }
+  return out;
 }
 
 }  // namespace tparity

@@ -31,6 +31,7 @@
 
 #include "tparity/compare/metrics.hpp"
 #include "tparity/harness/hand.hpp"
+#include "tparity/harness/reference_info.hpp"
 
 namespace tparity {
 
@@ -98,6 +99,10 @@ struct CaseReport {
   std::vector<ComponentReport> components;
   std::vector<std::string> failures;  // one line each: case, component, leg, figure, bound
   std::vector<std::string> notes;     // what was verified or skipped on the way (reference checks)
+  // Which PyTorch judged: LibTorch (cases; a fixture's libtorch legs), and for a fixture also what
+  // produced its stored outputs (its "reference" block, e.g. Python torch 2.13.0 or transformers).
+  ReferenceInfo reference;
+  std::string stored_reference;  // a fixture's producer, one line; empty for cases
   // The first component, in dataflow order, whose local error breaks its gate: where it breaks.
   std::string first_divergence;  // empty when none does
   std::string first_divergence_detail;

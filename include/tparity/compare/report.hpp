@@ -13,11 +13,15 @@ namespace tparity {
 std::string render_table(const CaseReport& r);
 
 // {"name", "description", "config", "seed", "pass", "components": [{"name", "shape", "pass", "legs":
-//  {leg: {"l2", "rel_l2", "max_abs", "max_abs_index", "role", "bound", "pass", ...}}}], "failures", "notes"}
+//  {leg: {"l2", "rel_l2", "max_abs", "max_abs_index", "role", "bound", "pass", ...}}}], "failures", "notes",
+//  "reference": {...}, "stored_reference": a fixture's producer or null}
 nlohmann::json to_json(const CaseReport& r);
 
-// {"cases": [...]}
+// {"reference": {...} (which PyTorch judged, as the first case names it), "cases": [...]}
 nlohmann::json to_json(const std::vector<CaseReport>& rs);
+
+// {"torch", "source", "blas", "kernel", "capability", "threads", "pinned", "warning", "line"}
+nlohmann::json to_json(const ReferenceInfo& ref);
 
 std::string role_name(LegRole r);
 

@@ -1,4 +1,4 @@
-// Scaled dot-product attention and multi-head attention with torch 1.13's semantics.
+// Scaled dot-product attention and multi-head attention with the semantics of torch 1.13 or 2.x.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,17 @@
 #include "tparity/core/tensor.hpp"
 
 namespace tparity {
+
+// Where PyTorch versions differ in what tparity mirrors (README, "What changed between 1.13 and 2.13"):
+//  - merging attn_mask and key_padding_mask: 1.13 ORs the key padding mask into a bool attn_mask (a
+//    nonzero float key counts as true), fills it as -inf into a float one, and cannot combine two
+//    float masks; 2.x makes each mask additive on its own (bool: -inf where true) and adds them;
+//  - a query row whose every score is -inf: 1.13's softmax gives NaN; 2.x's
+//    scaled_dot_product_attention (MultiheadAttention with need_weights=False, hence every encoder
+//    and decoder layer, and F.scaled_dot_product_attention) gives zero weights, so a zero context.
+//    2.x's need_weights=True path keeps the plain softmax and its NaN.
+enum class TorchSemantics { Torch113, Torch2 };
+const char* semantics_name(TorchSemantics s);  // "torch 1.13", "torch 2.x"
 
 // ---- the steps, each on G independent (batch x head) groups, gemma.cpp style -------------------
 
@@ -28,11 +39,12 @@ void weighted_sum_v_ref(T* out, const T* w, const T* v, int64_t G, int64_t L, in
 // mirrors seed 004's DotProductAttention: softmax(q @ k^T / sqrt(E) + mask) @ v, the scale applied to
 // the scores. q is (..., L, E), k is (..., S, E), v is (..., S, Ev) with the same leading dims;
 // L != S and Ev != E are allowed. mask: absent, or (L, S) bool (true = masked out) or float (added).
-// Returns (..., L, Ev).
+// Returns (..., L, Ev). With Torch2 semantics a row whose every score is -inf gets zero weights
+// (scaled_dot_product_attention's safe softmax), with Torch113 NaN.
 // Components: scores (..., L, S) scaled and masked, attn_weights (..., L, S), output (..., L, Ev).
 template <class T>
 Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Mask<T>& mask = {},
-                       Observer<T>* obs = nullptr);
+                       Observer<T>* obs = nullptr, TorchSemantics semantics = TorchSemantics::Torch113);
 
 // ---- multi-head attention -------------------------------------------------------------------------
 // Constructor arguments of torch.nn.MultiheadAttention (dropout is always 0).
@@ -45,6 +57,7 @@ struct MhaConfig {
   int64_t kdim = 0;  // 0: embed_dim
   int64_t vdim = 0;  // 0: embed_dim
   bool batch_first = false;
+  TorchSemantics semantics = TorchSemantics::Torch113;  // the masks' merge and fully masked rows (above)
 
   int64_t key_dim() const { return kdim ? kdim : embed_dim; }
   int64_t value_dim() const { return vdim ? vdim : embed_dim; }
@@ -87,12 +100,13 @@ struct MhaOutputs {
                            // unbatched; empty when need_weights is false
 };
 
-// mirrors torch.nn.functional.multi_head_attention_forward, torch 1.13 (eval, dropout 0):
-// q/k/v projections (packed [q; k; v] or separate), bias_k/bias_v appended to the keys and values,
-// heads split as (E) -> (H, E/H), a zero key/value appended per head (add_zero_attn), scores
-// q / sqrt(E/H) . k plus the merged masks (the 1.13 merge: key_padding_mask ORed into a bool
-// attn_mask, filled as -inf into a float one), softmax, weighted sum of v, heads concatenated,
-// out_proj. S below is the key length after bias_kv and zero_attn.
+// mirrors torch.nn.functional.multi_head_attention_forward, torch 1.13 or 2.x as cfg.semantics says
+// (eval, dropout 0): q/k/v projections (packed [q; k; v] or separate), bias_k/bias_v appended to the
+// keys and values, heads split as (E) -> (H, E/H), a zero key/value appended per head
+// (add_zero_attn), scores q / sqrt(E/H) . k plus the merged masks (1.13: key_padding_mask ORed into a
+// bool attn_mask, filled as -inf into a float one; 2.x: both additive, summed), softmax (2.x with
+// need_weights=False: rows whose every score is -inf get zero weights), weighted sum of v, heads
+// concatenated, out_proj. S below is the key length after bias_kv and zero_attn.
 // Components, batched and batch-first whatever the call's layout (B = 1 for unbatched input):
 //   q, k, v (B, H, L|S, E/H) projected, per head, q not yet scaled
 //   scores (B, H, L, S) scaled and masked, before softmax
@@ -101,7 +115,8 @@ struct MhaOutputs {
 //   context (B, L, E) heads concatenated, before out_proj
 //   output (B, L, E)
 // Throws ShapeError when a tensor's shape contradicts the config, std::invalid_argument for mask
-// combinations torch 1.13 rejects (a float key_padding_mask with a float attn_mask).
+// combinations the semantics leave undefined (1.13: a float key_padding_mask with a float attn_mask,
+// whose key padding mask torch 1.13's masked_fill silently ignores for most values).
 template <class T>
 MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputs<T>& in,
                           Observer<T>* obs = nullptr);

@@ -18,12 +18,14 @@ struct EncoderConfig {
   double layer_norm_eps = 1e-5;
   bool batch_first = false;
   bool norm_first = false;
+  TorchSemantics semantics = TorchSemantics::Torch113;  // its attentions' (attention.hpp)
 
   MhaConfig self_attn() const {
     MhaConfig c;
     c.embed_dim = d_model;
     c.num_heads = nhead;
     c.batch_first = batch_first;
+    c.semantics = semantics;
     return c;
   }
 };

@@ -23,12 +23,16 @@ namespace tparity {
 // logical_or for two bool masks); adding 0 or -inf is exact, so the sum of the two here is the
 // merged mask's value wherever torch accepts the combination, except for a +inf in attn at a padded
 // key (torch: -inf; here: +inf + -inf = NaN).
+// zero_dead_rows: what a row whose every score is -inf gets: NaN (false: 0 / 0, torch 1.13's softmax)
+// or zeros (true: torch 2.x's scaled_dot_product_attention, whose flash kernel divides by a sum of 0
+// replaced by 1).
 template <class T>
 struct AttentionMasks {
   const T* attn = nullptr;
   int64_t attn_group_stride = 0;
   const T* key_bias = nullptr;
   int64_t heads = 1;  // groups per batch element: key_bias row g / heads
+  bool zero_dead_rows = false;
 };
 
 // mirrors the attention step of torch.nn.functional.multi_head_attention_forward, torch 1.13
@@ -40,7 +44,8 @@ struct AttentionMasks {
 // scale multiplies each dot product, one rounding (1 leaves it exact): torch 1.13's MHA divides q by
 // sqrt(D) before the product, so pass that q and scale 1 to get its scores.
 // Semantics as the reference path (qdotk, the masks, softmax_forward, weighted_sum_v): a row whose
-// scores are all -inf gives NaN (0 / 0, as torch 1.13's softmax); a NaN in q, k, a mask or the bias
+// scores are all -inf gives NaN (0 / 0, as torch 1.13's softmax), or zeros with masks.zero_dead_rows
+// (torch 2.x's scaled_dot_product_attention); a NaN in q, k, a mask or the bias
 // makes the rows whose scores it reaches NaN, a NaN in v the outputs it is summed into (times a
 // weight of 0 too); a key masked with -inf gets a weight of exactly 0. S = 0 gives zeros (an empty
 // sum). Key blocks where a row is all -inf so far add nothing to it and leave later blocks unpoisoned.

@@ -3,7 +3,9 @@
 // fixtures are problems on disk; the hand core and the torch runner both consume them.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,12 +63,38 @@ struct Problem {
   TensorMap inputs;
   TensorMap outputs;          // as PyTorch returned them (fixtures only)
   TensorMap outputs_float32;  // the same module run in float32 (fixtures only, optional)
+  // Fixture format v2: the producer's components by canonical name and layout (README, Components),
+  // float64 and float32, and what produced the outputs ("reference": name, torch, ...).
+  TensorMap components, components_float32;
+  std::map<std::string, std::string> producer;
+  int fixture_version = 0;  // 1 or 2 when read from a fixture
+  // Whose semantics the problem follows where torch versions differ (core/attention.hpp): a
+  // fixture's are its producer's torch (version 1 fixtures: 1.13); a case's are unset until the
+  // evaluation resolves them to the reference's (resolve_semantics).
+  std::optional<TorchSemantics> semantics;
 
   const DTensor* input(const std::string& key) const {
     auto it = inputs.find(key);
     return it == inputs.end() ? nullptr : &it->second;
   }
 };
+
+// Sets p.semantics to `s` unless the problem fixes its own, and stamps the result into every
+// attention config the problem holds (mha, encoder, token.layer, vit.layer).
+void resolve_semantics(Problem& p, TorchSemantics s);
+
+// The semantics of a torch version string ("2.13.0+cpu" -> Torch2, "1.13.1" -> Torch113); throws
+// std::invalid_argument for what is neither.
+TorchSemantics semantics_of_version(const std::string& torch_version);
+
+// Whether a query row of an attention is masked at every key by the problem's masks (then torch
+// 1.13's softmax gives NaN there, and 2.x's need_weights=False path zeros): for MultiheadAttention
+// and the encoder and decoder layers, judged on the masks alone as semantics `s` merges them.
+bool has_fully_masked_rows(const Problem& p, TorchSemantics s);
+
+// The differences between torch 1.13's and 2.x's semantics this problem exercises (README, "What
+// changed between 1.13 and 2.13"), one line each; empty when both give it the same meaning.
+std::vector<std::string> semantic_differences(const Problem& p);
 
 // The state_dict names and shapes torch 1.13's module has for this configuration, in its order.
 std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p);

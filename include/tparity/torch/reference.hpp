@@ -1,5 +1,5 @@
 // The LibTorch reference runner. This header is torch-free so that the CLI and tests compile fast;
-// only src/torch/reference.cpp includes <torch/torch.h>.
+// only src/torch/*.cpp include LibTorch (ATen in all of them, the C++ frontend's modules in modules.cpp).
 //
 // For a problem it does two things, in float32 or float64:
 //  1. runs LibTorch's own module (torch::nn::MultiheadAttention, torch::nn::TransformerEncoderLayer;
@@ -19,13 +19,18 @@
 #include <vector>
 
 #include "tparity/harness/hand.hpp"
+#include "tparity/harness/reference_info.hpp"
 
 namespace tparity {
 
 bool torch_available();
-std::string torch_version();  // "1.13.1" or "none"
-std::string torch_blas();     // the BLAS library LibTorch has loaded (after a first call), e.g. "openblas-pthread"
+std::string torch_version();  // "2.13.0", "1.13.1" or "none"
+std::string torch_blas();     // reference_info().blas, e.g. "MKL 2024.2, oneDNN 3.12.0" or "OpenBLAS 0.3.21"
 int torch_threads();          // LibTorch's intra-op thread count; 0 without LibTorch
+// Which PyTorch judges: version, how it was built against, BLAS, kernels, capability, threads.
+ReferenceInfo reference_info();
+// The semantics the reference's decomposition follows (core/attention.hpp): Python's of its version.
+TorchSemantics reference_semantics();
 
 // Empty when torch::nn's C++ module can run this problem; otherwise why not.
 std::string module_limitation(const Problem& p);
