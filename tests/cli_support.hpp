@@ -48,7 +48,7 @@ inline Result tparity(const std::string& args) { return shell(std::string(TPARIT
 inline bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
 
 inline bool with_torch() {
-  static const bool yes = tparity("--version").out.find("LibTorch none") == std::string::npos;
+  static const bool yes = tparity("--version").out.find("no LibTorch") == std::string::npos;
   return yes;
 }
 

@@ -1,5 +1,7 @@
 // The comparator: metrics on worked examples, non-finite handling, and gates that pass and fail.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <set>
@@ -7,6 +9,7 @@
 #include "tparity/compare/baseline.hpp"
 #include "tparity/compare/legs.hpp"
 #include "tparity/compare/report.hpp"
+#include "tparity/harness/rng.hpp"
 
 using namespace tparity;
 
@@ -43,11 +46,18 @@ TEST_CASE("metrics: NaN with NaN and the same infinity agree and are counted / a
 
 namespace {
 
-// One component "x" in four implementations with chosen errors relative to torch64 = ones.
+// One component "x" of 100 elements in four implementations with chosen errors relative to torch64 =
+// ones, spread over every element (alternating signs; element 7 twice the others): rel_l2 = err
+// (errors below 1e-12, float64's, all on element 7).
 CaseReport judge(double hand64_err, double hand32_err, double torch32_err, bool nan_in_hand32 = false) {
   auto make = [](double err) {
     Tensor<double> t({100}, 1.0);
-    t.data[7] += err * 10;  // ||t - 1|| = 10 err, ||1|| = 10: rel_l2 = err
+    if (err < 1e-12) {  // float64-sized: spread, it would be lost in the rounding of 1 + err
+      t.data[7] += err * 10;
+      return Components{{"x", t}};
+    }
+    const double a = 10 * err / std::sqrt(103.0);  // 99 a^2 + (2a)^2 = (10 err)^2 = (err ||1||)^2
+    for (size_t i = 0; i < 100; ++i) t.data[i] += (i == 7 ? 2 * a : a) * (i % 2 ? -1 : 1);
     return Components{{"x", t}};
   };
   Components h64 = make(hand64_err), h32 = make(hand32_err), t64 = make(0), t32 = make(torch32_err);
@@ -64,19 +74,25 @@ CaseReport judge(double hand64_err, double hand32_err, double torch32_err, bool 
 TEST_CASE("gates: float64 semantic bound / float32 judged by torch32's own error", "[compare]") {
   const GatePolicy p;
   CHECK(p.numeric_floor == Approx(4 * 5.960464477539063e-08));
-  CHECK(judge(1e-15, 3e-7, 2e-7).pass);        // 3e-7 <= 2 * 2e-7 + 2.4e-7
-  CHECK_FALSE(judge(1e-15, 7e-7, 2e-7).pass);  // 7e-7 >  6.4e-7
-  CHECK(judge(1e-15, 2e-7, 0).pass);           // the floor alone: 2e-7 <= 2.4e-7
+  // One sample of 100 equal-sized errors: n_eff 100 (the single sample's scatter, x 3, capped at the
+  // count); the bound 2 x q x 2e-7 + 2.4e-7 with q = sqrt(F_{1-1e-6}(100, 100)).
+  const double q = noise_quantile(100, 1), bound = 2 * q * 2e-7 + 4 * 0x1p-24;
+  REQUIRE(q > 1.5);
+  REQUIRE(q < 1.7);
+  CHECK(judge(1e-15, 0.99 * bound, 2e-7).pass);
+  CHECK_FALSE(judge(1e-15, 1.01 * bound, 2e-7).pass);
+  CHECK(judge(1e-15, 2e-7, 0).pass);  // the floor alone: 2e-7 <= 2.4e-7
   CHECK_FALSE(judge(1e-15, 3e-7, 0).pass);
   CHECK_FALSE(judge(1e-9, 1e-7, 1e-7).pass);         // semantics broken, numerics fine
   CHECK_FALSE(judge(1e-15, 1e-7, 1e-7, true).pass);  // a NaN the reference does not have
 
-  const CaseReport r = judge(1e-15, 7e-7, 2e-7);
+  const CaseReport r = judge(1e-15, 1e-6, 2e-7);
   REQUIRE(r.failures.size() == 1);
-  // A failure names the case, component, leg, figure and bound.
+  // A failure names the case, component, leg, figure and bound, and what the bound was built from.
   CHECK_THAT(r.failures[0],
-             Catch::StartsWith("case demo: component x: leg hand32_vs_torch64: rel_l2 7e-07 > bound 6.38e-07"));
-  CHECK_THAT(r.failures[0], Catch::Contains("2 x torch32_vs_torch64 2e-07"));
+             Catch::StartsWith("case demo: component x: leg hand32_vs_torch64: rel_l2 1e-06 > bound " +
+                               fmt::format("{:.3g}", bound)));
+  CHECK_THAT(r.failures[0], Catch::Contains("torch32_vs_torch64 noise 2e-07 (1 sample, n_eff 100) + floor 2.38e-07"));
 }
 
 TEST_CASE("gates: a component missing from an implementation fails the case", "[compare]") {
@@ -113,10 +129,12 @@ TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
   std::set<std::string> gated = common;
   gated.insert("bound");
   CHECK(keys(legs.at("hand64_vs_torch64")) == gated);
-  std::set<std::string> numeric = gated;
-  numeric.insert("inherited");
+  std::set<std::string> numeric = gated, noise = common;
+  numeric.insert("noise");
+  noise.insert("noise");
   CHECK(keys(legs.at("hand32_vs_torch64")) == numeric);
-  CHECK(keys(legs.at("torch32_vs_torch64")) == common);
+  CHECK(keys(legs.at("torch32_vs_torch64")) == noise);
+  CHECK(keys(legs.at("torch32_vs_torch64").at("noise")) == std::set<std::string>{"samples", "rms", "n_eff", "quantile"});
   CHECK(keys(legs.at("hand32_vs_torch32")) == common);
   CHECK(legs.at("hand32_vs_torch64").at("max_abs_index") == std::vector<int64_t>{7});
   CHECK(legs.at("hand32_vs_torch64").at("rel_l2").get<double>() == Approx(3e-7));
@@ -169,13 +187,16 @@ TEST_CASE("baseline: recorded legs / rounding / and the drift ratchet with its f
         std::map<std::string, double>{{"demo/x/hand32_vs_torch64", 3e-7}, {"demo/x/hand64_vs_torch64", 2e-16}});
   CHECK(find_drift({r}, b, 2.0).empty());
 
+  // The ratchet allows factor x sqrt(F_{1-1e-6}(n_eff, n_eff)) x the baseline: two single samples of
+  // an error of n_eff effective elements (here 100) scatter by that much without any change.
+  const double q = noise_quantile(100, 1);
   Baseline tight = b;
-  tight.entries["demo/x/hand32_vs_torch64"] = 1e-7;  // 3e-7 > 2 x 1e-7
+  tight.entries["demo/x/hand32_vs_torch64"] = 5e-8;  // 3e-7 > 2 x 1.62 x 5e-8
   const std::vector<Drift> d = find_drift({r}, tight, 2.0);
   REQUIRE(d.size() == 1);
   CHECK(d[0].leg == "hand32_vs_torch64");
-  CHECK(d[0].bound == Approx(2e-7));
-  CHECK(find_drift({r}, tight, 3.0).empty());
+  CHECK(d[0].bound == Approx(2 * q * 5e-8));
+  CHECK(find_drift({r}, tight, 4.0).empty());
 
   // Floors: a float64 error moving within a few roundings, or a float32 one below a quarter rounding,
   // is not drift.
@@ -197,41 +218,104 @@ TEST_CASE("baseline: recorded legs / rounding / and the drift ratchet with its f
   CHECK(make_baseline({r2}, {}).entries.at("demo/x/hand32_vs_torch64") == 3e-7);
 }
 
-TEST_CASE("gates: error inherited from upstream is judged by what torch32's own upstream error becomes", "[compare]") {
-  // a -> b. Upstream (a): hand32 1.5e-7, torch32 1.5e-7. At b hand32 has 4.6e-7 of which its own
-  // rounding (local) is 5e-8: the rest came through the op from a. torch32 got lucky at b (5e-8):
-  // judged against torch32 alone, b would fail (4.6e-7 > 2 x 5e-8 + 2.4e-7).
-  auto comp = [](double ea, double eb) {
-    Components cs;
-    for (auto [name, e] : {std::pair<const char*, double>{"a", ea}, {"b", eb}}) {
-      Tensor<double> t({100}, 1.0);
-      t.data[5] += e * 10;
-      cs.push_back({name, t});
-    }
-    return cs;
+TEST_CASE("noise model: the quantile table against closed forms of F", "[compare]") {
+  // F(2, d2) has P(F > x) = (1 + 2x / d2)^(-d2 / 2): x = (d2 / 2)(alpha^(-2 / d2) - 1), by hand.
+  const double a = noise_alpha();
+  REQUIRE(a == 1e-6);
+  for (int m : {1, 2, 3, 5, 9, 17}) {
+    CAPTURE(m);
+    const double d2 = 2.0 * m, x = d2 / 2 * (std::pow(a, -2 / d2) - 1);
+    CHECK(noise_quantile(2, m) == Approx(std::sqrt(x)).epsilon(1e-5));
+  }
+  // As d grows the ratio of two chi-squares over their dof tends to 1, from above, and falls monotonically.
+  CHECK(noise_quantile(1e7, 9) == Approx(1.0).epsilon(0.01));
+  double last = 1e300;
+  for (double d = 1; d < 1e6; d *= 1.37) {
+    const double q = noise_quantile(d, 9);
+    CHECK(q < last);
+    CHECK(q > 1);
+    last = q;
+  }
+  // More samples, a tighter quantile; fewer than any row (0 samples) take the widest row.
+  CHECK(noise_quantile(4, 17) < noise_quantile(4, 9));
+  CHECK(noise_quantile(4, 9) < noise_quantile(4, 8));
+  CHECK(noise_quantile(4, 0) == noise_quantile(4, 1));
+}
+
+TEST_CASE("noise model: rms and n_eff of sampled errors", "[compare]") {
+  Rng rng(3);
+  const Tensor<double> ref({400}, 1.0);
+  // Nine samples, each element's error N(0, (1e-7)^2): rms 1e-7, n_eff close to the 400 elements.
+  std::vector<Tensor<double>> spread(9, ref);
+  for (auto& t : spread)
+    for (double& x : t.data) x += 1e-7 * rng.normal();
+  std::vector<std::pair<const Tensor<double>*, const Tensor<double>*>> samples;
+  for (const auto& t : spread) samples.push_back({&t, &ref});
+  NoiseEstimate e = estimate_noise(samples);
+  CHECK(e.samples == 9);
+  CHECK(e.rms == Approx(1e-7).epsilon(0.05));
+  CHECK(e.n_eff > 300);
+  CHECK(e.n_eff <= 400);
+  CHECK(e.quantile == Approx(noise_quantile(e.n_eff, 9)));
+  // The whole error on one element: one effective element, (1 + 2/9) for the scatter of nine samples.
+  std::vector<Tensor<double>> one(9, ref);
+  for (auto& t : one) t.data[17] += 1e-6 * rng.normal();
+  samples.clear();
+  for (const auto& t : one) samples.push_back({&t, &ref});
+  e = estimate_noise(samples);
+  CHECK(e.n_eff == Approx(1 + 2.0 / 9));
+  // Non-finite positions are left out; an exact reference gives no noise and n_eff = the count.
+  Tensor<double> nan = ref;
+  nan.data[0] = std::numeric_limits<double>::quiet_NaN();
+  e = estimate_noise({{&ref, &ref}, {&nan, &ref}});
+  CHECK(e.rms == 0);
+  CHECK(e.n_eff == 399);
+}
+
+TEST_CASE("gates: the float32 bound is built from LibTorch's sampled noise, not from one lucky sample", "[compare]") {
+  // One component of 400 elements. LibTorch's plain float32 run happens to be 100x better than its
+  // usual (1e-9), its jittered runs show the usual 1e-7; the implementation has 3e-7.
+  Rng rng(5);
+  const Tensor<double> t64({400}, 1.0);
+  auto noisy = [&](double scale) {
+    Tensor<double> t = t64;
+    for (double& x : t.data) x += scale * rng.normal();
+    return Components{{"x", t}};
   };
-  auto run = [&](double local_b) {
-    const Components t64 = comp(0, 0), t32 = comp(1.5e-7, 5e-8), h64 = comp(1e-16, 1e-16), h32 = comp(1.5e-7, 4.6e-7),
-                     l64 = comp(1e-16, 1e-16), l32 = comp(1.5e-7, local_b);
+  const Components ref{{"x", t64}}, h64 = noisy(1e-16), h32 = noisy(3e-7), lucky = noisy(1e-9);
+  std::vector<Components> samples;
+  for (int k = 0; k < 8; ++k) samples.push_back(noisy(1e-7));
+  auto judge_with = [&](int n, const Components& hand32) {
+    Implementations impls{{"hand64", &h64}, {"hand32", &hand32}, {"torch64", &ref}, {"torch32", &lucky}};
+    std::vector<LegSpec> legs = standard_legs();
+    for (int k = 1; k <= n; ++k) {
+      impls[noise_sample_key("torch32", k)] = &samples[size_t(k - 1)];
+      impls[noise_sample_key("torch64", k)] = &ref;
+      legs[2].samples.push_back({noise_sample_key("torch32", k), noise_sample_key("torch64", k)});
+    }
     CaseReport r;
     r.name = "demo";
-    compare_components(r, {"a", "b"},
-                       {{"hand64", &h64},
-                        {"hand32", &h32},
-                        {"torch64", &t64},
-                        {"torch32", &t32},
-                        {"local_hand64", &l64},
-                        {"local_hand32", &l32}},
-                       legs_with_local(), GatePolicy{}, {});
+    compare_components(r, {"x"}, impls, legs, GatePolicy{}, {});
     return r;
   };
-  const CaseReport inherited = run(5e-8);
-  CHECK(inherited.pass);
-  const Leg* b = inherited.components.at(1).leg("hand32_vs_torch64");
-  REQUIRE(b);
-  CHECK(b->inherited == Approx(std::sqrt(4.6e-7 * 4.6e-7 - 5e-8 * 5e-8)));  // x 1.5e-7 / 1.5e-7
-  // The same error made by the op itself (local 4.6e-7) is not inherited: it fails.
-  const CaseReport own = run(4.6e-7);
-  CHECK_FALSE(own.pass);
-  CHECK(own.first_divergence == "b");
+  // Judged by the lucky sample alone, 3e-7 is an alarm (bound 2 x 1.35 x 1e-9 + 2.4e-7)...
+  const CaseReport alone = judge_with(0, h32);
+  CHECK_FALSE(alone.pass);
+  REQUIRE(alone.failures.size() == 1);
+  CHECK_THAT(alone.failures[0], Catch::Contains("(1 sample, n_eff"));
+  // ... judged by nine samples (rms 0.94e-7 with the lucky one), it is within 2x of LibTorch's error.
+  const CaseReport sampled = judge_with(8, h32);
+  CHECK(sampled.pass);
+  const Leg* noise = sampled.components.at(0).leg("torch32_vs_torch64");
+  REQUIRE(noise);
+  CHECK(noise->noise.samples == 9);
+  CHECK(noise->noise.rms == Approx(std::sqrt(8.0 / 9) * 1e-7).epsilon(0.05));
+  const Leg* h = sampled.components.at(0).leg("hand32_vs_torch64");
+  CHECK(h->bound == Approx(2 * noise->noise.quantile * noise->noise.rms + 4 * 0x1p-24));
+  // A defect ten times LibTorch's noise still fails, and the line says by what it was judged.
+  const CaseReport bad = judge_with(8, noisy(1e-6));
+  CHECK_FALSE(bad.pass);
+  REQUIRE(bad.failures.size() == 1);
+  CHECK_THAT(bad.failures[0], Catch::Contains("torch32_vs_torch64 noise"));
+  CHECK_THAT(bad.failures[0], Catch::Contains("(9 samples, n_eff"));
 }

@@ -6,7 +6,11 @@
 #include <optional>
 
 #include "common.hpp"
+#include "pretrained.hpp"
 #include "tparity/compare/evaluate.hpp"
+#include "tparity/api.hpp"
+#include "tparity/compare/report.hpp"
+#include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
 
 namespace tparity::cli {
@@ -20,14 +24,58 @@ struct RunOptions {
   Format format = Format::Table;
 };
 
+bool any_override(const CaseOverrides& o) {
+  return o.batch || o.seq || o.kv_seq || o.dim || o.value_dim || o.heads || o.ffn || o.bias || o.activation || o.mask ||
+         o.seed || o.random_params;
+}
+
 int run(const RunOptions& o) {
   std::vector<CaseSpec> chosen = o.cases.empty() ? default_cases() : std::vector<CaseSpec>{};
-  for (const std::string& name : o.cases) chosen.push_back(find_case(name));
+  std::vector<const PretrainedCase*> pretrained;
+  for (const std::string& name : o.cases)
+    if (const PretrainedCase* c = find_pretrained(name)) {
+      if (any_override(o.overrides))
+        throw InputError("case " + name + ": sizes and options are the checkpoint's own; drop the size, mask, seed "
+                         "and parameter options, or run it alone");
+      pretrained.push_back(c);
+    } else {
+      bool known = false;
+      for (const CaseSpec& spec : default_cases()) known = known || spec.name == name;
+      std::string pre;
+      for (const PretrainedCase& other : pretrained_cases()) pre += ", " + other.name;
+      if (!known)
+        throw InputError("option --case: expected one of " + case_names() + pre + ", got \"" + name + "\"");
+      chosen.push_back(find_case(name));
+    }
+  // With no --case, the pretrained cases run after the generated ones, unless options reshape the run.
+  if (o.cases.empty() && !any_override(o.overrides))
+    for (const PretrainedCase& c : pretrained_cases()) pretrained.push_back(&c);
   std::vector<CaseReport> reports;
   for (CaseSpec s : chosen) {
     apply_overrides(s, o.overrides);
     check_size(s, o.max_elements);
     reports.push_back(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
+  }
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const PretrainedCase* c : pretrained) {
+    std::string skip;
+    const std::optional<std::string> f = pretrained_fixture(*c, skip);
+    if (!f) {  // one line, never a failure: the model's package is not installed here
+      std::fprintf(stderr, "%s\n", skip.c_str());
+      skipped.push_back({{"name", c->name}, {"reason", skip}});
+      continue;
+    }
+    for (CaseReport& r : check_fixture(read_fixture(*f), *f, GatePolicy{})) {
+      const size_t slash = r.name.find('/');
+      r.name = c->name + (slash == std::string::npos ? "" : r.name.substr(slash));
+      reports.push_back(std::move(r));
+    }
+  }
+  if (o.format == Format::Json) {
+    nlohmann::json doc = to_json(reports);
+    doc["skipped"] = skipped;
+    std::fputs((doc.dump(2) + "\n").c_str(), stdout);
+    return exit_code(reports) ? kFail : kPass;
   }
   return emit(reports, o.format);
 }
@@ -40,6 +88,7 @@ void register_run(CLI::App& app, Action& action) {
       "run", "Run the default cases (or --case NAME ...): every component, hand vs LibTorch, float64 and float32");
   std::string names;
   for (const CaseSpec& c : default_cases()) names += (names.empty() ? "" : ", ") + c.name;
+  for (const PretrainedCase& c : pretrained_cases()) names += ", " + c.name + " (" + c.description + ")";
   cmd->add_option("--case", o->cases, "Cases to run (default: all): " + names);
   const auto size = CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2);
   cmd->add_option("--batch", o->overrides.batch,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <utility>
 
 #include "tparity/torch/reference.hpp"
@@ -47,36 +48,106 @@ void add_reference_notes(CaseReport& r, const TorchRun& run, const char* label) 
   if (!run.failure.empty()) r.fail(fmt::format("case {}: reference {}: {}", r.name, label, run.failure));
 }
 
+// LibTorch's float32 error sampled further, on jittered copies of the problem (noise.hpp): pairs
+// (float32, float64) of its runs.
+struct NoiseRuns {
+  std::vector<TorchRun> f32, f64;  // sample k at [k - 1]
+};
+
+// Whether some judged component's error in the plain sample has fewer than
+// policy.noise_neff_threshold effective elements: then one sample says too little.
+bool needs_samples(const std::vector<std::string>& names, const Components& t32, const Components& t64,
+                   const GatePolicy& policy) {
+  for (const std::string& n : names) {
+    const Tensor<double>* a = find(t32, n);
+    const Tensor<double>* b = find(t64, n);
+    if (a && b && estimate_noise({{a, b}}).n_eff < policy.noise_neff_threshold) return true;
+  }
+  return false;
+}
+
+NoiseRuns run_noise(const Problem& p, const GatePolicy& policy, const std::string& where) {
+  NoiseRuns out;
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a of the name: each case its own jitter
+  for (char c : p.name) h = (h ^ uint64_t(uint8_t(c))) * 1099511628211ULL;
+  for (int k = 1; k <= policy.noise_samples; ++k) {
+    const Problem q = jittered(p, h + uint64_t(k));
+    out.f64.push_back(run_torch(q, DType::Float64, true, where));
+    out.f32.push_back(run_torch(q, DType::Float32, true, where));
+  }
+  return out;
+}
+
+// The samples as the judged components, in the view the report compares.
+struct NoiseSamples {
+  std::vector<Components> f32, f64;
+};
+NoiseSamples view(const NoiseRuns& runs, const std::function<Components(const TorchRun&)>& as) {
+  NoiseSamples s;
+  for (const TorchRun& t : runs.f32) s.f32.push_back(as(t));
+  for (const TorchRun& t : runs.f64) s.f64.push_back(as(t));
+  return s;
+}
+
+// The samples as implementations, and the noise legs told about them.
+void add_samples(Implementations& impls, std::vector<LegSpec>& legs, const NoiseSamples& s) {
+  for (size_t k = 0; k < s.f32.size(); ++k) {
+    impls[noise_sample_key("torch32", int(k + 1))] = &s.f32[k];
+    impls[noise_sample_key("torch64", int(k + 1))] = &s.f64[k];
+  }
+  for (LegSpec& l : legs)
+    if (l.role == LegRole::Noise)
+      for (size_t k = 0; k < s.f32.size(); ++k)
+        l.samples.push_back({noise_sample_key("torch32", int(k + 1)), noise_sample_key("torch64", int(k + 1))});
+}
+
 // Every component on the propagated legs and, through the implementation teacher-forced with
 // torch64's components (each op fed the reference's own inputs), on the local ones. An
-// implementation without components is compared on its outputs.
+// implementation without components is compared on its outputs. `noise`: LibTorch's jittered runs,
+// taken here when none are given and the plain sample says too little.
 void compare_every_component(CaseReport& r, const Problem& p, const Implementation& impl, const RunResult& h64,
-                             const RunResult& h32, const TorchRun& t64, const TorchRun& t32, const GatePolicy& policy) {
+                             const RunResult& h32, const TorchRun& t64, const TorchRun& t32, const GatePolicy& policy,
+                             const std::string& where, const NoiseRuns* noise = nullptr) {
+  NoiseRuns own;
+  auto runs = [&](const std::vector<std::string>& names, const Components& a, const Components& b) -> const NoiseRuns& {
+    if (!noise && needs_samples(names, a, b, policy)) own = run_noise(p, policy, where);
+    return noise ? *noise : own;
+  };
   if (h64.components.empty() || h32.components.empty()) {
     const Components a64 = outputs_as_components(h64.outputs), a32 = outputs_as_components(h32.outputs),
                      b64 = outputs_as_components(t64.result.outputs), b32 = outputs_as_components(t32.result.outputs);
     std::vector<std::string> names;
     for (const Component& c : b64) names.push_back(c.name);
     r.notes.push_back(impl.name + " returns no components: its outputs are compared");
-    compare_components(r, names, {{"hand64", &a64}, {"hand32", &a32}, {"torch64", &b64}, {"torch32", &b32}},
-                       standard_legs(), policy, {"hand64", "hand32", "torch64", "torch32"});
+    const NoiseSamples ns =
+        view(runs(names, b32, b64), [](const TorchRun& t) { return outputs_as_components(t.result.outputs); });
+    Implementations impls{{"hand64", &a64}, {"hand32", &a32}, {"torch64", &b64}, {"torch32", &b32}};
+    std::vector<LegSpec> legs = standard_legs();
+    add_samples(impls, legs, ns);
+    compare_components(r, names, impls, legs, policy, {"hand64", "hand32", "torch64", "torch32"});
     return;
   }
+  const std::vector<std::string> names = component_names(p);
+  const NoiseSamples ns = view(runs(names, t32.result.components, t64.result.components),
+                               [](const TorchRun& t) { return t.result.components; });
   if (!impl.teacher_forcing) {
-    compare_components(r, component_names(p),
-                       {{"hand64", &h64.components},
-                        {"hand32", &h32.components},
-                        {"torch64", &t64.result.components},
-                        {"torch32", &t32.result.components}},
-                       standard_legs(), policy, {"torch64", "torch32"});
+    Implementations impls{{"hand64", &h64.components},
+                          {"hand32", &h32.components},
+                          {"torch64", &t64.result.components},
+                          {"torch32", &t32.result.components}};
+    std::vector<LegSpec> legs = standard_legs();
+    add_samples(impls, legs, ns);
+    compare_components(r, names, impls, legs, policy, {"torch64", "torch32"});
     return;
   }
   const RunResult l64 = impl.run(p, DType::Float64, &t64.result.components);
   const RunResult l32 = impl.run(p, DType::Float32, &t64.result.components);
-  const Implementations impls{{"hand64", &h64.components},         {"hand32", &h32.components},
-                              {"torch64", &t64.result.components}, {"torch32", &t32.result.components},
-                              {"local_hand64", &l64.components},   {"local_hand32", &l32.components}};
-  compare_components(r, component_names(p), impls, legs_with_local(), policy,
+  Implementations impls{{"hand64", &h64.components},         {"hand32", &h32.components},
+                        {"torch64", &t64.result.components}, {"torch32", &t32.result.components},
+                        {"local_hand64", &l64.components},   {"local_hand32", &l32.components}};
+  std::vector<LegSpec> legs = legs_with_local();
+  add_samples(impls, legs, ns);
+  compare_components(r, names, impls, legs, policy,
                      {"hand64", "hand32", "torch64", "torch32", "local_hand64", "local_hand32"});
 }
 
@@ -112,7 +183,7 @@ CaseReport evaluate_problem(const Problem& problem, const std::string& descripti
   add_reference_notes(r, t32, "torch32");
   if (impl.name != hand_core().name)
     r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
-  compare_every_component(r, p, impl, h64, h32, t64, t32, policy);
+  compare_every_component(r, p, impl, h64, h32, t64, t32, policy, where);
   return r;
 }
 
@@ -127,7 +198,13 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
   r.description = summary(p) + " [fixture " + where + "]";
   r.config = config_json(p);
   r.reference = reference_info();
-  for (const auto& [k, v] : p.producer) r.stored_reference += (r.stored_reference.empty() ? "" : ", ") + k + " " + v;
+  // What produced the stored results, from the fixture's reference block (its other entries, such
+  // as a model's sentences, stay in the fixture).
+  for (const char* k : {"name", "model", "torch", "transformers", "blas", "threads"})
+    if (auto it = p.producer.find(k); it != p.producer.end())
+      r.stored_reference += (r.stored_reference.empty() ? "" : "; ") +
+                            (std::string(k) == "name" || std::string(k) == "model" ? "" : std::string(k) + " ") +
+                            it->second;
   if (r.stored_reference.empty()) r.stored_reference = "Python torch 1.13 (fixture format v1)";
   r.notes.push_back("torch64 and torch32 are the fixture's stored results: " + r.stored_reference + "; semantics " +
                     semantics_name(*p.semantics));
@@ -157,6 +234,8 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
     return c;
   };
   Components torch64, torch32, lt64, lt32;
+  NoiseSamples noise;  // LibTorch's jittered samples, beside the stored float32 sample
+  NoiseRuns noise_runs;
   const bool stored64 = !p.outputs.empty() && p.outputs.at("output").dtype == DType::Float64;
   if (stored64)
     torch64 = stored(p.outputs, p.components);
@@ -178,6 +257,19 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
     add_reference_notes(r, t32, "libtorch32");
     lt64 = with_outputs(t64.result);
     lt32 = with_outputs(t32.result);
+    // The stored float32 result is one sample of the producer's float32 error; LibTorch's, on
+    // jittered copies, stand beside it (the producer cannot be run again here). One set of runs
+    // serves this report and the components' one.
+    {
+      std::vector<std::string> judged = component_names(q);
+      for (const char* n : {"output", "attn_weights"}) judged.push_back(n);
+      if (p.outputs_float32.empty() ||
+          needs_samples(judged, stored(p.outputs_float32, p.components_float32), stored(p.outputs, p.components),
+                        policy) ||
+          needs_samples(judged, lt32, lt64, policy))
+        noise_runs = run_noise(q, policy, where);
+      noise = view(noise_runs, [&](const TorchRun& t) { return with_outputs(t.result); });
+    }
     if (torch64.empty()) {
       torch64 = outputs_as_components(t64.result.outputs);
       r.notes.push_back("torch64 is LibTorch's (the fixture stores no float64 outputs)");
@@ -201,21 +293,27 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
                         torch_version(), semantics_name(reference_semantics()), semantics_name(*p.semantics), d));
 
     // Every component, against the LibTorch decomposition (verified just above by its outputs), the
-    // hand side on the reference's semantics too.
-    CaseReport cr;
-    cr.name = p.name + "/components";
-    cr.description =
-        "every component against the LibTorch decomposition, which the fixture's leg libtorch64_vs_torch64 verifies";
-    cr.config = r.config;
-    cr.reference = r.reference;
-    const bool same = *p.semantics == *q.semantics;
-    const RunResult q64 = same ? RunResult() : impl.run(q, DType::Float64, nullptr);
-    const RunResult q32 = same ? RunResult() : impl.run(q, DType::Float32, nullptr);
-    if (!same)
-      cr.notes.push_back(
-          fmt::format("the hand side runs with {}'s semantics here, LibTorch's", semantics_name(*q.semantics)));
-    compare_every_component(cr, q, impl, same ? h64 : q64, same ? h32 : q32, t64, t32, policy);
-    reports.push_back(std::move(cr));
+    // hand side on the reference's semantics too; unless the fixture needs semantics the reference
+    // does not have (then there is nothing like to compare).
+    if (!comparable) {
+      r.notes.push_back("components against LibTorch's decomposition not compared: LibTorch " + torch_version() +
+                        " follows other semantics where this fixture needs its own");
+    } else {
+      CaseReport cr;
+      cr.name = p.name + "/components";
+      cr.description =
+          "every component against the LibTorch decomposition, which the fixture's leg libtorch64_vs_torch64 verifies";
+      cr.config = r.config;
+      cr.reference = r.reference;
+      const bool same = *p.semantics == *q.semantics;
+      const RunResult q64 = same ? RunResult() : impl.run(q, DType::Float64, nullptr);
+      const RunResult q32 = same ? RunResult() : impl.run(q, DType::Float32, nullptr);
+      if (!same)
+        cr.notes.push_back(
+            fmt::format("the hand side runs with {}'s semantics here, LibTorch's", semantics_name(*q.semantics)));
+      compare_every_component(cr, q, impl, same ? h64 : q64, same ? h32 : q32, t64, t32, policy, where, &noise_runs);
+      reports.push_back(std::move(cr));
+    }
   }
   if (torch64.empty())
     throw InputError(where +
@@ -235,6 +333,7 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
   const Components hand64 = with_outputs(h64), hand32 = with_outputs(h32);
   Implementations impls{{"hand64", &hand64},   {"hand32", &hand32},   {"torch64", &torch64},
                         {"torch32", &torch32}, {"libtorch64", &lt64}, {"libtorch32", &lt32}};
+  add_samples(impls, legs, noise);
   // With stored components, every op of the hand side also runs on the producer's own inputs
   // (teacher forcing with the stored float64 components): the local legs and the first divergence.
   Components l64, l32;
@@ -248,7 +347,6 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
     impls["local_hand32"] = &l32;
     std::vector<LegSpec> local = legs_with_local();
     legs.insert(legs.begin() + 4, local.begin() + 4, local.end());
-    legs[1].local = "local_hand32_vs_torch64";
   }
   compare_components(r, names, impls, legs, policy, {"hand64", "hand32", "torch64", "torch32"});
   reports.insert(reports.begin(), std::move(r));

@@ -20,9 +20,10 @@ std::vector<LegSpec> legs_with_local() {
   std::vector<LegSpec> legs = standard_legs();
   legs.push_back({"local_hand64_vs_torch64", "local_hand64", "torch64", LegRole::Semantic, "", true});
   legs.push_back({"local_hand32_vs_torch64", "local_hand32", "torch64", LegRole::Numeric, "torch32_vs_torch64", true});
-  legs[1].local = "local_hand32_vs_torch64";  // hand32_vs_torch64 may excuse inherited error (see legs.hpp)
   return legs;
 }
+
+std::string noise_sample_key(const std::string& impl, int k) { return impl + "~" + std::to_string(k); }
 
 const Leg* ComponentReport::leg(const std::string& n) const {
   for (const Leg& l : legs)
@@ -47,8 +48,6 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
     auto it = impls.find(impl);
     return it == impls.end() || !it->second ? nullptr : find(*it->second, comp);
   };
-  // The largest propagated error of every component upstream (dataflow order), hand32's and torch32's.
-  double up_hand = 0, up_torch = 0;
   for (const std::string& name : names) {
     ComponentReport cr;
     cr.name = name;
@@ -61,7 +60,14 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
       const Tensor<double>* b = get(spec.b, name);
       if (!a || !b) continue;
       if (cr.shape.empty()) cr.shape = b->shape;
-      cr.legs.push_back(Leg{spec.name, spec.role, measure(*a, *b), 0, true, spec.diagnostic, {}, 0});
+      Leg leg{spec.name, spec.role, measure(*a, *b), 0, true, spec.diagnostic, {}, {}};
+      if (spec.role == LegRole::Noise && leg.m.comparable()) {
+        std::vector<std::pair<const Tensor<double>*, const Tensor<double>*>> samples{{a, b}};
+        for (const auto& [sa, sb] : spec.samples)
+          if (const Tensor<double>*x = get(sa, name), *y = get(sb, name); x && y) samples.push_back({x, y});
+        leg.noise = estimate_noise(samples);
+      }
+      cr.legs.push_back(std::move(leg));
       specs.push_back(&spec);
     }
     for (size_t i = 0; i < cr.legs.size(); ++i) {
@@ -83,28 +89,19 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
         } else if (!noise || !noise->m.comparable()) {
           breach("no " + spec.noise + " leg to judge it by");
         } else {
-          double reference = noise->m.rel_l2;
-          const Leg* local = spec.local.empty() ? nullptr : cr.leg(spec.local);
-          if (local && local->m.comparable() && up_hand > 0) {
-            // The part of this error inherited from upstream, scaled to what torch32's own upstream
-            // error becomes through the same op.
-            const double inherited =
-                std::sqrt(std::max(0.0, leg.m.rel_l2 * leg.m.rel_l2 - local->m.rel_l2 * local->m.rel_l2));
-            leg.inherited = inherited * up_torch / up_hand;
-            reference = std::max(reference, leg.inherited);
-          }
-          leg.bound = policy.numeric_factor * reference + policy.numeric_floor;
+          leg.noise = noise->noise;
+          leg.bound = policy.numeric_factor * leg.noise.quantile * leg.noise.rms + policy.numeric_floor;
         }
         if (leg.m.nonfinite_mismatch) {
           breach(fmt::format("{} non-finite value(s) differ, first at {}", leg.m.nonfinite_mismatch,
                              index_str(leg.m.first_mismatch_index)));
         } else if (leg.pass && !(leg.m.rel_l2 <= leg.bound)) {
           const std::string how =
-              spec.role == LegRole::Semantic ? "semantic bound"
-              : leg.inherited > 0
-                  ? fmt::format("{:g} x max({} {:.3g}, inherited {:.3g}) + floor {:.3g}", policy.numeric_factor,
-                                spec.noise, noise->m.rel_l2, leg.inherited, policy.numeric_floor)
-                  : fmt::format("{:g} x {} {:.3g} + floor {:.3g}", policy.numeric_factor, spec.noise, noise->m.rel_l2,
+              spec.role == LegRole::Semantic
+                  ? "semantic bound"
+                  : fmt::format("{:g} x {:.3g} x {} noise {:.3g} ({} sample{}, n_eff {:.3g}) + floor {:.3g}",
+                                policy.numeric_factor, leg.noise.quantile, spec.noise, leg.noise.rms,
+                                leg.noise.samples, leg.noise.samples == 1 ? "" : "s", leg.noise.n_eff,
                                 policy.numeric_floor);
           breach(fmt::format("rel_l2 {:.3g} > bound {:.3g} ({}); max_abs {:.3g} at {}", leg.m.rel_l2, leg.bound, how,
                              leg.m.max_abs, index_str(leg.m.max_abs_index)));
@@ -113,8 +110,6 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
       if (!spec.diagnostic) cr.pass = cr.pass && leg.pass;
     }
     if (cr.legs.empty()) continue;
-    if (const Leg* h = cr.leg("hand32_vs_torch64")) up_hand = std::max(up_hand, h->m.rel_l2);
-    if (const Leg* t = cr.leg("torch32_vs_torch64")) up_torch = std::max(up_torch, t->m.rel_l2);
     report.pass = report.pass && cr.pass;
     report.components.push_back(std::move(cr));
   }

@@ -123,7 +123,11 @@ nlohmann::json to_json(const CaseReport& r) {
                           {"diagnostic", l.diagnostic},
                           {"pass", l.pass}};
       if (l.role == LegRole::Semantic || l.role == LegRole::Numeric) j["bound"] = l.bound;
-      if (l.role == LegRole::Numeric) j["inherited"] = l.inherited;  // 0 when no local leg excuses any
+      if (l.role == LegRole::Noise || l.role == LegRole::Numeric)
+        j["noise"] = {{"samples", l.noise.samples},
+                      {"rms", l.noise.rms},
+                      {"n_eff", l.noise.n_eff},
+                      {"quantile", l.noise.quantile}};
       if (!l.m.comparable()) j["shape_mismatch"] = l.m.shape_mismatch;
       legs[l.name] = std::move(j);
     }

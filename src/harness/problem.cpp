@@ -1,5 +1,7 @@
 #include "tparity/harness/problem.hpp"
 
+#include "tparity/harness/rng.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -646,6 +648,29 @@ std::vector<std::string> semantic_differences(const Problem& p) {
         }
   }
   return out;
+}
+
+}  // namespace tparity
+
+namespace tparity {
+
+Problem jittered(const Problem& p, uint64_t seed) {
+  Problem q = p;
+  Rng rng(seed);
+  auto jitter = [&](DTensor& t) {
+    if (t.dtype != DType::Float32 && t.dtype != DType::Float64) return;
+    for (double& x : t.data) {
+      const float f = float(x);
+      if (f == 0 || !std::isfinite(f) || !rng.coin()) continue;
+      x = double(std::nextafter(f, rng.coin() ? INFINITY : -INFINITY));
+    }
+  };
+  for (auto& [name, t] : q.state_dict) jitter(t);
+  for (const InputSpec& in : expected_inputs(p.module))
+    if (in.kind == InputKind::Float)
+      if (auto it = q.inputs.find(in.name); it != q.inputs.end()) jitter(it->second);
+  q.outputs.clear(), q.outputs_float32.clear(), q.components.clear(), q.components_float32.clear();
+  return q;
 }
 
 }  // namespace tparity

@@ -120,7 +120,7 @@ ReferenceInfo reference_info() {
 #endif
     for (const char* v : {"OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
                           "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"})
-      if (const char* val = std::getenv(v)) r.pinned.push_back(std::string(v) + "=" + val);
+      if (const char* val = std::getenv(v); val && *val) r.pinned.push_back(std::string(v) + "=" + val);
     return r;
   }();
   ReferenceInfo r = info;

@@ -1,5 +1,8 @@
 // The regression baseline: the hand core's recorded error per case, component and leg, and the
 // ratchet that fails a run whose error has grown beyond a factor of it, even while under tolerance.
+// For a float32 leg the factor is widened by sqrt(F_{1-1e-6}(n_eff, n_eff)) (noise.hpp), the scatter
+// of two single samples of an error with n_eff effective elements, so that a baseline recorded on
+// one CPU, reference or instruction set holds on another.
 //
 // File (fixtures/baseline.json), written deterministically so that a change reads as a diff:
 //   {"format": "tparity.baseline", "version": 1,

@@ -2,25 +2,18 @@
 //
 // The float64 legs prove the semantics: hand64 against torch64 must agree to rel_l2 <= 1e-10, far
 // below any float32 effect and far above float64 rounding (~1e-16 per op).
-// The float32 legs are judged against LibTorch's own float32 error, measured on the same inputs:
-//   rel_l2(hand32, torch64) <= factor * rel_l2(torch32, torch64) + floor
-// with factor 2 and floor 4u, u = 2^-24 the float32 unit roundoff. The floor exists because
-// torch32's error can be (near) zero for a component (exact products of small integers, zeros,
-// results that need one rounding), while an equally good float32 implementation that rounds in a
-// different order still carries a few roundings per element; rel_l2 of k independent roundings of
-// relative size <= u is at most k*u, and 4 covers the reassociations the hand core is allowed
-// (the q scale, the bias add, the final division of the softmax, the head average).
-//
-// Inherited error. hand32's propagated error at a component is its own rounding (the local error,
-// measured by teacher forcing) plus the error it inherited from upstream, carried through this op.
-// On a tiny or ill-conditioned component (3 elements after a ReLU, say) the inherited part depends
-// on the direction of the incoming error, and torch32's may happen to cancel where hand32's does not,
-// with both upstream errors equal in size and both ops equally accurate. So where the local leg
-// exists, the reference of the Numeric gate is max(torch32's error, inherited x U_torch / U_hand):
-// inherited = sqrt(propagated^2 - local^2) is what this op did to hand32's incoming error, and
-// U_torch / U_hand (the largest propagated error upstream, torch32's over hand32's) scales it to what
-// the same op would do to torch32's. A component whose own rounding is bad still fails: its local
-// error is not inherited.
+// The float32 legs are judged against LibTorch's own float32 error on the same component, measured
+// from several samples (noise.hpp: the plain reference and runs on jittered copies of the problem):
+//   rel_l2(hand32, torch64) <= factor * quantile(n_eff, S) * rms + floor
+// rms is LibTorch's noise scale over the S samples; quantile, sqrt(F_{1-alpha}(n_eff, S n_eff)) with
+// alpha = 1e-6, widens the bound on components whose error has few independent elements (n_eff), where
+// one implementation's rel_l2 is a noisy statistic: an implementation whose float32 error is `factor`
+// (2) times LibTorch's fails with probability alpha, one as accurate as LibTorch far less often. The
+// floor, 4u with u = 2^-24, covers components where LibTorch's float32 result is exact (products of
+// small integers, zeros, one rounding) while an equally good implementation that rounds in another
+// order still carries a few roundings per element: rel_l2 of k roundings of relative size <= u is at
+// most k u, and 4 covers the reassociations the hand core makes (the q scale, the bias add, the
+// softmax's division, the head average).
 #pragma once
 
 #include <limits>
@@ -30,6 +23,7 @@
 #include <vector>
 
 #include "tparity/compare/metrics.hpp"
+#include "tparity/compare/noise.hpp"
 #include "tparity/harness/hand.hpp"
 #include "tparity/harness/reference_info.hpp"
 
@@ -39,12 +33,17 @@ struct GatePolicy {
   double semantic_rel = 1e-10;
   double numeric_factor = 2.0;
   double numeric_floor = 4.0 * 0x1.0p-24;
+  // The noise model's extra samples of LibTorch's float32 error (jittered runs), taken when some
+  // component's error has fewer than noise_neff_threshold effective elements in the plain sample
+  // (large components are measured well enough by one).
+  int noise_samples = 8;
+  double noise_neff_threshold = 512;
 };
 
 enum class LegRole {
   Semantic,  // rel_l2 <= policy.semantic_rel
-  Numeric,   // rel_l2 <= factor * rel_l2(noise leg) + floor
-  Noise,     // the reference's own error: reported, defines Numeric bounds
+  Numeric,   // rel_l2 <= factor * quantile * noise rms + floor
+  Noise,     // the reference's own error, sampled: reported, defines Numeric bounds
   Report,    // reported only (the seeds' figure)
 };
 
@@ -54,7 +53,9 @@ struct LegSpec {
   LegRole role;
   std::string noise;        // for Numeric: the name of the Noise leg that sets the bound
   bool diagnostic = false;  // gated, but a breach only names the first divergence, it fails nothing
-  std::string local;        // for Numeric: the same implementation's local leg, when there is one
+  // For Noise: more samples of the same error, (float32 result, float64 reference) implementation
+  // keys; those missing are skipped.
+  std::vector<std::pair<std::string, std::string>> samples;
 };
 
 // hand64_vs_torch64 (semantic), hand32_vs_torch64 (numeric), torch32_vs_torch64 (noise),
@@ -67,6 +68,9 @@ std::vector<LegSpec> standard_legs();
 // local_hand32_vs_torch64 (numeric, judged by the same torch32 noise) are diagnostic.
 std::vector<LegSpec> legs_with_local();
 
+// The keys of the k-th jittered sample of the reference (k from 1): "torch32~k", "torch64~k".
+std::string noise_sample_key(const std::string& impl, int k);
+
 struct Leg {
   std::string name;
   LegRole role;
@@ -74,8 +78,8 @@ struct Leg {
   double bound = 0;  // 0 for Noise/Report legs
   bool pass = true;
   bool diagnostic = false;
-  std::string breach;    // why it does not pass
-  double inherited = 0;  // Numeric with a local leg: torch32's upstream error carried through this op
+  std::string breach;   // why it does not pass
+  NoiseEstimate noise;  // Noise: the samples' statistics; Numeric: those its bound was built from
 };
 
 struct ComponentReport {

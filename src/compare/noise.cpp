@@ -1,0 +1,69 @@
+#include "tparity/compare/noise.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+namespace tparity {
+
+namespace {
+#include "noise_table.inc"
+}  // namespace
+
+double noise_alpha() { return kNoiseAlpha; }
+
+double noise_quantile(double n_eff, int samples) {
+  constexpr int nd = int(std::size(kNoiseTableD)), nm = int(std::size(kNoiseTableM));
+  int row = 0;  // the largest tabulated m not above `samples`: fewer samples, a wider quantile
+  for (int i = 0; i < nm; ++i)
+    if (kNoiseTableM[i] <= samples) row = i;
+  const double d = std::max(1.0, n_eff);
+  if (d >= kNoiseTableD[nd - 1]) return kNoiseTable[row][nd - 1];
+  int j = 0;
+  while (kNoiseTableD[j + 1] < d) ++j;
+  const double t = (std::log(d) - std::log(kNoiseTableD[j])) / (std::log(kNoiseTableD[j + 1]) - std::log(kNoiseTableD[j]));
+  // The quantile falls steeply at small d: interpolate its logarithm.
+  return std::exp((1 - t) * std::log(kNoiseTable[row][j]) + t * std::log(kNoiseTable[row][j + 1]));
+}
+
+NoiseEstimate estimate_noise(const std::vector<std::pair<const Tensor<double>*, const Tensor<double>*>>& samples) {
+  NoiseEstimate est;
+  if (samples.empty()) return est;
+  const Shape& shape = samples.front().second->shape;
+  std::vector<const std::pair<const Tensor<double>*, const Tensor<double>*>*> use;
+  for (const auto& s : samples)
+    if (s.first->shape == shape && s.second->shape == shape) use.push_back(&s);
+  const size_t n = samples.front().second->data.size();
+  // Positions finite in every sample.
+  std::vector<char> ok(n, 1);
+  for (const auto* s : use)
+    for (size_t i = 0; i < n; ++i) ok[i] = ok[i] && std::isfinite(s->first->data[i]) && std::isfinite(s->second->data[i]);
+  std::vector<double> w(n, 0.0);
+  double mean_sq = 0;
+  for (const auto* s : use) {
+    double e2 = 0, r2 = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (ok[i]) {
+        const double e = s->first->data[i] - s->second->data[i];
+        e2 += e * e, r2 += s->second->data[i] * s->second->data[i];
+      }
+    if (!(r2 > 0)) continue;  // a zero reference: no relative error to speak of
+    mean_sq += e2 / r2;
+    for (size_t i = 0; i < n; ++i)
+      if (ok[i]) {
+        const double e = s->first->data[i] - s->second->data[i];
+        w[i] += e * e / r2;
+      }
+    ++est.samples;
+  }
+  if (est.samples == 0) return est;
+  est.rms = std::sqrt(mean_sq / est.samples);
+  double sum = 0, sum2 = 0, count = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (ok[i]) sum += w[i] / est.samples, sum2 += (w[i] / est.samples) * (w[i] / est.samples), count += 1;
+  est.n_eff = sum2 > 0 ? std::min(count, sum * sum / sum2 * (1 + 2.0 / est.samples)) : std::max(count, 1.0);
+  est.quantile = noise_quantile(est.n_eff, est.samples);
+  return est;
+}
+
+}  // namespace tparity
