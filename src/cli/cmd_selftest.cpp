@@ -60,6 +60,8 @@ int selftest(const SelftestOptions& o) {
   }
   if (defects.empty()) defects = all_defects();
   std::vector<CaseSpec> cases = o.cases.empty() ? default_cases() : std::vector<CaseSpec>{};
+  if (o.cases.empty())  // the numeric defects' stress: large scores, 4096 keys
+    for (const CaseSpec& s : stress_cases()) cases.push_back(s);
   for (const std::string& n : o.cases) cases.push_back(find_case(n));
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -84,6 +86,9 @@ int selftest(const SelftestOptions& o) {
     caught_defects += caught[i];
   }
   const bool pass = clean_ok && caught_defects == defects.size();
+  size_t numeric = 0, numeric_caught = 0;
+  for (size_t i = 0; i < defects.size(); ++i)
+    if (numeric_defect(defects[i])) ++numeric, numeric_caught += caught[i];
 
   if (o.format == Format::Json) {
     nlohmann::json jclean = nlohmann::json::array(), jdefects = nlohmann::json::array();
@@ -99,6 +104,7 @@ int selftest(const SelftestOptions& o) {
                           {"first_divergence", c.caught ? nlohmann::json(c.first) : nlohmann::json(nullptr)}});
       }
       jdefects.push_back({{"name", defect_name(defects[i])},
+                          {"kind", numeric_defect(defects[i]) ? "numeric" : "semantic"},
                           {"description", defect_description(defects[i])},
                           {"caught", caught[i]},
                           {"cases", jcases}});
@@ -114,8 +120,10 @@ int selftest(const SelftestOptions& o) {
   for (Defect d : defects) w = std::max(w, defect_name(d).size());
   std::string header = fmt::format("{:<{}}", "defect \\ case", w);
   for (const CaseSpec& s : cases) header += fmt::format(" {:>{}}", s.name, std::max<size_t>(s.name.size(), 1));
-  fmt::print("tparity selftest: {} defects x {} default cases (X caught: the case fails a gate; . missed)\n\n",
-             defects.size(), cases.size());
+  fmt::print(
+      "tparity selftest: {} defects ({} semantic, {} numeric: float32 only) x {} cases (X caught: the case fails a "
+      "gate; . missed)\n\n",
+      defects.size(), defects.size() - numeric, numeric, cases.size());
   fmt::print("{}\n", header);
   auto row = [&](const std::string& label, const std::vector<Cell>& cells, bool clean_row) {
     std::string line = fmt::format("{:<{}}", label, w);
@@ -132,14 +140,15 @@ int selftest(const SelftestOptions& o) {
     for (size_t k = 0; k < cases.size(); ++k)
       if (matrix[i][k].caught)
         where += fmt::format("{}{} at {}", where.empty() ? "" : ", ", cases[k].name, matrix[i][k].first);
-    fmt::print("  {:<{}}  {}: {}\n", defect_name(defects[i]), w, defect_description(defects[i]),
-               where.empty() ? "MISSED by every case" : where);
+    fmt::print("  {:<{}}  {} ({}): {}\n", defect_name(defects[i]), w, defect_description(defects[i]),
+               numeric_defect(defects[i]) ? "numeric" : "semantic", where.empty() ? "MISSED by every case" : where);
   }
   for (size_t k = 0; k < cases.size(); ++k)
     if (clean[k].caught)
       fmt::print("ALARM: the clean core fails case {} (first at {}): tparity run --case {}\n", cases[k].name,
                  clean[k].first, cases[k].name);
-  fmt::print("\nselftest: {} of {} defects caught, clean core {} ({:.0f} s) => {}\n", caught_defects, defects.size(),
+  fmt::print("\nselftest: {} of {} semantic and {} of {} numeric defects caught, clean core {} ({:.0f} s) => {}\n",
+             caught_defects - numeric_caught, defects.size() - numeric, numeric_caught, numeric,
              clean_ok ? "raises no alarm" : "RAISES AN ALARM", seconds, pass ? "PASS" : "FAIL");
   return pass ? kPass : kFail;
 }
@@ -154,7 +163,7 @@ void register_selftest(CLI::App& app, Action& action) {
   std::string names;
   for (Defect d : all_defects()) names += (names.empty() ? "" : ", ") + defect_name(d);
   cmd->add_option("--defect", o->defects, "Defects to inject (default: all): " + names);
-  cmd->add_option("--case", o->cases, "Cases to run (default: every default case)");
+  cmd->add_option("--case", o->cases, "Cases to run (default: every default case, softmax_hot and long_keys)");
   add_format_option(*cmd, o->format);
   cmd->callback([o, &action] { action = [o] { return selftest(*o); }; });
 }

@@ -46,6 +46,8 @@ std::string case_names() {
 CaseSpec find_case(const std::string& name) {
   for (const CaseSpec& c : default_cases())
     if (c.name == name) return c;
+  for (const CaseSpec& c : stress_cases())
+    if (c.name == name) return c;
   throw InputError(fmt::format("option --case: expected one of {}, got \"{}\"", case_names(), name));
 }
 

@@ -24,6 +24,7 @@ void register_gate(CLI::App& app, Action& action);
 void register_sweep(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
 void register_selftest(CLI::App& app, Action& action);
+void register_census(CLI::App& app, Action& action);
 
 // main()'s arguments, for a subcommand that must re-execute itself (bench, to change the
 // environment OpenBLAS reads when it loads).

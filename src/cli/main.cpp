@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   cli::register_sweep(app, action);
   cli::register_bench(app, action);
   cli::register_selftest(app, action);
+  cli::register_census(app, action);
   cli::g_argc = argc, cli::g_argv = argv;
   if (argc > 1 && argv[1][0] != '-') {
     const std::string sub = argv[1];
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
     for (const CLI::App* s : app.get_subcommands({})) known = known || s->get_name() == sub;
     if (!known) {
       std::fprintf(stderr,
-                   "tparity: unknown subcommand \"%s\": expected run, eval, check, gate, sweep, bench or selftest (see "
+                   "tparity: unknown subcommand \"%s\": expected run, eval, check, gate, sweep, bench, selftest or census (see "
                    "tparity --help)\n",
                    sub.c_str());
       return cli::kBadInput;

@@ -28,6 +28,11 @@ const Entry kEntries[] = {
     {Defect::DropBias, "drop-bias", "linear layers' biases dropped"},
     {Defect::GeluTanh, "gelu-tanh", "GELU's tanh approximation instead of erf"},
     {Defect::SumHeadWeights, "sum-head-weights", "attention weights summed over heads, not averaged"},
+    {Defect::Bf16Accumulate, "bf16-accumulate", "float32 dot products accumulated in bfloat16"},
+    {Defect::Fp16Accumulate, "fp16-accumulate", "float32 dot products accumulated in float16"},
+    {Defect::SoftmaxNoMax, "softmax-no-max", "float32 softmax without subtracting the row maximum"},
+    {Defect::SingleRunningSum, "single-running-sum", "float32 weighted sum of values in one running sum"},
+    {Defect::NaiveVariance, "naive-variance", "float32 layer norm variance as E[x^2] - E[x]^2"},
 };
 
 }  // namespace
@@ -61,6 +66,11 @@ Defect defect_from_name(const std::string& name) {
   }
   if (name == "none") return Defect::None;
   throw std::invalid_argument("expected one of none, " + names + ", got \"" + name + "\"");
+}
+
+bool numeric_defect(Defect d) {
+  return d == Defect::Bf16Accumulate || d == Defect::Fp16Accumulate || d == Defect::SoftmaxNoMax ||
+         d == Defect::SingleRunningSum || d == Defect::NaiveVariance;
 }
 
 Defect injected_defect() { return g_defect.load(std::memory_order_relaxed); }

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "gemm_driver.hpp"
+#include "tparity/core/defects.hpp"
 #include "gemm_kernels.hpp"
 #include "parallel_team.hpp"
 
@@ -257,11 +260,55 @@ void gemm_force_isa(GemmIsa isa) {
 
 void gemm_reset_isa() { current_isa.store(kUnresolved, std::memory_order_release); }
 
+// --- the selftest's low-precision accumulation ------------------------------------------------------
+
+// x rounded to nearest even with the low `drop` bits of its significand cleared (bfloat16: 16,
+// float16: 13, leaving 8 and 11 significant bits), float16's range (finite up to 65504) when `half`
+// (its subnormals aside).
+float round_to(float x, int drop, bool half) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // inf, NaN
+  u = (u + ((1u << (drop - 1)) - 1) + ((u >> drop) & 1)) & ~((1u << drop) - 1);
+  std::memcpy(&x, &u, sizeof x);
+  return half && std::fabs(x) > 65504.0f ? std::copysign(INFINITY, x) : x;
+}
+
+// The numeric defects Bf16Accumulate and Fp16Accumulate (float only): C = alpha op(A) op(B) + beta C
+// with every partial sum of every dot product rounded to bfloat16 or float16, then the epilogue as
+// the kernels apply it (bias, activation, residual). A float32 implementation that accumulates in a
+// 16-bit type.
+bool low_precision(const float*, Defect d) { return d == Defect::Bf16Accumulate || d == Defect::Fp16Accumulate; }
+bool low_precision(const double*, Defect) { return false; }
+
+void gemm_low(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue<float>* ep, Defect d) {
+  const int bits = d == Defect::Bf16Accumulate ? 16 : 13;  // significand bits dropped
+  const bool half = d == Defect::Fp16Accumulate;
+  for (int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    for (int64_t j = 0; j < N; ++j) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k)
+        acc = round_to(acc + (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]), bits, half);
+      c[j] = alpha * acc + (beta == 0 ? 0.0f : beta * c[j]);
+      if (ep && ep->bias) c[j] += ep->bias[j];
+    }
+    if (ep && ep->activation) ep->activation(c, c, N);
+    if (ep && ep->residual)
+      for (int64_t j = 0; j < N; ++j) c[j] += ep->residual[i * ep->ldr + j];
+  }
+}
+void gemm_low(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*, int64_t, double,
+              double*, int64_t, const GemmEpilogue<double>*, Defect) {}
+
 // --- gemm ------------------------------------------------------------------------------------------
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc, const GemmEpilogue<T>* epilogue, int threads) {
+  if (const Defect d = injected_defect(); low_precision(A, d))
+    return gemm_low(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue, d);
   const Problem<T> p = make_problem(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue);
   if (M == 0 || N == 0) return;
   const Path<T>& path = path_for<T>(gemm_isa());
@@ -278,6 +325,15 @@ void gemm_strided_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, 
                           T* C, int64_t ldc, int64_t stride_c, const GemmEpilogue<T>* epilogue, int64_t stride_r,
                           int threads) {
   assert(batch >= 0);
+  if (const Defect d = injected_defect(); low_precision(A, d)) {
+    for (int64_t b = 0; b < batch; ++b) {
+      GemmEpilogue<T> ep;
+      if (epilogue) ep = *epilogue, ep.residual = ep.residual ? ep.residual + b * stride_r : nullptr;
+      gemm_low(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta, C + b * stride_c,
+               ldc, epilogue ? &ep : nullptr, d);
+    }
+    return;
+  }
   (void)make_problem(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue);
   if (batch == 0 || M == 0 || N == 0) return;
   const Path<T>& path = path_for<T>(gemm_isa());

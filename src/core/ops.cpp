@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cassert>
 #include <cmath>
+#include <type_traits>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -100,6 +101,16 @@ void linear_forward_ref(T* out, const T* inp, const T* weight, const T* bias, in
 
 template <class T>
 void softmax_forward(T* out, const T* inp, int64_t N, int64_t C) {
+  if (std::is_same_v<T, float> && injected_defect() == Defect::SoftmaxNoMax) {  // the selftest's numeric defect
+    for (int64_t n = 0; n < N; ++n) {
+      const T* x = inp + n * C;
+      T* y = out + n * C;
+      T total = T(0);
+      for (int64_t c = 0; c < C; ++c) total += (y[c] = std::exp(x[c]));
+      for (int64_t c = 0; c < C; ++c) y[c] = y[c] / total;
+    }
+    return;
+  }
   if (core_path() == CorePath::Reference) return softmax_forward_ref(out, inp, N, C);
   softmax_rows(out, inp, N, C, row_threads(N, 8 * C));
 }
@@ -125,6 +136,24 @@ template <class T>
 void layernorm_forward(T* out, const T* inp, const T* weight, const T* bias, T eps, int64_t N, int64_t C, T* mean_out,
                        T* rstd_out) {
   const Defect defect = injected_defect();
+  if (std::is_same_v<T, float> && defect == Defect::NaiveVariance) {  // the selftest's numeric defect
+    for (int64_t n = 0; n < N; ++n) {
+      const T* x = inp + n * C;
+      T* y = out + n * C;
+      T s = T(0), s2 = T(0);
+      for (int64_t c = 0; c < C; ++c) s += x[c], s2 += x[c] * x[c];
+      const T mean = s / T(C), var = std::max(T(0), s2 / T(C) - mean * mean), rstd = T(1) / std::sqrt(var + eps);
+      if (mean_out) mean_out[n] = mean;
+      if (rstd_out) rstd_out[n] = rstd;
+      for (int64_t c = 0; c < C; ++c) {
+        T v = (x[c] - mean) * rstd;
+        if (weight) v = v * weight[c];
+        if (bias) v = v + bias[c];
+        y[c] = v;
+      }
+    }
+    return;
+  }
   if (core_path() == CorePath::Reference || defect == Defect::LayerNormEps || defect == Defect::UnbiasedVariance)
     return layernorm_forward_ref(out, inp, weight, bias, eps, N, C, mean_out, rstd_out);
   layernorm_rows(out, inp, weight, bias, eps, N, C, mean_out, rstd_out, row_threads(N, 4 * C));

@@ -144,6 +144,16 @@ std::vector<CaseSpec> default_cases() {
   return cases;
 }
 
+std::vector<CaseSpec> stress_cases() {
+  CaseSpec hot;
+  hot.name = "softmax_hot", hot.module = ModuleKind::Softmax, hot.batch = 4, hot.seq = 32, hot.kv_seq = 256;
+  hot.dim = 1, hot.input_scale = 40, hot.seed = 14;
+  CaseSpec keys;
+  keys.name = "long_keys", keys.module = ModuleKind::MultiheadAttention, keys.batch = 1, keys.seq = 8;
+  keys.kv_seq = 4096, keys.dim = 32, keys.heads = 2, keys.bias = true, keys.seed = 15;
+  return {hot, keys};
+}
+
 namespace {
 
 DTensor uniform(Rng& rng, Shape shape, double bound) {

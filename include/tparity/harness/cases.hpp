@@ -54,6 +54,12 @@ struct CaseSpec {
 // their own (seed 000's and 003's products, scores-like softmax rows, layer norm around a large mean).
 std::vector<CaseSpec> default_cases();
 
+// Cases that stress float32 where the default ones do not, for the selftest's numeric defects (and
+// `tparity run --case NAME`): softmax_hot, scores large enough that exp overflows without the
+// maximum subtracted (|x| up to ~150); long_keys, an attention over 4096 keys, where a weighted sum
+// in one running sum loses digits.
+std::vector<CaseSpec> stress_cases();
+
 // A Matmul case's operand shapes: lhs and rhs with `batch` prepended to those marked batched.
 std::pair<Shape, Shape> matmul_operands(const CaseSpec& spec);
 
