@@ -479,3 +479,27 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
   CHECK(r.code == 2);
   CHECK(r.err.find("case minilm: sizes and options are the checkpoint's own") != std::string::npos);
 }
+
+TEST_CASE("cli: a baseline recorded under one kernel setting and ISA passes the gate under two others", "[cli][torch]") {
+  if (!with_torch()) return;
+  // Recorded on the AVX-512 core with the reference's own kernels; gated on the AVX2 core with the
+  // reference's kernels for an AVX2 CPU, and on the scalar core with another kernel family. (Across
+  // the two LibTorch versions: scripts/test.)
+  const bool openblas = tparity("--version").out.find("OpenBLAS") != std::string::npos;
+  const std::string other1 = openblas ? "OPENBLAS_CORETYPE=Haswell"
+                                      : "MKL_ENABLE_INSTRUCTIONS=AVX2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 "
+                                        "ATEN_CPU_CAPABILITY=avx2";
+  const std::string other2 = openblas ? "OPENBLAS_CORETYPE=Zen" : "MKL_CBWR=COMPATIBLE";
+  const fs::path b = scratch() / "portable.json";
+  const std::string bin = std::string(TPARITY_BIN) + " gate --fixtures " + kFixtureRoot + " --baseline " + b.string();
+  Result r = shell("TPARITY_ISA=avx512 " + bin + " --update-baseline");
+  REQUIRE(r.code == 0);
+  for (const std::string& env : {"TPARITY_ISA=avx2 " + other1, "TPARITY_ISA=scalar " + other2}) {
+    CAPTURE(env);
+    r = shell(env + " " + bin);
+    INFO(r.out.substr(r.out.size() > 3000 ? r.out.size() - 3000 : 0));
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains(", 0 failures (factor 2"));
+    CHECK_THAT(r.out, Catch::Contains("note: environment differs from the baseline's"));
+  }
+}

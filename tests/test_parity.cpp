@@ -658,3 +658,40 @@ TEST_CASE("parity: inputs that break careless code / all-masked rows / a key pad
     for (int64_t i : {1, 3, 4, 6, 7})
       for (int64_t j = 0; j < L; ++j) CHECK(w.data[size_t(((1 * 2 + hd) * L + i) * L + j)] == (j == 3 ? 1.0 : 0.0));
 }
+
+TEST_CASE("parity: the float32 gate catches a uniform relative error above its threshold / not below it", "[parity]") {
+  // The detection threshold `tparity selftest --thresholds` reports: eps = sqrt(bound^2 - rel_l2^2),
+  // the perturbation adding to the core's own float32 error in quadrature. Every element of the
+  // block's norm1 (320,000 of them) times 1 + eps' r (r = +-1 at random, a relative error of exactly
+  // eps'): caught at 1.25 eps, not at 0.75 eps.
+  CaseSpec s;
+  for (const CaseSpec& c : default_cases())
+    if (c.name == "block") s = c;
+  const Problem p = make_problem(s);
+  const CaseReport clean = evaluate_problem(p, s.describe(), s.seed, GatePolicy{});
+  require_pass(clean);
+  const Leg* h = nullptr;
+  for (const ComponentReport& c : clean.components)
+    if (c.name == "norm1") h = c.leg("hand32_vs_torch64");
+  REQUIRE(h);
+  const double eps = std::sqrt(h->bound * h->bound - h->m.rel_l2 * h->m.rel_l2);
+  CAPTURE(h->m.rel_l2, h->bound, eps, h->noise.rms);
+  auto perturbed = [&](double e) {
+    return Implementation{"perturbed norm1", [e](const Problem& q, DType dtype, const Components* teacher) {
+                            RunResult r = run_hand(q, dtype, true, q.name, teacher);
+                            if (dtype != DType::Float32 || teacher) return r;
+                            Rng rng(42);
+                            for (Component& c : r.components)
+                              if (c.name == "norm1")
+                                for (double& x : c.value.data) x *= 1 + e * (rng.coin() ? 1 : -1);
+                            return r;
+                          },
+                          true};
+  };
+  const CaseReport above = evaluate_problem(p, s.describe(), s.seed, GatePolicy{}, perturbed(1.25 * eps));
+  CHECK_FALSE(above.pass);
+  REQUIRE_FALSE(above.failures.empty());
+  CHECK_THAT(above.failures.front(), Catch::Contains("component norm1: leg hand32_vs_torch64"));
+  const CaseReport below = evaluate_problem(p, s.describe(), s.seed, GatePolicy{}, perturbed(0.75 * eps));
+  CHECK(below.pass);
+}

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "common.hpp"
+#include "tparity/compare/report.hpp"
 #include "tparity/api.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
@@ -314,10 +315,12 @@ int bench(const BenchOptions& o) {
   };
 
   const char* dropped = std::getenv("TPARITY_BENCH_UNSET");
+  const ReferenceInfo ref = reference_info();
   nlohmann::json env = {{"cpu", cpu_model()},
                         {"isa", to_string(gemm_isa())},
                         {"blas", torch_blas()},
                         {"torch", torch_version()},
+                        {"reference", to_json(ref)},
                         {"peak_gflops", peak},
                         {"peak_isa", peak_isa},
                         {"unset", dropped ? dropped : ""},
@@ -348,23 +351,26 @@ int bench(const BenchOptions& o) {
                        {"scaling_one_thread_ms", r.hand_one.median},
                        {"scaling_threads_ms", r.hand_many.median},
                        {"target", r.c.target},
+                       {"reference", ref.short_name()},
                        {"parity", r.parity}});
     std::fputs((nlohmann::json{{"environment", env}, {"cases", cases}}.dump(2) + "\n").c_str(), stdout);
     return parity_ok ? kPass : kFail;
   }
-  fmt::print("tparity bench: {} | hand core ISA {} | LibTorch {} on {} | fp32 FMA peak {:.0f} GFLOP/s per core ({})\n",
-             cpu_model(), to_string(gemm_isa()), torch_version(), torch_blas(), peak, peak_isa);
+  fmt::print("tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({})\nreference: {}\n",
+             cpu_model(), to_string(gemm_isa()), peak, peak_isa, ref.line());
+  if (!ref.warning.empty()) fmt::print("warning: {}\n", ref.warning);
   fmt::print("{}\n", dropped ? fmt::format("unset for this run, so OpenBLAS picks its own kernels: {}", dropped)
                              : std::string("no OpenBLAS overrides were set"));
   fmt::print(
       "medians of {} interleaved runs after 2 warm-ups; peak memory: the forward pass beyond its inputs and "
       "weights, each side in its own child process\n\n",
       o.reps);
-  fmt::print("{:<19} {:>3} {:>22} {:>22} {:>6} {:>13} {:>9} {:>19} {:>6}  {}\n", "case", "thr", "hand ms (min-max)",
-             "torch ms (min-max)", "ratio", "GFLOP/s h/t", "of peak", "peak MB h/t", "mem", "parity");
+  fmt::print("{:<19} {:>3} {:>22} {:>22} {:>6} {:>13} {:>9} {:>19} {:>6}  {:<18} {}\n", "case", "thr",
+             "hand ms (min-max)", "torch ms (min-max)", "ratio", "GFLOP/s h/t", "of peak", "peak MB h/t", "mem",
+             "reference", "parity");
   for (const Result& r : results) {
     const double mem = r.hand_peak >= 0 && r.torch_peak > 0 ? double(r.hand_peak) / double(r.torch_peak) : 0;
-    fmt::print("{:<19} {:>3} {:>22} {:>22} {:>6.2f} {:>13} {:>9} {:>19} {:>6}  {}\n", r.c.name, r.c.threads,
+    fmt::print("{:<19} {:>3} {:>22} {:>22} {:>6.2f} {:>13} {:>9} {:>19} {:>6}  {:<18} {}\n", r.c.name, r.c.threads,
                fmt::format("{:.2f} ({:.2f}-{:.2f})", r.hand.median, r.hand.min, r.hand.max),
                fmt::format("{:.2f} ({:.2f}-{:.2f})", r.torch.median, r.torch.min, r.torch.max),
                r.hand.median / r.torch.median, fmt::format("{:.0f}/{:.0f}", r.hand_gflops, r.torch_gflops),
@@ -372,7 +378,7 @@ int bench(const BenchOptions& o) {
                                       100 * r.torch_gflops / (peak * r.c.threads))
                         : "-",
                fmt::format("{:.1f}/{:.1f}", double(r.hand_peak) / 1e6, double(r.torch_peak) / 1e6),
-               mem > 0 ? fmt::format("{:.3f}", mem) : "-", r.parity);
+               mem > 0 ? fmt::format("{:.3f}", mem) : "-", ref.short_name(), r.parity);
   }
   for (const Result& r : results) {
     const double s = scaling(r);

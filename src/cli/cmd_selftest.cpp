@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 
 #include "common.hpp"
@@ -21,7 +22,51 @@ struct SelftestOptions {
   std::vector<std::string> defects;  // default: all
   std::vector<std::string> cases;    // default: every default case
   Format format = Format::Table;
+  bool thresholds = false;
 };
+
+// The detection threshold of the float32 gate on each component of the clean core: the smallest
+// uniform relative perturbation (every element times 1 + eps r, r = +-1 at random) that the gate
+// catches, eps = sqrt(bound^2 - rel_l2^2) (the perturbation adds to the core's own error in
+// quadrature), against LibTorch's float32 noise on the same component (rms of its samples).
+int thresholds(const SelftestOptions& o) {
+  std::vector<CaseSpec> cases = o.cases.empty() ? default_cases() : std::vector<CaseSpec>{};
+  for (const std::string& n : o.cases) cases.push_back(find_case(n));
+  nlohmann::json out = nlohmann::json::array();
+  if (o.format == Format::Table)
+    fmt::print("{:<10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10}  {}\n", "case", "comps", "eps min", "eps median",
+               "x noise lo", "x noise med", "x noise hi", "widest (few effective elements)");
+  for (const CaseSpec& s : cases) {
+    const CaseReport r = evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{});
+    std::vector<double> eps, ratio;
+    std::string widest;
+    double widest_ratio = 0;
+    nlohmann::json comps = nlohmann::json::array();
+    for (const ComponentReport& c : r.components) {
+      const Leg* h = c.leg("hand32_vs_torch64");
+      if (!h || h->noise.rms <= 0) continue;
+      const double e = std::sqrt(std::max(0.0, h->bound * h->bound - h->m.rel_l2 * h->m.rel_l2));
+      eps.push_back(e);
+      ratio.push_back(e / h->noise.rms);
+      if (ratio.back() > widest_ratio)
+        widest_ratio = ratio.back(), widest = fmt::format("{} ({:.3g}x, n_eff {:.3g})", c.name, ratio.back(), h->noise.n_eff);
+      comps.push_back({{"component", c.name}, {"eps", e}, {"noise_rms", h->noise.rms}, {"n_eff", h->noise.n_eff},
+                       {"x_noise", ratio.back()}});
+    }
+    if (eps.empty()) continue;
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double lo = *std::min_element(ratio.begin(), ratio.end());
+    if (o.format == Format::Table)
+      fmt::print("{:<10} {:>6} {:>10.3g} {:>10.3g} {:>10.3g} {:>10.3g} {:>10.3g}  {}\n", s.name, eps.size(),
+                 *std::min_element(eps.begin(), eps.end()), median(eps), lo, median(ratio), widest_ratio, widest);
+    out.push_back({{"case", s.name}, {"components", comps}});
+  }
+  if (o.format == Format::Json) fmt::print("{}\n", nlohmann::json{{"thresholds", out}}.dump(2));
+  return kPass;
+}
 
 // One cell of the matrix: did this case catch this defect, and where did it first diverge.
 struct Cell {
@@ -47,6 +92,7 @@ Cell evaluate(const CaseSpec& s) {
 }
 
 int selftest(const SelftestOptions& o) {
+  if (o.thresholds) return thresholds(o);
   std::vector<Defect> defects;
   for (const std::string& n : o.defects) {
     try {
@@ -164,6 +210,9 @@ void register_selftest(CLI::App& app, Action& action) {
   for (Defect d : all_defects()) names += (names.empty() ? "" : ", ") + defect_name(d);
   cmd->add_option("--defect", o->defects, "Defects to inject (default: all): " + names);
   cmd->add_option("--case", o->cases, "Cases to run (default: every default case, softmax_hot and long_keys)");
+  cmd->add_flag("--thresholds", o->thresholds,
+                "Instead of the matrix: the smallest uniform relative error each component's float32 gate catches, "
+                "against LibTorch's noise");
   add_format_option(*cmd, o->format);
   cmd->callback([o, &action] { action = [o] { return selftest(*o); }; });
 }
