@@ -9,7 +9,7 @@
 
 #include "cli_support.hpp"
 #include "tparity/api.hpp"
-#include "tparity/compare/evaluate.hpp"
+#include "tparity/eval/evaluate.hpp"
 
 using nlohmann::json;
 using namespace clitest;

@@ -12,8 +12,9 @@
 
 #include "support.hpp"
 #include "tparity/api.hpp"
-#include "tparity/compare/evaluate.hpp"
 #include "tparity/compare/report.hpp"
+#include "tparity/core/defects.hpp"
+#include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
 #include "tparity/harness/rng.hpp"
@@ -677,7 +678,8 @@ TEST_CASE("parity: the float32 gate catches a uniform relative error above its t
   const double eps = std::sqrt(h->bound * h->bound - h->m.rel_l2 * h->m.rel_l2);
   CAPTURE(h->m.rel_l2, h->bound, eps, h->noise.rms);
   auto perturbed = [&](double e) {
-    return Implementation{"perturbed norm1", [e](const Problem& q, DType dtype, const Components* teacher) {
+    return Implementation{"perturbed norm1",
+                          [e](const Problem& q, DType dtype, const Components* teacher) {
                             RunResult r = run_hand(q, dtype, true, q.name, teacher);
                             if (dtype != DType::Float32 || teacher) return r;
                             Rng rng(42);
@@ -694,4 +696,25 @@ TEST_CASE("parity: the float32 gate catches a uniform relative error above its t
   CHECK_THAT(above.failures.front(), Catch::Contains("component norm1: leg hand32_vs_torch64"));
   const CaseReport below = evaluate_problem(p, s.describe(), s.seed, GatePolicy{}, perturbed(0.75 * eps));
   CHECK(below.pass);
+}
+
+TEST_CASE("parity: the numeric defects fail the float32 gate alone / the float64 semantics stay exact", "[parity]") {
+  // A numeric defect spoils float32 only: every failure is a float32 leg's, the float64 legs pass.
+  std::map<std::string, CaseSpec> cases;
+  for (const CaseSpec& c : default_cases()) cases[c.name] = c;
+  for (const CaseSpec& c : stress_cases()) cases[c.name] = c;
+  for (const auto& [defect, name] : std::vector<std::pair<Defect, std::string>>{{Defect::Bf16Accumulate, "single"},
+                                                                                {Defect::Fp16Accumulate, "block"},
+                                                                                {Defect::SoftmaxNoMax, "softmax_hot"},
+                                                                                {Defect::SingleRunningSum, "long_keys"},
+                                                                                {Defect::NaiveVariance, "layernorm"}}) {
+    CAPTURE(defect_name(defect), name);
+    const CaseSpec& s = cases.at(name);
+    const ScopedDefect scoped(defect);
+    const CaseReport r = evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{});
+    CHECK_FALSE(r.pass);
+    REQUIRE_FALSE(r.failures.empty());
+    for (const std::string& f : r.failures) CHECK_THAT(f, Catch::Contains("leg hand32_vs_torch64"));
+    for (const ComponentReport& c : r.components) CHECK(c.leg("hand64_vs_torch64")->pass);
+  }
 }

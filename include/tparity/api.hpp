@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "tparity/compare/evaluate.hpp"
 #include "tparity/compare/report.hpp"
+#include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
 #include "tparity/harness/hand.hpp"

@@ -21,9 +21,9 @@
 #include <sstream>
 
 #include "common.hpp"
-#include "tparity/compare/evaluate.hpp"
 #include "tparity/compare/report.hpp"
 #include "tparity/core/gemm.hpp"
+#include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
 #include "tparity/harness/rng.hpp"
@@ -50,10 +50,8 @@ struct KernelSetting {
 // kernels OpenBLAS picks for this CPU); MKL's and oneDNN's instruction-set limits for the wheel's 2.13
 // (avx2: what an AVX2-only CPU gets; compatible: MKL's conditional-reproducibility path without FMA).
 std::vector<KernelSetting> kernel_settings() {
-  const std::vector<std::pair<std::string, std::string>> clear_mkl{{"MKL_ENABLE_INSTRUCTIONS", ""},
-                                                                   {"MKL_CBWR", ""},
-                                                                   {"ONEDNN_MAX_CPU_ISA", ""},
-                                                                   {"ATEN_CPU_CAPABILITY", ""}};
+  const std::vector<std::pair<std::string, std::string>> clear_mkl{
+      {"MKL_ENABLE_INSTRUCTIONS", ""}, {"MKL_CBWR", ""}, {"ONEDNN_MAX_CPU_ISA", ""}, {"ATEN_CPU_CAPABILITY", ""}};
   if (reference_info().blas.rfind("OpenBLAS", 0) == 0) {
     std::vector<KernelSetting> k{{"native", {{"OPENBLAS_CORETYPE", ""}}}};
     for (const char* c : {"Haswell", "SkylakeX", "Zen", "Sandybridge", "Prescott"})
@@ -151,8 +149,8 @@ CaseSpec census_point(const std::string& name, uint64_t seed, uint64_t index) {
         s.layers = rng.integer(1, 2);
         s.head = {rng.integer(1, 8), rng.integer(1, 4)};
         if (rng.coin()) s.head = {rng.integer(1, 4)};  // no hidden width
-        const Activation acts[] = {Activation::Relu,     Activation::Gelu,     Activation::Tanh,     Activation::Sigmoid,
-                                   Activation::Silu,     Activation::Softplus, Activation::LeakyRelu};
+        const Activation acts[] = {Activation::Relu, Activation::Gelu,     Activation::Tanh,     Activation::Sigmoid,
+                                   Activation::Silu, Activation::Softplus, Activation::LeakyRelu};
         s.head_activation = acts[rng.integer(0, 6)];
         s.mask = MaskKind::None;
         break;
@@ -269,9 +267,12 @@ nlohmann::json run_worker(const CensusOptions& o, const std::string& kernel) {
 
 nlohmann::json spawn_worker(const CensusOptions& o, const KernelSetting& k) {
   const fs::path out = fs::temp_directory_path() / fmt::format("tparity_census_{}_{}.json", ::getpid(), k.name);
-  std::vector<std::string> args{"/proc/self/exe", "census", "--worker-kernel", k.name, "--points",
-                                std::to_string(o.points), "--seed", std::to_string(o.seed), "--isa", o.isas,
-                                "--json", out.string()};
+  std::vector<std::string> args{"/proc/self/exe",  "census",
+                                "--worker-kernel", k.name,
+                                "--points",        std::to_string(o.points),
+                                "--seed",          std::to_string(o.seed),
+                                "--isa",           o.isas,
+                                "--json",          out.string()};
   for (const std::string& c : o.cases) args.insert(args.end(), {"--case", c});
   if (o.shard) args.insert(args.end(), {"--shard", *o.shard});
   // The setting's environment: its variables set or unset, everything else inherited.
@@ -315,8 +316,8 @@ size_t print_table(const std::vector<nlohmann::json>& docs) {
   std::vector<std::string> alarms;
   double seconds = 0;
   for (const nlohmann::json& d : docs) {
-    const std::string ref = d.at("reference").at("torch").get<std::string>() + " " +
-                            d.at("reference").at("blas").get<std::string>();
+    const std::string ref =
+        d.at("reference").at("torch").get<std::string>() + " " + d.at("reference").at("blas").get<std::string>();
     seconds += d.at("seconds").get<double>();
     for (const nlohmann::json& r : d.at("rows")) {
       Row& row = rows[{ref, d.at("kernel").get<std::string>(), r.at("isa").get<std::string>(),
@@ -404,7 +405,8 @@ int census(const CensusOptions& given) {
     docs.push_back(spawn_worker(o, k));
     workers.push_back(docs.back());
   }
-  if (o.json) write_text_file(*o.json, nlohmann::json{{"format", "tparity.census.set"}, {"workers", workers}}.dump(1) + "\n");
+  if (o.json)
+    write_text_file(*o.json, nlohmann::json{{"format", "tparity.census.set"}, {"workers", workers}}.dump(1) + "\n");
   return print_table(docs) ? kFail : kPass;
 }
 

@@ -1,6 +1,6 @@
 // tparity check: the hand core (and LibTorch) against the outputs a fixture stores.
 #include "common.hpp"
-#include "tparity/compare/evaluate.hpp"
+#include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
 
 namespace tparity::cli {

@@ -9,8 +9,8 @@
 
 #include "common.hpp"
 #include "tparity/compare/baseline.hpp"
-#include "tparity/compare/evaluate.hpp"
 #include "tparity/core/gemm.hpp"
+#include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
 #include "tparity/torch/reference.hpp"

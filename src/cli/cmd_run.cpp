@@ -7,9 +7,9 @@
 
 #include "common.hpp"
 #include "pretrained.hpp"
-#include "tparity/compare/evaluate.hpp"
 #include "tparity/api.hpp"
 #include "tparity/compare/report.hpp"
+#include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
 
@@ -35,7 +35,8 @@ int run(const RunOptions& o) {
   for (const std::string& name : o.cases)
     if (const PretrainedCase* c = find_pretrained(name)) {
       if (any_override(o.overrides))
-        throw InputError("case " + name + ": sizes and options are the checkpoint's own; drop the size, mask, seed "
+        throw InputError("case " + name +
+                         ": sizes and options are the checkpoint's own; drop the size, mask, seed "
                          "and parameter options, or run it alone");
       pretrained.push_back(c);
     } else {
@@ -43,8 +44,7 @@ int run(const RunOptions& o) {
       for (const CaseSpec& spec : default_cases()) known = known || spec.name == name;
       std::string pre;
       for (const PretrainedCase& other : pretrained_cases()) pre += ", " + other.name;
-      if (!known)
-        throw InputError("option --case: expected one of " + case_names() + pre + ", got \"" + name + "\"");
+      if (!known) throw InputError("option --case: expected one of " + case_names() + pre + ", got \"" + name + "\"");
       chosen.push_back(find_case(name));
     }
   // With no --case, the pretrained cases run after the generated ones, unless options reshape the run.

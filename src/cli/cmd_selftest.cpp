@@ -10,8 +10,8 @@
 #include <stdexcept>
 
 #include "common.hpp"
-#include "tparity/compare/evaluate.hpp"
 #include "tparity/core/defects.hpp"
+#include "tparity/eval/evaluate.hpp"
 #include "tparity/harness/cases.hpp"
 
 namespace tparity::cli {
@@ -49,8 +49,12 @@ int thresholds(const SelftestOptions& o) {
       eps.push_back(e);
       ratio.push_back(e / h->noise.rms);
       if (ratio.back() > widest_ratio)
-        widest_ratio = ratio.back(), widest = fmt::format("{} ({:.3g}x, n_eff {:.3g})", c.name, ratio.back(), h->noise.n_eff);
-      comps.push_back({{"component", c.name}, {"eps", e}, {"noise_rms", h->noise.rms}, {"n_eff", h->noise.n_eff},
+        widest_ratio = ratio.back(),
+        widest = fmt::format("{} ({:.3g}x, n_eff {:.3g})", c.name, ratio.back(), h->noise.n_eff);
+      comps.push_back({{"component", c.name},
+                       {"eps", e},
+                       {"noise_rms", h->noise.rms},
+                       {"n_eff", h->noise.n_eff},
                        {"x_noise", ratio.back()}});
     }
     if (eps.empty()) continue;

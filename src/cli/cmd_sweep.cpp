@@ -14,8 +14,8 @@
 #include <optional>
 
 #include "common.hpp"
-#include "tparity/compare/evaluate.hpp"
 #include "tparity/compare/report.hpp"
+#include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
 #include "tparity/torch/reference.hpp"

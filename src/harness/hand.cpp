@@ -12,12 +12,6 @@
 
 namespace tparity {
 
-const Tensor<double>* find(const Components& c, const std::string& name) {
-  for (const Component& x : c)
-    if (x.name == name) return &x.value;
-  return nullptr;
-}
-
 namespace {
 
 // Records every component; with a teacher, then overwrites it with the teacher's value so that the

@@ -24,7 +24,7 @@
 
 #include "tparity/compare/metrics.hpp"
 #include "tparity/compare/noise.hpp"
-#include "tparity/harness/hand.hpp"
+#include "tparity/harness/components.hpp"
 #include "tparity/harness/reference_info.hpp"
 
 namespace tparity {

@@ -5,24 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "tparity/harness/components.hpp"
 #include "tparity/harness/problem.hpp"
 
 namespace tparity {
-
-struct Component {
-  std::string name;
-  Tensor<double> value;  // canonical layout (see the op's contract), widened to double
-};
-using Components = std::vector<Component>;  // in dataflow order
-
-const Tensor<double>* find(const Components& c, const std::string& name);
-
-// What one implementation produced for a problem.
-struct RunResult {
-  Components components;  // empty when not collected
-  TensorMap outputs;      // "output" and, when the call returns them, "attn_weights", as the module
-                          // lays them out, in the run's dtype
-};
 
 // dtype: Float32 or Float64. Throws InputError (prefixed with `where`) when the problem's tensors
 // contradict its config.

@@ -18,7 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "tparity/harness/hand.hpp"
+#include "tparity/harness/components.hpp"
+#include "tparity/harness/problem.hpp"
 #include "tparity/harness/reference_info.hpp"
 
 namespace tparity {

@@ -1,4 +1,4 @@
-#include "tparity/compare/evaluate.hpp"
+#include "tparity/eval/evaluate.hpp"
 
 #include <fmt/format.h>
 
@@ -6,6 +6,7 @@
 #include <functional>
 #include <utility>
 
+#include "tparity/harness/hand.hpp"
 #include "tparity/torch/reference.hpp"
 
 namespace tparity {

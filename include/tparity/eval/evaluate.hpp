@@ -1,5 +1,6 @@
-// Runs the legs of a case or a fixture: the hand core and the reference in both precisions, compared
-// component by component.
+// Evaluation: runs the implementations of a case or a fixture (the hand core or a user's, and the
+// LibTorch reference, in both precisions and on the noise model's jittered copies) and hands their
+// components to the comparator (compare/legs.hpp), which judges without running anything.
 #pragma once
 
 #include <functional>
