@@ -520,3 +520,27 @@ TEST_CASE("cli: a baseline recorded under one kernel setting and ISA passes the 
     CHECK_THAT(r.out, Catch::Contains("note: environment differs from the baseline's"));
   }
 }
+
+TEST_CASE("cli: every report names which PyTorch judged / its BLAS and the kernels pinned", "[cli][torch]") {
+  if (!with_torch()) return;
+  Result r = tparity("--version");
+  REQUIRE(r.code == 0);
+  const bool openblas = r.out.find("OpenBLAS") != std::string::npos;
+  CHECK_THAT(r.out, Catch::Contains("reference: LibTorch "));
+  CHECK_THAT(r.out, Catch::Contains(openblas ? "(debian): OpenBLAS " : "(wheel): MKL "));
+  CHECK_THAT(r.out, Catch::Contains("; ATen "));
+  CHECK_THAT(r.out, Catch::Contains("; 1 thread"));
+  // A kernel pinned through the environment is named, and is what the BLAS reports running.
+  const std::string pin = openblas ? "OPENBLAS_CORETYPE=Haswell" : "MKL_CBWR=COMPATIBLE";
+  r = shell(pin + " " + std::string(TPARITY_BIN) + " --version");
+  CHECK_THAT(r.out, Catch::Contains("pinned by " + pin));
+  if (openblas) CHECK_THAT(r.out, Catch::Contains("OpenBLAS core Haswell"));
+  // The table's first line and the JSON document carry the same line.
+  r = tparity("run --case sdpa");
+  CHECK(r.out.rfind("reference: LibTorch ", 0) == 0);
+  r = tparity("run --case sdpa --format json");
+  const json doc = json::parse(r.out);
+  CHECK(doc.at("reference").at("line").get<std::string>().rfind("LibTorch ", 0) == 0);
+  CHECK(doc.at("cases").at(0).at("reference").at("torch") == doc.at("reference").at("torch"));
+  CHECK(doc.at("reference").at("threads") == 1);
+}

@@ -139,17 +139,7 @@ TorchRun run_mha(const Problem& p, DType dtype, bool collect) {
   const MhaResult ref =
       mha_decomposed(c, p.forward, mha_params(state_params(p, dtype), ""), query, key, value, attn, kpm, sink);
   TT out = ref.output, weights = ref.weights;
-  if (const std::string limitation = module_limitation(p); limitation.empty()) {
-    ModuleRun m = run_module(p, dtype);
-    run.notes.insert(run.notes.end(), m.notes.begin(), m.notes.end());
-    run.module_ran = true;
-    verify(run, "output", m.output, ref.output);
-    if (p.forward.need_weights) verify(run, "attn_weights", m.weights, ref.weights);
-    verified_note(run, m.what, dtype);
-    out = m.output, weights = m.weights;
-  } else {
-    run.notes.push_back("no LibTorch module run: " + limitation);
-  }
+  against_module(run, p, dtype, out, p.forward.need_weights ? &weights : nullptr);
   run.result.outputs["output"] = to_dtensor(from_seq_first(out, batched, c.batch_first), dtype);
   if (p.forward.need_weights)
     run.result.outputs["attn_weights"] = to_dtensor(batched ? weights : weights.squeeze(0), dtype);
@@ -184,13 +174,8 @@ TorchRun run_sdpa(const Problem& p, DType dtype, bool collect) {
   sink.put("attn_weights", weights);
   const TT out = at::matmul(weights, v);
   sink.put("output", out);
-  {
-    ModuleRun m = run_module(p, dtype);
-    run.module_ran = true;
-    verify(run, "output", m.output, out);
-    verify(run, "attn_weights", m.weights, weights);
-    verified_note(run, m.what, dtype);
-  }
+  TT checked = out, checked_weights = weights;
+  against_module(run, p, dtype, checked, &checked_weights);
   run.result.outputs["output"] = to_dtensor(out, dtype);
   return run;
 }

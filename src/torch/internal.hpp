@@ -67,4 +67,9 @@ struct ModuleRun {
 };
 ModuleRun run_module(const Problem& p, DType dtype);
 
+// Where torch::nn's module can run p (module_limitation), runs it, verifies the decomposition's output
+// (and attention weights, when given) against it bit for bit, and replaces them with the module's;
+// otherwise notes why not. reference.cpp.
+void against_module(TorchRun& run, const Problem& p, DType dtype, TT& out, TT* weights = nullptr);
+
 }  // namespace tparity::torch_ref

@@ -88,16 +88,7 @@ TorchRun run_layers(const Problem& p, DType dtype, bool collect) {
     x = layer_decomposed(c, params, "", x, memory, self, cross, comps);
   }
   TT out = x;
-  if (const std::string limitation = module_limitation(p); limitation.empty()) {
-    ModuleRun m = run_module(p, dtype);
-    run.notes.insert(run.notes.end(), m.notes.begin(), m.notes.end());
-    run.module_ran = true;
-    verify(run, "output", m.output, x);
-    verified_note(run, m.what, dtype);
-    out = m.output;
-  } else {
-    run.notes.push_back("no LibTorch module run: " + limitation);
-  }
+  against_module(run, p, dtype, out);
   run.result.outputs["output"] = to_dtensor(from_seq_first(out, batched, c.batch_first), dtype);
   return run;
 }

@@ -31,20 +31,6 @@ TT decomposed_layers(const EncoderConfig& c, int64_t n, const Params& ps, const 
   return s.transpose(0, 1);
 }
 
-// The module's output (batch-first), verified against the decomposition's, where the C++ modules can run it.
-void against_module(TorchRun& run, const Problem& p, DType dtype, TT& out) {
-  if (const std::string limitation = module_limitation(p); !limitation.empty()) {
-    run.notes.push_back("no LibTorch module run: " + limitation);
-    return;
-  }
-  ModuleRun m = run_module(p, dtype);
-  run.notes.insert(run.notes.end(), m.notes.begin(), m.notes.end());
-  run.module_ran = true;
-  verify(run, "output", m.output, out);
-  verified_note(run, m.what, dtype);
-  out = m.output;
-}
-
 }  // namespace
 
 // Seed 004's TransformerEncoder: nn.Embedding, the seed's positional encoding, encoder layers x N.

@@ -82,6 +82,25 @@ std::string module_limitation(const Problem& p) {
   return "";
 }
 
+namespace torch_ref {
+
+void against_module(TorchRun& run, const Problem& p, DType dtype, TT& out, TT* weights) {
+  if (const std::string limitation = module_limitation(p); !limitation.empty()) {
+    run.notes.push_back("no LibTorch module run: " + limitation);
+    return;
+  }
+  ModuleRun m = run_module(p, dtype);
+  run.notes.insert(run.notes.end(), m.notes.begin(), m.notes.end());
+  run.module_ran = true;
+  verify(run, "output", m.output, out);
+  if (weights) verify(run, "attn_weights", m.weights, *weights);
+  verified_note(run, m.what, dtype);
+  out = m.output;
+  if (weights) *weights = m.weights;
+}
+
+}  // namespace torch_ref
+
 TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const std::string& where) {
   using namespace torch_ref;
   c10::NoGradGuard no_grad;
