@@ -3,7 +3,9 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "support.hpp"
 #include "tparity/core/attention.hpp"
@@ -91,6 +93,72 @@ TEST_CASE("sdpa: L != S and Ev != E / leading dims carried through", "[attention
   CHECK(rec.seen.at("attn_weights").shape == Shape{2, 5, 7});
   CHECK_THROWS_AS(sdpa_forward(randn(rng, {2, 5, 3}), randn(rng, {2, 7, 4}), randn(rng, {2, 7, 4})), ShapeError);
   CHECK_THROWS_AS(sdpa_forward(randn(rng, {2, 5, 3}), randn(rng, {2, 7, 3}), randn(rng, {2, 6, 4})), ShapeError);
+}
+
+TEST_CASE("sdpa: scale multiplies the scores / negative and zero included", "[attention]") {
+  // The hand-worked problem above with scale -2: scores (-2, 0, 0); with 0 every key weighs 1/3.
+  const Tensor<double> q({1, 2}, {1, 0}), k({3, 2}, {1, 0, 0, 1, 0, 0}), v({3, 1}, {1, 2, 3});
+  SdpaOptions o;
+  o.scale = -2.0;
+  const double a = std::exp(-2.0);
+  CHECK(sdpa_forward<double>(q, k, v, {}, nullptr, TorchSemantics::Torch2, o).data[0] ==
+        Approx((a * 1 + 2 + 3) / (a + 2)).epsilon(1e-15));
+  o.scale = 0.0;
+  CHECK(sdpa_forward<double>(q, k, v, {}, nullptr, TorchSemantics::Torch2, o).data[0] == Approx(2.0).epsilon(1e-15));
+  o.scale = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_AS(sdpa_forward<double>(q, k, v, {}, nullptr, TorchSemantics::Torch2, o), std::invalid_argument);
+}
+
+TEST_CASE("sdpa: is_causal is the lower-triangular mask / refused beside a mask", "[attention]") {
+  // Top-left aligned as torch's ones(L, S).tril(): query i sees keys 0..i, also when L != S.
+  Rng rng(6);
+  for (const auto& [L, S] : {std::pair<int64_t, int64_t>{5, 5}, {4, 7}, {7, 3}}) {
+    CAPTURE(L, S);
+    const Tensor<double> q = randn(rng, {2, L, 3}), k = randn(rng, {2, S, 3}), v = randn(rng, {2, S, 4});
+    Tensor<uint8_t> tril({L, S});
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < S; ++j) tril.data[size_t(i * S + j)] = j > i;  // true = masked out
+    SdpaOptions causal;
+    causal.is_causal = true;
+    const Tensor<double> flag = sdpa_forward<double>(q, k, v, {}, nullptr, TorchSemantics::Torch2, causal);
+    const Tensor<double> masked =
+        sdpa_forward<double>(q, k, v, Mask<double>::of_bool(tril), nullptr, TorchSemantics::Torch2);
+    CHECK(flag.data == masked.data);
+    CHECK_THROWS_AS(sdpa_forward<double>(q, k, v, Mask<double>::of_bool(tril), nullptr, TorchSemantics::Torch2, causal),
+                    std::invalid_argument);
+  }
+}
+
+TEST_CASE("sdpa: grouped-query attention is the key and value heads repeated / the heads must divide", "[attention]") {
+  // enable_gqa: query head h reads kv head h / (Hq / Hkv), as repeat_interleave(Hq / Hkv, dim=-3).
+  Rng rng(7);
+  const int64_t B = 2, Hq = 6, L = 4, S = 5, E = 3, Ev = 2;
+  for (int64_t Hkv : {1, 2, 3, 6}) {
+    CAPTURE(Hkv);
+    const Tensor<double> q = randn(rng, {B, Hq, L, E}), k = randn(rng, {B, Hkv, S, E}), v = randn(rng, {B, Hkv, S, Ev});
+    auto repeat = [&](const Tensor<double>& t, int64_t n) {
+      Tensor<double> r({B, Hq, S, n});
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hq; ++h)
+          for (int64_t i = 0; i < S * n; ++i)
+            r.data[size_t((b * Hq + h) * S * n + i)] = t.data[size_t((b * Hkv + h / (Hq / Hkv)) * S * n + i)];
+      return r;
+    };
+    SdpaOptions gqa;
+    gqa.enable_gqa = true;
+    const Tensor<double> grouped = sdpa_forward<double>(q, k, v, {}, nullptr, TorchSemantics::Torch2, gqa);
+    const Tensor<double> repeated =
+        sdpa_forward<double>(q, repeat(k, E), repeat(v, Ev), {}, nullptr, TorchSemantics::Torch2);
+    CHECK(grouped.shape == Shape{B, Hq, L, Ev});
+    CHECK(grouped.data == repeated.data);
+  }
+  SdpaOptions gqa;
+  gqa.enable_gqa = true;
+  CHECK_THROWS_AS(sdpa_forward<double>(randn(rng, {6, 4, 3}), randn(rng, {4, 5, 3}), randn(rng, {4, 5, 2}), {}, nullptr,
+                                       TorchSemantics::Torch2, gqa),
+                  ShapeError);
+  // Without enable_gqa the heads must match.
+  CHECK_THROWS_AS(sdpa_forward(randn(rng, {6, 4, 3}), randn(rng, {2, 5, 3}), randn(rng, {2, 5, 2})), ShapeError);
 }
 
 TEST_CASE("mha: masked keys get exactly zero weight and rows sum to one", "[attention]") {

@@ -232,6 +232,41 @@ TEST_CASE("parity: the run options reach LibTorch: masks / cross-attention / gel
   }
 }
 
+TEST_CASE("parity: scaled_dot_product_attention's arguments reach LibTorch / is_causal, scale, enable_gqa, a bool mask",
+          "[parity]") {
+  // The reference's output is at::scaled_dot_product_attention's own, given the arguments as a user
+  // gives them (a bool attn_mask true where a key takes part): a core that read the flags or the mask
+  // differently fails here. torch 1.13 has no scale or enable_gqa: refused in one line.
+  const bool v2 = reference_semantics() == TorchSemantics::Torch2;
+  Rng rng(31);
+  for (int i = 0; i < 40; ++i) {
+    CaseSpec s;
+    for (const CaseSpec& c : default_cases())
+      if (c.name == "sdpa") s = c;
+    s.batch = rng.integer(0, 2);
+    s.seq = rng.integer(1, 7);
+    s.kv_seq = rng.integer(1, 7);
+    s.heads = rng.integer(1, 4);
+    s.kv_heads = rng.coin() ? s.heads : 1;
+    const MaskKind masks[] = {MaskKind::None, MaskKind::Random, MaskKind::Causal, MaskKind::IsCausal};
+    s.mask = masks[rng.integer(0, 3)];
+    if (rng.coin()) s.scale = rng.uniform(-1.5, 1.5);
+    s.seed = 500 + uint64_t(i);
+    CAPTURE(s.describe());
+    const Problem p = make_problem(s);
+    if (!v2 && (s.scale || p.sdpa.enable_gqa)) {
+      CHECK_THROWS_WITH(evaluate_problem(p, s.describe(), s.seed, GatePolicy{}),
+                        Catch::Contains("expected a LibTorch 2.x reference"));
+      continue;
+    }
+    const CaseReport r = evaluate_problem(p, s.describe(), s.seed, GatePolicy{});
+    require_pass(r);
+    size_t verified = 0;
+    for (const std::string& n : r.notes) verified += n.find("bit for bit (float") != std::string::npos;
+    CHECK(verified == 2);
+  }
+}
+
 TEST_CASE("parity: every committed fixture through LibTorch and the hand core", "[parity]") {
   std::vector<std::string> files;
   for (const auto& e : fs::recursive_directory_iterator(TPARITY_FIXTURES))

@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "common.hpp"
-#include "tparity/compare/report.hpp"
 #include "tparity/api.hpp"
+#include "tparity/compare/report.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
 #include "tparity/torch/reference.hpp"
@@ -316,16 +316,11 @@ int bench(const BenchOptions& o) {
 
   const char* dropped = std::getenv("TPARITY_BENCH_UNSET");
   const ReferenceInfo ref = reference_info();
-  nlohmann::json env = {{"cpu", cpu_model()},
-                        {"isa", to_string(gemm_isa())},
-                        {"blas", torch_blas()},
-                        {"torch", torch_version()},
-                        {"reference", to_json(ref)},
-                        {"peak_gflops", peak},
-                        {"peak_isa", peak_isa},
-                        {"unset", dropped ? dropped : ""},
-                        {"quick", o.quick},
-                        {"reps", o.reps}};
+  nlohmann::json env = {{"cpu", cpu_model()},        {"isa", to_string(gemm_isa())},
+                        {"blas", torch_blas()},      {"torch", torch_version()},
+                        {"reference", to_json(ref)}, {"peak_gflops", peak},
+                        {"peak_isa", peak_isa},      {"unset", dropped ? dropped : ""},
+                        {"quick", o.quick},          {"reps", o.reps}};
   bool parity_ok = true;
   for (const Result& r : results) parity_ok = parity_ok && (r.parity == "PASS" || r.parity == "not checked");
   if (o.format == Format::Json) {

@@ -125,6 +125,12 @@ CaseSpec census_point(const std::string& name, uint64_t seed, uint64_t index) {
         s.dim = rng.integer(1, 24);
         s.value_dim = rng.integer(1, 24);
         s.mask = rng.coin() ? MaskKind::None : MaskKind::Random;
+        if (rng.integer(0, 3) == 0) s.mask = MaskKind::IsCausal;
+        // scaled_dot_product_attention's own arguments; scale and enable_gqa came with torch 2.x.
+        s.heads = rng.integer(1, 4);
+        s.kv_heads = rng.coin() ? s.heads : pick_heads(s.heads);
+        if (rng.coin()) s.scale = rng.uniform(-1, 1);
+        if (reference_info().torch.rfind("1.", 0) == 0) s.kv_heads = 0, s.scale.reset();
         break;
       case ModuleKind::TokenEncoder:
         s.batch = rng.integer(1, 3);

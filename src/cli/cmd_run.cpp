@@ -25,8 +25,8 @@ struct RunOptions {
 };
 
 bool any_override(const CaseOverrides& o) {
-  return o.batch || o.seq || o.kv_seq || o.dim || o.value_dim || o.heads || o.ffn || o.bias || o.activation || o.mask ||
-         o.seed || o.random_params;
+  return o.batch || o.seq || o.kv_seq || o.dim || o.value_dim || o.heads || o.kv_heads || o.scale || o.ffn || o.bias ||
+         o.activation || o.mask || o.seed || o.random_params;
 }
 
 int run(const RunOptions& o) {
@@ -101,6 +101,10 @@ void register_run(CLI::App& app, Action& action) {
   cmd->add_option("--dim", o->overrides.dim, "Embedding dimension E (d_model)")->check(size);
   cmd->add_option("--value-dim", o->overrides.value_dim, "sdpa: value feature size Ev")->check(size);
   cmd->add_option("--heads", o->overrides.heads, "Number of heads")->check(size);
+  cmd->add_option("--kv-heads", o->overrides.kv_heads,
+                  "sdpa: key/value heads, a divisor of --heads (fewer: grouped-query attention, enable_gqa)")
+      ->check(size);
+  cmd->add_option("--scale", o->overrides.scale, "sdpa: the scores' scale (default 1/sqrt(E))");
   cmd->add_option("--ffn", o->overrides.ffn, "Encoder dim_feedforward")->check(size);
   cmd->add_option("--bias", o->overrides.bias, "MultiheadAttention bias")->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--activation", o->overrides.activation,
@@ -108,8 +112,9 @@ void register_run(CLI::App& app, Action& action) {
                   "softplus, leakyrelu)")
       ->check(CLI::IsMember({"relu", "gelu", "tanh", "sigmoid", "silu", "softplus", "leakyrelu"}));
   cmd->add_option("--mask", o->overrides.mask,
-                  "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding)")
-      ->check(CLI::IsMember({"none", "causal", "random", "padding"}));
+                  "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding), "
+                  "is-causal (sdpa: the is_causal flag)")
+      ->check(CLI::IsMember({"none", "causal", "random", "padding", "is-causal"}));
   add_seed_option(*cmd, o->overrides.seed, "Seed of weights and inputs (default: each case's own)");
   cmd->add_flag("--random-params", o->overrides.random_params,
                 "Draw biases and LayerNorm affine at random instead of torch's constant init");

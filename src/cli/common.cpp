@@ -26,6 +26,8 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
   if (o.dim) s.dim = *o.dim;
   if (o.value_dim) s.value_dim = *o.value_dim;
   if (o.heads) s.heads = *o.heads;
+  if (o.kv_heads) s.kv_heads = *o.kv_heads;
+  if (o.scale) s.scale = *o.scale;
   if (o.ffn) s.ffn = *o.ffn;
   if (o.bias) s.bias = *o.bias == "on";
   if (o.activation) {  // a ViT's is its head's (its encoder layers keep the seed's relu)

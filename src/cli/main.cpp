@@ -42,10 +42,11 @@ int main(int argc, char** argv) {
     bool known = false;
     for (const CLI::App* s : app.get_subcommands({})) known = known || s->get_name() == sub;
     if (!known) {
-      std::fprintf(stderr,
-                   "tparity: unknown subcommand \"%s\": expected run, eval, check, gate, sweep, bench, selftest or census (see "
-                   "tparity --help)\n",
-                   sub.c_str());
+      std::fprintf(
+          stderr,
+          "tparity: unknown subcommand \"%s\": expected run, eval, check, gate, sweep, bench, selftest or census (see "
+          "tparity --help)\n",
+          sub.c_str());
       return cli::kBadInput;
     }
   }

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <limits>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "layout.hpp"
@@ -360,38 +360,61 @@ void weighted_sum_v_ref(T* out, const T* w, const T* v, int64_t G, int64_t L, in
 
 template <class T>
 Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Mask<T>& mask,
-                       Observer<T>* obs, TorchSemantics semantics) {
+                       Observer<T>* obs, TorchSemantics semantics, const SdpaOptions& options) {
   if (q.dim() < 2) shape_error("query", "at least 2 dims (..., L, E)", q.shape);
   if (k.dim() != q.dim()) shape_error("key", std::to_string(q.dim()) + " dims like query", k.shape);
   if (v.dim() != q.dim()) shape_error("value", std::to_string(q.dim()) + " dims like query", v.shape);
   const int64_t L = q.size(-2), E = q.size(-1), S = k.size(-2), Ev = v.size(-1);
+  // Grouped-query attention: the heads (dim -3) of k and v may divide q's.
+  const bool gqa = options.enable_gqa && q.dim() >= 3;
+  const int64_t Hq = q.dim() >= 3 ? q.size(-3) : 1, Hkv = k.dim() >= 3 ? k.size(-3) : 1;
   for (int64_t d = 0; d + 2 < q.dim(); ++d) {
+    const bool heads = gqa && d + 3 == q.dim();
+    if (heads) {
+      if (Hkv < 1 || Hq % Hkv != 0)
+        shape_error("key", "heads (dim -3) dividing query's " + std::to_string(Hq) + " (enable_gqa)", k.shape);
+      if (v.size(-3) != Hkv) shape_error("value", "key's " + std::to_string(Hkv) + " heads (dim -3)", v.shape);
+      continue;
+    }
     if (k.shape[size_t(d)] != q.shape[size_t(d)]) shape_error("key", "leading dims equal to query's", k.shape);
     if (v.shape[size_t(d)] != q.shape[size_t(d)]) shape_error("value", "leading dims equal to query's", v.shape);
   }
   if (k.size(-1) != E) shape_error("key", "last dim " + std::to_string(E) + " (query's E)", k.shape);
   if (v.size(-2) != S) shape_error("value", "dim -2 equal to key's S = " + std::to_string(S), v.shape);
   if (mask.present() && mask.shape() != Shape{L, S}) shape_error("attn_mask", dims({L, S}), mask.shape());
-  const int64_t G = q.numel() / (L * E);
+  if (mask.present() && options.is_causal)
+    throw std::invalid_argument(
+        "attn_mask: given with is_causal; torch's math path refuses the two together (pass one or the other)");
+  if (options.scale && !std::isfinite(*options.scale))
+    throw std::invalid_argument("scale: expected a finite number, got " + std::to_string(*options.scale));
+  const int64_t G = q.numel() / (L * E), group = gqa ? Hq / Hkv : 1;
 
   Shape lead(q.shape.begin(), q.shape.end() - 2);
   Shape sshape = lead, oshape = lead;
   sshape.insert(sshape.end(), {L, S});
   oshape.insert(oshape.end(), {L, Ev});
 
+  // k and v of query group g: group g / (Hq / Hkv) of theirs (the heads are the innermost leading dim).
+  auto kv_group = [&](int64_t g) { return gqa ? g / group : g; };
   Tensor<T> scores(sshape);
-  qdotk(scores.ptr(), q.ptr(), k.ptr(), G, L, S, E);
-  const T scale = std::sqrt(T(E));
+  if (gqa)
+    for (int64_t g = 0; g < G; ++g)
+      qdotk(scores.ptr() + g * L * S, q.ptr() + g * L * E, k.ptr() + kv_group(g) * S * E, 1, L, S, E);
+  else
+    qdotk(scores.ptr(), q.ptr(), k.ptr(), G, L, S, E);
+  const T root = std::sqrt(T(E)), scale = T(options.scale.value_or(0));
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   const bool use_mask = mask.present() && injected_defect() != Defect::IgnoreMask;
+  const bool causal = options.is_causal && injected_defect() != Defect::IgnoreMask;
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = 0; j < S; ++j) {
         T& s = scores.data[size_t((g * L + i) * S + j)];
-        s = s / scale;
+        s = options.scale ? s * scale : s / root;
         if (use_mask)
           s = s + (mask.is_bool() ? (mask.bools.data[size_t(i * S + j)] ? ninf : T(0))
                                   : mask.floats.data[size_t(i * S + j)]);
+        if (causal && j > i) s = s + ninf;
       }
   if (obs) obs->on("scores", scores);
   Tensor<T>& weights = scores;  // softmax in place
@@ -401,7 +424,11 @@ Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
   zero_rows(weights.ptr(), dead, S);
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> out(oshape);
-  weighted_sum_v(out.ptr(), weights.ptr(), v.ptr(), G, L, S, Ev);
+  if (gqa)
+    for (int64_t g = 0; g < G; ++g)
+      weighted_sum_v(out.ptr() + g * L * Ev, weights.ptr() + g * L * S, v.ptr() + kv_group(g) * S * Ev, 1, L, S, Ev);
+  else
+    weighted_sum_v(out.ptr(), weights.ptr(), v.ptr(), G, L, S, Ev);
   if (obs) obs->on("output", out);
   return out;
 }
@@ -634,7 +661,7 @@ MhaOutputs<T> mha_forward(const MhaConfig& cfg, const MhaForward& fwd, const Mha
   template void weighted_sum_v_ref<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);         \
   template void weighted_sum_v<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);             \
   template Tensor<T> sdpa_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Mask<T>&, \
-                                     Observer<T>*, TorchSemantics);                                        \
+                                     Observer<T>*, TorchSemantics, const SdpaOptions&);                    \
   template MhaOutputs<T> mha_forward<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,         \
                                         const MhaInputs<T>&, Observer<T>*);                                \
   template MhaOutputs<T> detail::mha_attend<T>(const MhaConfig&, const MhaForward&, const MhaWeights<T>&,  \

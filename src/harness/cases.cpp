@@ -19,14 +19,16 @@ std::string mask_kind_name(MaskKind m) {
       return "random";
     case MaskKind::Padding:
       return "padding";
+    case MaskKind::IsCausal:
+      return "is-causal";
   }
   return "?";
 }
 
 MaskKind mask_kind_from_name(const std::string& s) {
-  for (MaskKind m : {MaskKind::None, MaskKind::Causal, MaskKind::Random, MaskKind::Padding})
+  for (MaskKind m : {MaskKind::None, MaskKind::Causal, MaskKind::Random, MaskKind::Padding, MaskKind::IsCausal})
     if (mask_kind_name(m) == s) return m;
-  throw std::invalid_argument("expected none, causal, random or padding, got \"" + s + "\"");
+  throw std::invalid_argument("expected none, causal, random, padding or is-causal, got \"" + s + "\"");
 }
 
 namespace {
@@ -83,6 +85,9 @@ std::string CaseSpec::describe() const {
   s += fmt::format(" d={}", dim);
   if (module == ModuleKind::ScaledDotProductAttention) {
     if (value_dim && value_dim != dim) s += fmt::format(" dv={}", value_dim);
+    if (heads > 1) s += fmt::format(" heads={}", heads);
+    if (kv_heads && kv_heads != heads) s += fmt::format(" kv_heads={}", kv_heads);
+    if (scale) s += fmt::format(" scale={:g}", *scale);
   } else {
     s += fmt::format(" heads={}", heads);
   }
@@ -213,10 +218,13 @@ void norm_params(Rng& rng, const CaseSpec& s, const std::string& name, TensorMap
 
 // The mask tensors of a case. L queries, S keys, B batch (0 unbatched).
 // attn_name gets an (L, S) mask, kpm_name a key padding mask over kpm_len keys (S unless given).
+// A bool mask is true where a key is masked out (MultiheadAttention and the layers), except for
+// scaled_dot_product_attention (sdpa_convention), where true means the key takes part, as in torch.
 void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::string& attn_name,
-               const std::string& kpm_name, TensorMap& in, int64_t kpm_len = 0) {
+               const std::string& kpm_name, TensorMap& in, int64_t kpm_len = 0, bool sdpa_convention = false) {
   switch (s.mask) {
     case MaskKind::None:
+    case MaskKind::IsCausal:  // a flag, not a tensor
       break;
     case MaskKind::Causal: {  // the seeds' float mask: torch.triu(-inf * ones(L, S), 1)
       DTensor m = constant({L, S}, 0.0);
@@ -229,6 +237,8 @@ void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::str
       DTensor m{DType::Bool, {L, S}, std::vector<double>(size_t(L * S), 0.0)};
       for (int64_t i = 0; i < L; ++i)
         for (int64_t j = 1; j < S; ++j) m.data[size_t(i * S + j)] = rng.uniform() < 0.25 ? 1.0 : 0.0;
+      if (sdpa_convention)
+        for (double& x : m.data) x = 1.0 - x;
       in[attn_name] = m;
       break;
     }
@@ -299,6 +309,18 @@ Problem make_problem(const CaseSpec& s) {
   positive("heads", s.heads);
   if (s.kv_seq < 0) throw InputError(fmt::format("case {}: kv-seq must be positive, got {}", s.name, s.kv_seq));
 
+  if (s.module != ModuleKind::ScaledDotProductAttention) {
+    if (s.mask == MaskKind::IsCausal)
+      throw InputError(fmt::format(
+          "option --mask: is-causal is scaled_dot_product_attention's flag, {} takes none (causal is its float mask)",
+          module_name(s.module)));
+    if (s.kv_heads)
+      throw InputError(
+          fmt::format("option --kv-heads: only scaled_dot_product_attention takes it, not {}", module_name(s.module)));
+    if (s.scale)
+      throw InputError(
+          fmt::format("option --scale: only scaled_dot_product_attention takes it, not {}", module_name(s.module)));
+  }
   if (s.module == ModuleKind::TokenEncoder || s.module == ModuleKind::ViT || op_case(s.module)) {
     if (s.mask != MaskKind::None)
       throw InputError(
@@ -400,12 +422,28 @@ Problem make_problem(const CaseSpec& s) {
       break;
     }
     case ModuleKind::ScaledDotProductAttention: {
-      const int64_t G = B ? B : 1, Ev = s.value_dim ? s.value_dim : s.dim;
-      auto shape = [&](int64_t n, int64_t e) { return B ? Shape{G, n, e} : Shape{n, e}; };
-      p.inputs["query"] = normal(rng, shape(L, s.dim));
-      p.inputs["key"] = normal(rng, shape(S, s.dim));
-      p.inputs["value"] = normal(rng, shape(S, Ev));
-      add_masks(rng, s, L, S, "attn_mask", "", p.inputs);
+      // One head: (B, L, E) as seed 004's; more: (B, H, L, E), and k, v with kv_heads (enable_gqa).
+      const int64_t G = B ? B : 1, Ev = s.value_dim ? s.value_dim : s.dim, H = s.heads,
+                    Hkv = s.kv_heads ? s.kv_heads : s.heads;
+      if (Hkv < 1 || H % Hkv)
+        throw InputError(
+            fmt::format("case {}: option --kv-heads: expected a divisor of heads {}, got {}", s.name, H, Hkv));
+      if (s.scale && !std::isfinite(*s.scale))
+        throw InputError(fmt::format("option --scale: expected a finite number, got {}", *s.scale));
+      auto shape = [&](int64_t h, int64_t n, int64_t e) {
+        Shape out;
+        if (B) out.push_back(G);
+        if (H > 1) out.push_back(h);
+        out.insert(out.end(), {n, e});
+        return out;
+      };
+      p.inputs["query"] = normal(rng, shape(H, L, s.dim));
+      p.inputs["key"] = normal(rng, shape(Hkv, S, s.dim));
+      p.inputs["value"] = normal(rng, shape(Hkv, S, Ev));
+      p.sdpa.is_causal = s.mask == MaskKind::IsCausal;
+      p.sdpa.scale = s.scale;
+      p.sdpa.enable_gqa = Hkv != H;
+      if (s.mask != MaskKind::IsCausal) add_masks(rng, s, L, S, "attn_mask", "", p.inputs, 0, true);
       break;
     }
     case ModuleKind::TokenEncoder: {

@@ -155,9 +155,13 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       break;
     }
     case ModuleKind::ScaledDotProductAttention: {
+      // scaled_dot_product_attention's bool attn_mask is true where a key takes part: the core's is
+      // true where it is masked out.
+      Mask<T> mask = to_mask<T>(p.input("attn_mask"));
+      if (mask.is_bool())
+        for (uint8_t& b : mask.bools.data) b = !b;
       r.outputs["output"] = to_dtensor(sdpa_forward(input<T>(p, "query"), input<T>(p, "key"), input<T>(p, "value"),
-                                                    to_mask<T>(p.input("attn_mask")), obs,
-                                                    p.semantics.value_or(TorchSemantics::Torch113)));
+                                                    mask, obs, p.semantics.value_or(TorchSemantics::Torch113), p.sdpa));
       break;
     }
     case ModuleKind::TokenEncoder: {

@@ -1,7 +1,5 @@
 #include "tparity/harness/problem.hpp"
 
-#include "tparity/harness/rng.hpp"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,6 +7,8 @@
 #include <limits>
 #include <set>
 #include <stdexcept>
+
+#include "tparity/harness/rng.hpp"
 
 namespace tparity {
 
@@ -335,6 +335,11 @@ void validate(const Problem& p, const std::string& where) {
       if (!(p.eps > 0)) fail(fmt::format("config.eps: expected a positive number, got {}", p.eps));
       break;
     case ModuleKind::ScaledDotProductAttention:
+      if (p.sdpa.is_causal && p.input("attn_mask"))
+        fail("config.is_causal: true beside inputs.attn_mask; torch refuses the two together (expected one of them)");
+      if (p.sdpa.scale && !std::isfinite(*p.sdpa.scale))
+        fail(fmt::format("config.scale: expected a finite number or null, got {}", *p.sdpa.scale));
+      break;
     case ModuleKind::Matmul:
     case ModuleKind::Softmax:
       break;
@@ -456,6 +461,10 @@ nlohmann::json config_json(const Problem& p) {
       j = {{"normalized_shape", {p.normalized}}, {"eps", p.eps}, {"elementwise_affine", p.affine}};
       break;
     case ModuleKind::ScaledDotProductAttention:
+      j = {{"is_causal", p.sdpa.is_causal},
+           {"scale", p.sdpa.scale ? nlohmann::json(*p.sdpa.scale) : nlohmann::json(nullptr)},
+           {"enable_gqa", p.sdpa.enable_gqa}};
+      break;
     case ModuleKind::Matmul:
       j = nlohmann::json::object();
       break;
@@ -504,7 +513,8 @@ std::string summary(const Problem& p) {
     case ModuleKind::ScaledDotProductAttention:
       return fmt::format("scaled dot-product attention q={} k={} v={}", shape_of("query"), shape_of("key"),
                          shape_of("value")) +
-             mask_of("attn_mask");
+             mask_of("attn_mask") + (p.sdpa.is_causal ? " is_causal" : "") +
+             (p.sdpa.scale ? fmt::format(" scale={:g}", *p.sdpa.scale) : "") + (p.sdpa.enable_gqa ? " enable_gqa" : "");
     case ModuleKind::TokenEncoder: {
       const EncoderConfig& c = p.token.layer;
       return fmt::format("TokenEncoder vocab={} d={} heads={} ffn={} {} layers={} tokens={}", p.token.vocab, c.d_model,
@@ -597,6 +607,20 @@ bool has_fully_masked_rows(const Problem& p, TorchSemantics s) {
     case ModuleKind::TransformerDecoderLayer:
       return any_dead_row(p.input("tgt_mask"), p.input("tgt_key_padding_mask"), p.encoder.nhead, s, 0) ||
              any_dead_row(p.input("memory_mask"), p.input("memory_key_padding_mask"), p.encoder.nhead, s, 0);
+    case ModuleKind::ScaledDotProductAttention: {  // (L, S); bool true = the key takes part
+      const DTensor* m = p.input("attn_mask");
+      if (!m || p.sdpa.is_causal || m->shape.size() != 2) return false;  // is_causal leaves key 0 to every row
+      const int64_t L = m->shape[0], S = m->shape[1];
+      for (int64_t i = 0; i < L; ++i) {
+        bool dead = true;
+        for (int64_t j = 0; j < S && dead; ++j) {
+          const double v = m->data[size_t(i * S + j)];
+          dead = m->dtype == DType::Bool ? v == 0 : v == -std::numeric_limits<double>::infinity();
+        }
+        if (dead) return true;
+      }
+      return false;
+    }
     default:
       return false;
   }

@@ -146,25 +146,52 @@ TorchRun run_mha(const Problem& p, DType dtype, bool collect) {
   return run;
 }
 
+// scaled_dot_product_attention's attn_mask as an additive one: a bool mask is true where the key
+// takes part; is_causal is ones(L, S, bool).tril() (both versions' math paths).
+TT sdpa_additive_mask(const Problem& p, const TT& q, const TT& k, DType dtype) {
+  TT mask = input(p, "attn_mask", dtype);
+  if (p.sdpa.is_causal) mask = at::ones({q.size(-2), k.size(-2)}, at::TensorOptions().dtype(at::kBool)).tril();
+  if (mask.defined() && mask.scalar_type() == at::kBool)
+    mask = bool_to_additive(mask.logical_not(), scalar_type(dtype));
+  return mask;
+}
+
 TorchRun run_sdpa(const Problem& p, DType dtype, bool collect) {
   TorchRun run;
-  const TT q = input(p, "query", dtype), k = input(p, "key", dtype), v = input(p, "value", dtype);
-  TT mask = input(p, "attn_mask", dtype);
-  if (mask.defined() && mask.scalar_type() == at::kBool) mask = bool_to_additive(mask, scalar_type(dtype));
+  const TT q = input(p, "query", dtype);
+  TT k = input(p, "key", dtype), v = input(p, "value", dtype);
+  const TT mask = sdpa_additive_mask(p, q, k, dtype);
   const Sink sink{collect ? &run.result.components : nullptr, "", "", ""};
-  const double scale = 1 / std::sqrt(double(q.size(-1)));
 #if TORCH_VERSION_MAJOR >= 2
   // mirrors at::_scaled_dot_product_attention_math (2.x, the math path of
-  // F.scaled_dot_product_attention): both q and k^T scaled by sqrt(scale), the mask added, a "safe"
-  // softmax (rows whose every score is -inf give zero weights, not NaN), @ v.
-  const double root = std::sqrt(scale);
-  TT scores = at::matmul(q * root, k.transpose(-2, -1) * root);
+  // F.scaled_dot_product_attention): k and v repeated over q's heads (enable_gqa, repeat_interleave on
+  // dim -3), q and k^T scaled by sqrt(|scale|) (q by its negative for a negative scale), the mask added,
+  // a "safe" softmax (rows whose every score is -inf give zero weights, not NaN), @ v.
+  if (p.sdpa.enable_gqa) {
+    const int64_t group = q.size(-3) / k.size(-3);
+    k = k.repeat_interleave(group, -3), v = v.repeat_interleave(group, -3);
+  }
+  const double scale = p.sdpa.scale.value_or(1 / std::sqrt(double(q.size(-1))));
+  const double root = std::sqrt(std::abs(scale));
+  TT scores = at::matmul(q * (scale < 0 ? -root : root), k.transpose(-2, -1) * root);
   if (mask.defined()) scores.add_(mask);
   sink.put("scores", scores);
   const TT weights = at::_safe_softmax(scores, -1);
 #else
   // mirrors at::_scaled_dot_product_attention (1.13's math path, the forerunner of
-  // F.scaled_dot_product_attention): q * scale @ k^T (+ mask), softmax, @ v.
+  // F.scaled_dot_product_attention): q * scale @ k^T (+ mask), softmax, @ v. It has no scale or
+  // enable_gqa argument.
+  if (p.sdpa.scale)
+    throw InputError(
+        "config.scale: torch 1.13's scaled dot-product attention has no scale argument (2.1 added it); "
+        "expected a LibTorch 2.x reference, got " +
+        torch_version());
+  if (p.sdpa.enable_gqa)
+    throw InputError(
+        "config.enable_gqa: torch 1.13's scaled dot-product attention has no enable_gqa argument (2.5 "
+        "added it); expected a LibTorch 2.x reference, got " +
+        torch_version());
+  const double scale = 1 / std::sqrt(double(q.size(-1)));
   TT scores = at::matmul(q * scale, k.transpose(-2, -1));
   if (mask.defined()) scores = scores + mask;
   sink.put("scores", scores);

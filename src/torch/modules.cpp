@@ -222,23 +222,44 @@ ModuleRun vit(const Problem& p, DType dtype) {
           {}};
 }
 
-// 1.13's at::_scaled_dot_product_attention, 2.x's at::_scaled_dot_product_attention_math: the math
-// path of F.scaled_dot_product_attention, returning the weights beside the output.
+#if TORCH_VERSION_MAJOR >= 2
+// Pins scaled_dot_product_attention's CPU backend to the math path for its lifetime (the flash kernel
+// is the default and rounds differently).
+struct MathSdpa {
+  bool flash = at::globalContext().userEnabledFlashSDP();
+  MathSdpa() { at::globalContext().setSDPUseFlash(false); }
+  ~MathSdpa() { at::globalContext().setSDPUseFlash(flash); }
+};
+#endif
+
+// 2.x: the output of at::scaled_dot_product_attention (F.scaled_dot_product_attention's op, on its math
+// path) given the arguments as they came (a bool attn_mask true where a key takes part, is_causal,
+// scale, enable_gqa), the weights of at::_scaled_dot_product_attention_math, which that path calls
+// once it has made the mask additive. 1.13: at::_scaled_dot_product_attention (its forerunner, the
+// same arguments but scale and enable_gqa), output and weights.
 ModuleRun sdpa(const Problem& p, DType dtype) {
   const TT q = input(p, "query", dtype), k = input(p, "key", dtype), v = input(p, "value", dtype);
-  TT mask = input(p, "attn_mask", dtype);
-  if (mask.defined() && mask.scalar_type() == at::kBool) mask = bool_to_additive(mask, scalar_type(dtype));
+  const TT mask = input(p, "attn_mask", dtype);
   torch::NoGradGuard guard;
   ModuleRun r;
 #if TORCH_VERSION_MAJOR >= 2
-  r.what = "at::_scaled_dot_product_attention_math";
-  std::tie(r.output, r.weights) = at::_scaled_dot_product_attention_math(
-      q, k, v, mask.defined() ? std::optional<TT>(mask) : std::nullopt, 0.0, /*is_causal=*/false);
+  r.what = "at::scaled_dot_product_attention (math backend) and _scaled_dot_product_attention_math's weights";
+  {
+    MathSdpa math;
+    r.output = at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<TT>(mask) : std::nullopt, 0.0,
+                                                p.sdpa.is_causal, p.sdpa.scale, p.sdpa.enable_gqa);
+  }
+  const TT additive = mask.defined() && mask.scalar_type() == at::kBool
+                          ? bool_to_additive(mask.logical_not(), scalar_type(dtype))
+                          : mask;
+  r.weights = std::get<1>(
+      at::_scaled_dot_product_attention_math(q, k, v, additive.defined() ? std::optional<TT>(additive) : std::nullopt,
+                                             0.0, p.sdpa.is_causal, std::nullopt, p.sdpa.scale, p.sdpa.enable_gqa));
 #else
   r.what = "at::_scaled_dot_product_attention";
   std::tie(r.output, r.weights) =
       at::_scaled_dot_product_attention(q, k, v, mask.defined() ? c10::optional<TT>(mask) : c10::nullopt, 0.0,
-                                        /*need_attn_weights=*/true, /*is_causal=*/false);
+                                        /*need_attn_weights=*/true, p.sdpa.is_causal);
 #endif
   return r;
 }

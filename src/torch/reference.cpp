@@ -41,7 +41,9 @@ std::string mha_limitation(const Problem& p, const std::string& attn, const std:
 std::string module_limitation(const Problem& p) {
   // The C++ modules kept 1.13's semantics in 2.x (they merge the masks as 1.13 does and their softmax
   // gives NaN): where Python 2.x's differ, the decomposition follows Python and no module can check it.
+  // (2.x's _scaled_dot_product_attention_math has the safe softmax itself.)
   if (TORCH_VERSION_MAJOR >= 2 && has_fully_masked_rows(p, reference_semantics()) &&
+      p.module != ModuleKind::ScaledDotProductAttention &&
       (p.module != ModuleKind::MultiheadAttention || !p.forward.need_weights))
     return "rows whose every key is masked: the C++ module keeps torch 1.13's NaN, Python " + torch_version() +
            "'s scaled_dot_product_attention (need_weights=False) gives them zero weights";

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "tparity/core/observer.hpp"
 #include "tparity/core/tensor.hpp"
@@ -36,15 +37,30 @@ template <class T>
 void weighted_sum_v_ref(T* out, const T* w, const T* v, int64_t G, int64_t L, int64_t S, int64_t Ev);
 
 // ---- scaled dot-product attention ----------------------------------------------------------------
+// The arguments of torch.nn.functional.scaled_dot_product_attention beyond the tensors (dropout 0):
+//   is_causal: only key j <= query i (ones(L, S).tril(), top-left aligned); not with a mask (the math
+//     path refuses both);
+//   scale: multiplies the scores (any finite value, negative and 0 included); absent: 1/sqrt(E);
+//   enable_gqa: k and v carry fewer heads (dim -3) than q, each repeated for Hq / Hkv consecutive query
+//     heads (repeat_interleave: query head h reads kv head h / (Hq / Hkv)). torch 2.x only.
+struct SdpaOptions {
+  bool is_causal = false;
+  std::optional<double> scale;
+  bool enable_gqa = false;
+};
+
 // mirrors seed 004's DotProductAttention: softmax(q @ k^T / sqrt(E) + mask) @ v, the scale applied to
-// the scores. q is (..., L, E), k is (..., S, E), v is (..., S, Ev) with the same leading dims;
-// L != S and Ev != E are allowed. mask: absent, or (L, S) bool (true = masked out) or float (added).
+// the scores, and torch's scaled_dot_product_attention's options (above). q is (..., L, E), k is
+// (..., S, E), v is (..., S, Ev) with the same leading dims (but the heads, dim -3, with enable_gqa);
+// L != S and Ev != E are allowed. mask: absent, or (L, S) bool (true = masked out, as everywhere in
+// the core; the harness inverts torch's scaled_dot_product_attention convention) or float (added).
 // Returns (..., L, Ev). With Torch2 semantics a row whose every score is -inf gets zero weights
 // (scaled_dot_product_attention's safe softmax), with Torch113 NaN.
 // Components: scores (..., L, S) scaled and masked, attn_weights (..., L, S), output (..., L, Ev).
 template <class T>
 Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Mask<T>& mask = {},
-                       Observer<T>* obs = nullptr, TorchSemantics semantics = TorchSemantics::Torch113);
+                       Observer<T>* obs = nullptr, TorchSemantics semantics = TorchSemantics::Torch113,
+                       const SdpaOptions& options = {});
 
 // ---- multi-head attention -------------------------------------------------------------------------
 // Constructor arguments of torch.nn.MultiheadAttention (dropout is always 0).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,7 +13,9 @@
 
 namespace tparity {
 
-enum class MaskKind { None, Causal, Random, Padding };
+// Causal: the seeds' float -inf mask above the diagonal; IsCausal: scaled_dot_product_attention's
+// is_causal flag instead of a mask tensor (sdpa only).
+enum class MaskKind { None, Causal, Random, Padding, IsCausal };
 
 std::string mask_kind_name(MaskKind m);            // none | causal | random | padding
 MaskKind mask_kind_from_name(const std::string&);  // throws std::invalid_argument
@@ -20,11 +23,13 @@ MaskKind mask_kind_from_name(const std::string&);  // throws std::invalid_argume
 struct CaseSpec {
   std::string name;
   ModuleKind module = ModuleKind::MultiheadAttention;
-  int64_t batch = 1;      // 0: unbatched input
-  int64_t seq = 1;        // L (query length) or T
-  int64_t kv_seq = 0;     // S for attention; 0: self-attention (S = L, key = value = query)
-  int64_t dim = 1;        // E / d_model (sdpa: q and k feature size)
-  int64_t value_dim = 0;  // sdpa only: v's feature size; 0: dim
+  int64_t batch = 1;            // 0: unbatched input
+  int64_t seq = 1;              // L (query length) or T
+  int64_t kv_seq = 0;           // S for attention; 0: self-attention (S = L, key = value = query)
+  int64_t dim = 1;              // E / d_model (sdpa: q and k feature size)
+  int64_t value_dim = 0;        // sdpa only: v's feature size; 0: dim
+  int64_t kv_heads = 0;         // sdpa only: k's and v's heads (enable_gqa when fewer than heads); 0: heads
+  std::optional<double> scale;  // sdpa only: the scores' scale; absent: 1/sqrt(E)
   int64_t heads = 1;
   int64_t ffn = 0;                                                     // encoder/decoder dim_feedforward
   int64_t layers = 1;                                                  // TransformerEncoder num_layers

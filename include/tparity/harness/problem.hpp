@@ -58,6 +58,7 @@ struct Problem {
   VitConfig vit;             // ViT
   int64_t normalized = 0;    // LayerNorm: normalized_shape, the input's last dim
   double eps = 1e-5;         // LayerNorm: eps
+  SdpaOptions sdpa;          // ScaledDotProductAttention: is_causal, scale, enable_gqa
   bool affine = true;        // LayerNorm: elementwise_affine (state_dict weight and bias)
   TensorMap state_dict;
   TensorMap inputs;
