@@ -40,7 +40,7 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --format xml", "--format"},
            {"run --case nope",
             "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
-            "matmul, bmm, softmax, layernorm, minilm, got \"nope\""},
+            "matmul, bmm, softmax, layernorm, softmax_hot, long_keys, minilm, got \"nope\""},
            {"run --activation swish", "--activation"},
            {"run --case block --activation tanh", "case block: config.activation: expected relu or gelu"},
            {"run --case embed --dim 15 --heads 5", "case embed: dim must be even"},
@@ -234,6 +234,11 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   for (const char* c : {"Matmul [3, 5, 4] @ [3, 4, 3]", "Matmul [4, 10, 3] @ [3, 6]", "Softmax [100, 100] scale=8",
                         "LayerNorm [100, 64] offset=100 affine"})
     CHECK_THAT(r.out, Catch::Contains(c));
+  // The selftest's two stress cases run by name, as the README says.
+  r = tparity("run --case softmax_hot --case long_keys");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("case softmax_hot: Softmax"));
+  CHECK_THAT(r.out, Catch::Contains("case long_keys: MultiheadAttention B=1 T=32 S=16384"));
 }
 
 TEST_CASE("cli: gate passes against the committed baseline and writes JUnit XML", "[cli][torch]") {
@@ -363,7 +368,7 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(cell["sum-head-weights"]["batched"].at("caught") == false);
   // The numeric defects: only float32 is spoilt, so they show on the float32 gate alone, where the
   // float32 error exceeds LibTorch's noise: in every product (accumulated in 16 bits), where exp
-  // overflows, over 4096 keys, around an offset.
+  // overflows, over 16384 keys, around an offset.
   size_t numeric = 0;
   for (const json& d : doc.at("defects")) numeric += d.at("kind") == "numeric";
   CHECK(numeric == 5);

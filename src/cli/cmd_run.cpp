@@ -40,12 +40,13 @@ int run(const RunOptions& o) {
                          "and parameter options, or run it alone");
       pretrained.push_back(c);
     } else {
-      bool known = false;
-      for (const CaseSpec& spec : default_cases()) known = known || spec.name == name;
-      std::string pre;
-      for (const PretrainedCase& other : pretrained_cases()) pre += ", " + other.name;
-      if (!known) throw InputError("option --case: expected one of " + case_names() + pre + ", got \"" + name + "\"");
-      chosen.push_back(find_case(name));
+      try {
+        chosen.push_back(find_case(name));  // a default or a stress case
+      } catch (const InputError&) {
+        std::string pre;
+        for (const PretrainedCase& other : pretrained_cases()) pre += ", " + other.name;
+        throw InputError("option --case: expected one of " + case_names() + pre + ", got \"" + name + "\"");
+      }
     }
   // With no --case, the pretrained cases run after the generated ones, unless options reshape the run.
   if (o.cases.empty() && !any_override(o.overrides))

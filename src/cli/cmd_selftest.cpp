@@ -110,7 +110,7 @@ int selftest(const SelftestOptions& o) {
   }
   if (defects.empty()) defects = all_defects();
   std::vector<CaseSpec> cases = o.cases.empty() ? default_cases() : std::vector<CaseSpec>{};
-  if (o.cases.empty())  // the numeric defects' stress: large scores, 4096 keys
+  if (o.cases.empty())  // the numeric defects' stress: large scores, 16384 keys
     for (const CaseSpec& s : stress_cases()) cases.push_back(s);
   for (const std::string& n : o.cases) cases.push_back(find_case(n));
 

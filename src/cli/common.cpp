@@ -42,6 +42,7 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
 std::string case_names() {
   std::string names;
   for (const CaseSpec& c : default_cases()) names += (names.empty() ? "" : ", ") + c.name;
+  for (const CaseSpec& c : stress_cases()) names += ", " + c.name;
   return names;
 }
 

@@ -41,7 +41,7 @@ struct CaseOverrides {
 };
 void apply_overrides(CaseSpec& s, const CaseOverrides& o);
 
-std::string case_names();                     // "single, batched, ..."
+std::string case_names();                     // "single, batched, ..., softmax_hot, long_keys"
 CaseSpec find_case(const std::string& name);  // InputError naming --case
 // Elements of the largest tensor a case materialises; InputError naming --max-elements above the cap.
 long double largest_tensor(const CaseSpec& s);

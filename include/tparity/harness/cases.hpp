@@ -61,7 +61,7 @@ std::vector<CaseSpec> default_cases();
 
 // Cases that stress float32 where the default ones do not, for the selftest's numeric defects (and
 // `tparity run --case NAME`): softmax_hot, scores large enough that exp overflows without the
-// maximum subtracted (|x| up to ~150); long_keys, an attention over 4096 keys, where a weighted sum
+// maximum subtracted (|x| up to ~150); long_keys, an attention of 32 queries over 16384 keys, where a weighted sum
 // in one running sum loses digits.
 std::vector<CaseSpec> stress_cases();
 
