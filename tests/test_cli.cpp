@@ -40,7 +40,11 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --format xml", "--format"},
            {"run --case nope",
             "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
-            "matmul, bmm, softmax, layernorm, softmax_hot, long_keys, minilm, got \"nope\""},
+            "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, softmax_hot, long_keys, minilm, got \"nope\""},
+           {"run --case block --out-dim 3", "option --out-dim: only the book's attention classes take it (d_out), not TransformerEncoderLayer"},
+           {"run --case selfattn_v1 --batch 2", "case selfattn_v1: batch must be 0 (SelfAttention_v1 takes unbatched x (T, d_in)"},
+           {"run --case book_mha --heads 3", "case book_mha: heads 3 does not divide d_out 2"},
+           {"run --case selfattn_v1 --mask causal", "option --mask: SelfAttention_v1 takes no mask, got causal"},
            {"run --activation swish", "--activation"},
            {"run --case block --activation tanh", "case block: config.activation: expected relu or gelu"},
            {"run --case embed --dim 15 --heads 5", "case embed: dim must be even"},
@@ -193,10 +197,11 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   CHECK(r.code == 0);
   for (const char* c :
        {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder", "case decoder",
-        "case embed", "case vit", "case matmul", "case bmm", "case softmax", "case layernorm"})
+        "case embed", "case vit", "case matmul", "case bmm", "case softmax", "case layernorm", "case selfattn_v1",
+        "case book_mha"})
     CHECK_THAT(r.out, Catch::Contains(c));
-  // The 13 generated cases, and the pretrained one (two reports) unless its package is missing here.
-  CHECK(std::regex_search(r.out, std::regex("\\n(13|15) case\\(s\\): \\1 passed, 0 failed\\n")));
+  // The 15 generated cases, and the pretrained one (two reports) unless its package is missing here.
+  CHECK(std::regex_search(r.out, std::regex("\\n(15|17) case\\(s\\): \\1 passed, 0 failed\\n")));
 
   r = tparity("run --case sdpa --case single --format json");
   REQUIRE(r.code == 0);
@@ -336,9 +341,9 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(r.code == 0);
   const json doc = json::parse(r.out);
   CHECK(doc.at("pass") == true);
-  REQUIRE(doc.at("clean").size() == 15);  // the 13 default cases, softmax_hot, long_keys
+  REQUIRE(doc.at("clean").size() == 17);  // the 15 default cases, softmax_hot, long_keys
   for (const json& c : doc.at("clean")) CHECK(c.at("alarm") == false);
-  REQUIRE(doc.at("defects").size() == 17);  // 12 semantic, 5 numeric
+  REQUIRE(doc.at("defects").size() == 18);  // 13 semantic, 5 numeric
   std::map<std::string, std::map<std::string, json>> cell;
   for (const json& d : doc.at("defects")) {
     CAPTURE(d.at("name"));
@@ -366,6 +371,11 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(cell["gelu-tanh"]["block"].at("caught") == false);  // relu
   CHECK(first("sum-head-weights", "multihead") == "attn_weights_avg");
   CHECK(cell["sum-head-weights"]["batched"].at("caught") == false);
+  // The book's classes divide by sqrt(d_out) (a head's width): sqrt(d_in) shows at the scores of
+  // both book cases (d_in 3 against d_out 2, and against a head of 1), and nowhere else.
+  CHECK(first("book-scale-d-in", "selfattn_v1") == "scores");
+  CHECK(first("book-scale-d-in", "book_mha") == "scores");
+  CHECK(cell["book-scale-d-in"]["multihead"].at("caught") == false);
   // The numeric defects: only float32 is spoilt, so they show on the float32 gate alone, where the
   // float32 error exceeds LibTorch's noise: in every product (accumulated in 16 bits), where exp
   // overflows, over 16384 keys, around an offset.

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <limits>
 #include <sstream>
 
@@ -135,7 +136,8 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
       {[](nlohmann::json& j) { j["version"] = 3; }, "bad.json: version: expected 1 or 2, got 3"},
       {[](nlohmann::json& j) { j["module"] = "Transformer"; },
        "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
-       "\"TransformerDecoderLayer\", got \"Transformer\""},
+       "\"TransformerDecoderLayer\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", "
+       "\"MultiHeadAttentionWrapper\", \"MultiHeadAttention\", got \"Transformer\""},
       {[](nlohmann::json& j) { j.erase("state_dict"); }, "bad.json: state_dict: missing"},
       {[](nlohmann::json& j) { j["state_dict"].erase("out_proj.weight"); },
        "bad.json: state_dict.out_proj.weight: missing (expected shape [16, 16])"},
@@ -154,7 +156,8 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
        "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"int64\""},
       {[](nlohmann::json& j) { j["module"] = "ViT"; },
        "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
-       "\"TransformerDecoderLayer\", got \"ViT\""},
+       "\"TransformerDecoderLayer\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", "
+       "\"MultiHeadAttentionWrapper\", \"MultiHeadAttention\", got \"ViT\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = "abc"; },
        "bad.json: state_dict.out_proj.bias.data[3]: expected a number or \"inf\", \"-inf\", \"nan\", got \"abc\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = nullptr; },
@@ -196,6 +199,44 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
                     Catch::StartsWith("bad.json: (top level): expected a JSON object, got array"));
   CHECK_THROWS_WITH(read_fixture("/nonexistent/f.json"),
                     Catch::StartsWith("/nonexistent/f.json: cannot open fixture: No such file"));
+}
+
+TEST_CASE("fixtures: the book's classes refuse what the class would not take / naming the field", "[fixture]") {
+  // SelfAttention_v1 holds (d_in, d_out) matrices used as x @ W: nn.Linear's (d_out, d_in) layout is
+  // the classic slip and is refused by shape; the classes' constructor arguments only.
+  const nlohmann::json v1 = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/torch-2.13/book_selfattn_v1.json"));
+  const nlohmann::json mha = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/torch-2.13/book_mha.json"));
+  using Mutate = std::function<void(nlohmann::json&)>;
+  const std::vector<std::tuple<const nlohmann::json*, Mutate, std::string>> cases = {
+      {&v1, [](nlohmann::json& j) { j["state_dict"]["W_query"]["shape"] = {2, 3}; },
+       "bad.json: state_dict.W_query: expected shape [3, 2], got [2, 3]"},
+      {&v1, [](nlohmann::json& j) { j["config"]["num_heads"] = 2; },
+       "bad.json: config.num_heads: unexpected key for SelfAttention_v1 (expected one of: d_in, d_out)"},
+      {&v1, [](nlohmann::json& j) { j["state_dict"]["W_query.weight"] = j["state_dict"]["W_query"]; },
+       "bad.json: state_dict.W_query.weight: unexpected entry for SelfAttention_v1"},
+      {&mha, [](nlohmann::json& j) { j["config"]["num_heads"] = 3; },
+       "bad.json: config.num_heads: expected a divisor of d_out 4"},
+      {&mha, [](nlohmann::json& j) { j["config"]["context_length"] = 4; },
+       "bad.json: state_dict.mask: expected shape [4, 4], got [10, 10]"},
+      {&mha, [](nlohmann::json& j) { j["config"].erase("context_length"); }, "bad.json: config.context_length: missing"},
+      {&mha, [](nlohmann::json& j) { j["config"]["dropout"] = 0.1; },
+       "bad.json: config.dropout: expected 0 (tparity compares eval-mode modules without dropout), got 0.1"},
+      {&mha, [](nlohmann::json& j) { j["state_dict"].erase("mask"); }, "bad.json: state_dict.mask: missing"},
+  };
+  for (const auto& [base, mutate, expect] : cases) {
+    nlohmann::json j = *base;
+    mutate(j);
+    CAPTURE(expect);
+    CHECK_THROWS_WITH(parse_fixture(j.dump(), "bad.json"), Catch::StartsWith(expect));
+  }
+  // More tokens than the causal buffer holds: refused when run, as every input shape is.
+  nlohmann::json j = mha;
+  j["config"]["context_length"] = 4;
+  j["state_dict"]["mask"]["shape"] = {4, 4};
+  j["state_dict"]["mask"]["data"] = std::vector<double>(16, 0.0);
+  const Problem p = parse_fixture(j.dump(), "bad.json");
+  CHECK_THROWS_WITH(run_hand(p, DType::Float64, false, "bad.json"),
+                    "bad.json: inputs.x: expected at most context_length = 4 tokens (dim -2), got [2, 6, 3]");
 }
 
 // Found by the fuzzer (tests/fuzz, corpus/regress_number_overflow.json): nlohmann::json throws

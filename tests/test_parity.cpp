@@ -16,6 +16,7 @@
 #include "tparity/core/defects.hpp"
 #include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
+#include "tparity/harness/book.hpp"
 #include "tparity/harness/cases.hpp"
 #include "tparity/harness/rng.hpp"
 #include "tparity/torch/reference.hpp"
@@ -173,7 +174,7 @@ TEST_CASE("parity: the default cases pass / with the reference verified against 
     const std::map<std::string, size_t> expected{{"single", 8},   {"batched", 8},  {"multihead", 8}, {"block", 11},
                                                  {"sdpa", 3},     {"encoder", 35}, {"decoder", 19},  {"embed", 69},
                                                  {"vit", 28},     {"matmul", 1},   {"bmm", 1},       {"softmax", 1},
-                                                 {"layernorm", 3}};
+                                                 {"layernorm", 3}, {"selfattn_v1", 6}, {"book_mha", 7}};
     CHECK(r.components.size() == expected.at(s.name));
     // Each precision's reference is verified against what LibTorch runs for real: its modules bit for
     // bit, or for matmul at::bmm over the broadcast operands (bit for bit, or within the bound of
@@ -184,6 +185,12 @@ TEST_CASE("parity: the default cases pass / with the reference verified against 
                                                            {"bmm", "at::matmul"},
                                                            {"softmax", "torch::nn::Softmax(dim=-1)"},
                                                            {"layernorm", "torch::nn::LayerNorm"}};
+    if (book_module(s.module)) {  // no LibTorch module: the Python fixtures verify the decomposition
+      size_t said = 0;
+      for (const std::string& n : r.notes) said += n.find("is the book's Python class") != std::string::npos;
+      CHECK(said == 2);
+      continue;
+    }
     size_t verified = 0;
     for (const std::string& n : r.notes) {
       const bool exact = n.find("bit for bit (float") != std::string::npos;
@@ -206,6 +213,30 @@ TEST_CASE("parity: a seeded grid of multi-head attention shapes and options", "[
   }
 }
 
+TEST_CASE("parity: the book's five attention classes over a seeded grid of sizes / heads / qkv_bias", "[parity]") {
+  // SelfAttention_v1 and v2 (unbatched), CausalAttention, the wrapper and MultiHeadAttention
+  // (batched): d_in and d_out apart, 1 to 4 heads, with and without qkv_bias, 1 to 9 tokens.
+  const ModuleKind kinds[] = {ModuleKind::SelfAttentionV1, ModuleKind::SelfAttentionV2, ModuleKind::CausalAttention,
+                              ModuleKind::MultiHeadAttentionWrapper, ModuleKind::BookMultiHeadAttention};
+  Rng rng(77);
+  for (int i = 0; i < 60; ++i) {
+    CaseSpec s;
+    s.name = "book_grid";
+    s.module = kinds[i % 5];
+    const BookClass c = book_class(s.module);
+    const bool batched = c != BookClass::SelfAttentionV1 && c != BookClass::SelfAttentionV2;
+    s.batch = batched ? rng.integer(1, 3) : 0;
+    s.seq = rng.integer(1, 9);
+    s.dim = rng.integer(1, 12);
+    s.heads = c == BookClass::MultiHeadAttentionWrapper || c == BookClass::MultiHeadAttention ? rng.integer(1, 4) : 1;
+    s.out_dim = rng.integer(1, 6) * (c == BookClass::MultiHeadAttention ? s.heads : 1);
+    s.bias = rng.coin();
+    s.seed = 3000 + uint64_t(i);
+    CAPTURE(s.describe());
+    require_pass(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
+  }
+}
+
 TEST_CASE("parity: a seeded grid of encoder layers", "[parity]") {
   for (uint64_t seed = 2000; seed < 2100; ++seed) {
     const Problem p = random_encoder(seed);
@@ -216,7 +247,8 @@ TEST_CASE("parity: a seeded grid of encoder layers", "[parity]") {
 
 TEST_CASE("parity: the run options reach LibTorch: masks / cross-attention / gelu / unbatched", "[parity]") {
   for (CaseSpec s : default_cases()) {
-    if (!fixture_module(s.module) && s.module != ModuleKind::ScaledDotProductAttention) continue;  // their own grids
+    if ((!fixture_module(s.module) && s.module != ModuleKind::ScaledDotProductAttention) || book_module(s.module))
+      continue;  // their own grids
     for (MaskKind m : {MaskKind::None, MaskKind::Random, MaskKind::Padding}) {
       if (s.module == ModuleKind::ScaledDotProductAttention && m == MaskKind::Padding) continue;
       s.batch = s.batch ? 3 : 0;

@@ -25,7 +25,7 @@ struct RunOptions {
 };
 
 bool any_override(const CaseOverrides& o) {
-  return o.batch || o.seq || o.kv_seq || o.dim || o.value_dim || o.heads || o.kv_heads || o.scale || o.ffn || o.bias ||
+  return o.batch || o.seq || o.kv_seq || o.dim || o.value_dim || o.out_dim || o.heads || o.kv_heads || o.scale || o.ffn || o.bias ||
          o.activation || o.mask || o.seed || o.random_params;
 }
 
@@ -101,6 +101,8 @@ void register_run(CLI::App& app, Action& action) {
       ->check(size);
   cmd->add_option("--dim", o->overrides.dim, "Embedding dimension E (d_model)")->check(size);
   cmd->add_option("--value-dim", o->overrides.value_dim, "sdpa: value feature size Ev")->check(size);
+  cmd->add_option("--out-dim", o->overrides.out_dim, "the book's attention classes: d_out (--dim is d_in)")
+      ->check(size);
   cmd->add_option("--heads", o->overrides.heads, "Number of heads")->check(size);
   cmd->add_option("--kv-heads", o->overrides.kv_heads,
                   "sdpa: key/value heads, a divisor of --heads (fewer: grouped-query attention, enable_gqa)")

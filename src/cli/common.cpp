@@ -6,6 +6,7 @@
 #include <map>
 
 #include "tparity/api.hpp"
+#include "tparity/harness/book.hpp"
 
 namespace tparity::cli {
 
@@ -25,6 +26,11 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
   if (o.kv_seq) s.kv_seq = *o.kv_seq;
   if (o.dim) s.dim = *o.dim;
   if (o.value_dim) s.value_dim = *o.value_dim;
+  if (o.out_dim) {
+    if (!book_module(s.module))
+      throw InputError("option --out-dim: only the book's attention classes take it (d_out), not " + module_name(s.module));
+    s.out_dim = *o.out_dim;
+  }
   if (o.heads) s.heads = *o.heads;
   if (o.kv_heads) s.kv_heads = *o.kv_heads;
   if (o.scale) s.scale = *o.scale;
@@ -60,7 +66,8 @@ CaseSpec find_case(const std::string& name) {
 // may overflow int64.
 long double largest_tensor(const CaseSpec& s) {
   const long double B = s.batch ? s.batch : 1, L = s.seq, S = s.kv_seq ? s.kv_seq : s.seq;
-  const long double widest = std::max<int64_t>({s.dim, s.ffn, s.value_dim});
+  const long double widest =
+      std::max({(long double)s.dim, (long double)s.ffn, (long double)s.value_dim, (long double)s.out_dim * s.heads});
   const long double attention = std::max({B * s.heads * L * S, B * std::max(L, S) * widest, 3.0L * widest * widest});
   switch (s.module) {
     case ModuleKind::TokenEncoder:

@@ -33,7 +33,7 @@ extern char** g_argv;
 
 // Sizes and options that override a default case's, as run and sweep take them.
 struct CaseOverrides {
-  std::optional<int64_t> batch, seq, kv_seq, dim, value_dim, heads, kv_heads, ffn;
+  std::optional<int64_t> batch, seq, kv_seq, dim, value_dim, out_dim, heads, kv_heads, ffn;
   std::optional<double> scale;
   std::optional<std::string> bias, activation, mask;
   std::optional<uint64_t> seed;

@@ -28,6 +28,7 @@ const Entry kEntries[] = {
     {Defect::DropBias, "drop-bias", "linear layers' biases dropped"},
     {Defect::GeluTanh, "gelu-tanh", "GELU's tanh approximation instead of erf"},
     {Defect::SumHeadWeights, "sum-head-weights", "attention weights summed over heads, not averaged"},
+    {Defect::BookScaleByDIn, "book-scale-d-in", "the book's classes' scores divided by sqrt(d_in), not sqrt(d_out)"},
     {Defect::Bf16Accumulate, "bf16-accumulate", "float32 dot products accumulated in bfloat16"},
     {Defect::Fp16Accumulate, "fp16-accumulate", "float32 dot products accumulated in float16"},
     {Defect::SoftmaxNoMax, "softmax-no-max", "float32 softmax without subtracting the row maximum"},

@@ -218,8 +218,11 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
 
   // The stored results: the outputs as the module returns them, and the producer's components in
   // their canonical layout (format v2), "output" being the module's own.
-  // "output" and "attn_weights" are the module's, in its layout, not the components of those names.
-  auto is_output = [](const std::string& n) { return n == "output" || n == "attn_weights"; };
+  // "output" (and MultiheadAttention's "attn_weights") are the module's, in its layout, not the
+  // components of those names; another module's attn_weights is a component like any other.
+  auto is_output = [&](const std::string& n) {
+    return n == "output" || (n == "attn_weights" && p.module == ModuleKind::MultiheadAttention);
+  };
   auto stored = [&](const TensorMap& outs, const TensorMap& comps) {
     Components c;
     for (const auto& [name, t] : comps)

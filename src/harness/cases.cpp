@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "tparity/harness/book.hpp"
 #include "tparity/harness/rng.hpp"
 
 namespace tparity {
@@ -53,6 +54,16 @@ std::pair<Shape, Shape> matmul_operands(const CaseSpec& s) {
 
 std::string CaseSpec::describe() const {
   std::string s = module_name(module);
+  if (book_module(module)) {
+    s += batch ? fmt::format(" B={}", batch) : std::string(" unbatched");
+    s += fmt::format(" T={} d_in={} d_out={}", seq, dim, out_dim ? out_dim : dim);
+    const BookClass c = book_class(module);
+    if (c == BookClass::MultiHeadAttentionWrapper || c == BookClass::MultiHeadAttention)
+      s += fmt::format(" heads={}", heads);
+    if (c != BookClass::SelfAttentionV1) s += bias ? " qkv_bias" : "";
+    if (c != BookClass::SelfAttentionV1 && c != BookClass::SelfAttentionV2) s += " causal buffer";
+    return s + " (the book's, ch03)";
+  }
   switch (module) {
     case ModuleKind::TokenEncoder:
       return s + fmt::format(" B={} T={} vocab={} d={} heads={} ffn={} {} layers={}{}", batch, seq, vocab, dim, heads,
@@ -146,6 +157,14 @@ std::vector<CaseSpec> default_cases() {
   CaseSpec layernorm = c("layernorm", M::LayerNorm, 50, 100, 0, 64, 0, 1, 0, false, K::None, false, 13);
   layernorm.input_offset = 100;
   cases.insert(cases.end(), {embed, vit, matmul, bmm, softmax, layernorm});
+  // seed 001's experiment: the book's SelfAttention_v1, 4 tokens of d_in 3 into d_out 2, weights and
+  // inputs uniform in [0, 1) as its torch.rand draws them; the book's MultiHeadAttention on its
+  // chapter's batch (2 x 6 tokens of 3 dims, d_out 2 over 2 heads)
+  CaseSpec v1 = c("selfattn_v1", M::SelfAttentionV1, 0, 4, 0, 3, 0, 1, 0, false, K::None, false, 18);
+  v1.out_dim = 2;
+  CaseSpec book_mha = c("book_mha", M::BookMultiHeadAttention, 2, 6, 0, 3, 0, 2, 0, false, K::None, false, 19);
+  book_mha.out_dim = 2;
+  cases.insert(cases.end(), {v1, book_mha});
   return cases;
 }
 
@@ -169,6 +188,14 @@ DTensor uniform(Rng& rng, Shape shape, double bound) {
   DTensor t{DType::Float64, shape, {}};
   t.data.resize(size_t(numel(shape)));
   for (double& x : t.data) x = round_to_float(rng.uniform(-bound, bound));
+  return t;
+}
+
+// torch.rand: uniform in [0, 1).
+DTensor uniform01(Rng& rng, Shape shape) {
+  DTensor t{DType::Float64, shape, {}};
+  t.data.resize(size_t(numel(shape)));
+  for (double& x : t.data) x = round_to_float(rng.uniform());
   return t;
 }
 
@@ -300,6 +327,46 @@ void layer_params(Rng& rng, const CaseSpec& s, const std::string& prefix, int no
   for (int i = 1; i <= norms; ++i) norm_params(rng, s, prefix + "norm" + std::to_string(i), sd);
 }
 
+// The book's classes as the book builds them: SelfAttention_v1's torch.rand matrices, nn.Linear's
+// init for the others (weight and bias uniform in +-1/sqrt(fan_in)), the causal buffer
+// triu(ones(T, T), 1) with context_length = T (the book's batch.shape[1]), x uniform in [0, 1).
+void book_params(Rng& rng, const CaseSpec& s, Problem& p) {
+  BookConfig& c = p.book;
+  c.cls = book_class(s.module);
+  c.d_in = s.dim, c.d_out = s.out_dim ? s.out_dim : s.dim, c.num_heads = s.heads, c.qkv_bias = s.bias;
+  c.context_length = s.seq;
+  const std::string cls = module_name(s.module);
+  if (c.batched() != (s.batch > 0))
+    throw InputError(c.batched() ? fmt::format("case {}: batch must be >= 1 ({} takes x (B, T, d_in))", s.name, cls)
+                                 : fmt::format("case {}: batch must be 0 ({} takes unbatched x (T, d_in): its keys.T "
+                                               "would transpose every dim of a batch)",
+                                               s.name, cls));
+  const bool heads = c.cls == BookClass::MultiHeadAttentionWrapper || c.cls == BookClass::MultiHeadAttention;
+  if (!heads && s.heads != 1)
+    throw InputError(fmt::format("case {}: option --heads: {} has one head, got {}", s.name, cls, s.heads));
+  if (c.cls == BookClass::MultiHeadAttention && c.d_out % c.num_heads)
+    throw InputError(fmt::format("case {}: heads {} does not divide d_out {}", s.name, c.num_heads, c.d_out));
+  const int64_t sets = c.cls == BookClass::MultiHeadAttentionWrapper ? c.num_heads : 1;
+  for (int64_t h = 0; h < sets; ++h) {
+    const std::string pre = c.cls == BookClass::MultiHeadAttentionWrapper ? "heads." + std::to_string(h) + "." : "";
+    if (c.masked()) p.state_dict[pre + "mask"] = book_causal_buffer(c.context_length);
+    for (const char* w : {"W_query", "W_key", "W_value"}) {
+      if (c.cls == BookClass::SelfAttentionV1) {
+        p.state_dict[pre + w] = uniform01(rng, {c.d_in, c.d_out});
+        continue;
+      }
+      p.state_dict[pre + w + ".weight"] = uniform(rng, {c.d_out, c.d_in}, linear_bound(c.d_in));
+      if (c.qkv_bias) p.state_dict[pre + w + ".bias"] = uniform(rng, {c.d_out}, linear_bound(c.d_in));
+    }
+  }
+  if (c.has_out_proj()) {
+    const int64_t O = c.out_dim();
+    p.state_dict["out_proj.weight"] = uniform(rng, {O, O}, linear_bound(O));
+    p.state_dict["out_proj.bias"] = uniform(rng, {O}, linear_bound(O));
+  }
+  p.inputs["x"] = uniform01(rng, c.batched() ? Shape{s.batch, s.seq, s.dim} : Shape{s.seq, s.dim});
+}
+
 }  // namespace
 
 Problem make_problem(const CaseSpec& s) {
@@ -325,7 +392,8 @@ Problem make_problem(const CaseSpec& s) {
       throw InputError(
           fmt::format("option --scale: only scaled_dot_product_attention takes it, not {}", module_name(s.module)));
   }
-  if (s.module == ModuleKind::TokenEncoder || s.module == ModuleKind::ViT || op_case(s.module)) {
+  if (s.module == ModuleKind::TokenEncoder || s.module == ModuleKind::ViT || op_case(s.module) ||
+      book_module(s.module)) {
     if (s.mask != MaskKind::None)
       throw InputError(
           fmt::format("option --mask: {} takes no mask, got {}", module_name(s.module), mask_kind_name(s.mask)));
@@ -519,6 +587,13 @@ Problem make_problem(const CaseSpec& s) {
       p.inputs["other"] = normal(rng, b);
       break;
     }
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      book_params(rng, s, p);
+      break;
     case ModuleKind::Softmax:
     case ModuleKind::LayerNorm: {
       const bool ln = s.module == ModuleKind::LayerNorm;

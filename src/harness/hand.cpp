@@ -6,9 +6,11 @@
 #include <stdexcept>
 
 #include "tparity/core/attention.hpp"
+#include "tparity/core/book.hpp"
 #include "tparity/core/decoder.hpp"
 #include "tparity/core/encoder.hpp"
 #include "tparity/core/models.hpp"
+#include "tparity/harness/book.hpp"
 
 namespace tparity {
 
@@ -83,6 +85,25 @@ std::vector<EncoderWeights<T>> stack_weights(const Problem& p, int64_t num_layer
   std::vector<EncoderWeights<T>> layers;
   for (int64_t i = 0; i < num_layers; ++i) layers.push_back(encoder_weights<T>(p, "layers." + std::to_string(i) + "."));
   return layers;
+}
+
+// The book's classes' parameters: one set of projections (heads.N. for each of the wrapper's heads).
+template <class T>
+BookWeights<T> book_weights(const Problem& p) {
+  const BookConfig& c = p.book;
+  BookWeights<T> w;
+  const bool v1 = c.cls == BookClass::SelfAttentionV1;
+  const int64_t sets = c.cls == BookClass::MultiHeadAttentionWrapper ? c.num_heads : 1;
+  for (int64_t h = 0; h < sets; ++h) {
+    const std::string pre = c.cls == BookClass::MultiHeadAttentionWrapper ? "heads." + std::to_string(h) + "." : "";
+    auto weight = [&](const char* n) { return param<T>(p, pre + n + (v1 ? "" : ".weight")); };
+    auto bias = [&](const char* n) { return param<T>(p, pre + n + ".bias"); };
+    w.heads.push_back({weight("W_query"), weight("W_key"), weight("W_value"), bias("W_query"), bias("W_key"),
+                       bias("W_value"), param<T>(p, pre + "mask")});
+  }
+  w.out_proj_weight = param<T>(p, "out_proj.weight");
+  w.out_proj_bias = param<T>(p, "out_proj.bias");
+  return w;
 }
 
 // Token ids as int64; a value that is not an integer id (a problem built by hand and never
@@ -197,6 +218,13 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       r.outputs["output"] = to_dtensor(layer_norm_lastdim(x, param<T>(p, "weight"), param<T>(p, "bias"), p.eps, obs));
       break;
     }
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      r.outputs["output"] = to_dtensor(book_attention_forward(p.book, book_weights<T>(p), input<T>(p, "x"), obs));
+      break;
   }
   return r;
 }
@@ -328,6 +356,12 @@ std::vector<std::string> component_names(const Problem& p) {
       return {"output"};
     case ModuleKind::LayerNorm:
       return {"mean", "rstd", "output"};
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      return book_component_names(p);
   }
   return {};
 }

@@ -8,6 +8,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "tparity/harness/book.hpp"
 #include "tparity/harness/rng.hpp"
 
 namespace tparity {
@@ -22,7 +23,12 @@ const ModuleKind kAllModules[] = {ModuleKind::MultiheadAttention,
                                   ModuleKind::ViT,
                                   ModuleKind::Matmul,
                                   ModuleKind::Softmax,
-                                  ModuleKind::LayerNorm};
+                                  ModuleKind::LayerNorm,
+                                  ModuleKind::SelfAttentionV1,
+                                  ModuleKind::SelfAttentionV2,
+                                  ModuleKind::CausalAttention,
+                                  ModuleKind::MultiHeadAttentionWrapper,
+                                  ModuleKind::BookMultiHeadAttention};
 const Activation kAllActivations[] = {Activation::Relu, Activation::Gelu,     Activation::Tanh,     Activation::Sigmoid,
                                       Activation::Silu, Activation::Softplus, Activation::LeakyRelu};
 }  // namespace
@@ -49,13 +55,23 @@ std::string module_name(ModuleKind m) {
       return "Softmax";
     case ModuleKind::LayerNorm:
       return "LayerNorm";
+    case ModuleKind::SelfAttentionV1:
+      return "SelfAttention_v1";
+    case ModuleKind::SelfAttentionV2:
+      return "SelfAttention_v2";
+    case ModuleKind::CausalAttention:
+      return "CausalAttention";
+    case ModuleKind::MultiHeadAttentionWrapper:
+      return "MultiHeadAttentionWrapper";
+    case ModuleKind::BookMultiHeadAttention:
+      return "MultiHeadAttention";
   }
   return "?";
 }
 
 bool fixture_module(ModuleKind m) {
   return m == ModuleKind::MultiheadAttention || m == ModuleKind::TransformerEncoderLayer ||
-         m == ModuleKind::TransformerEncoder || m == ModuleKind::TransformerDecoderLayer;
+         m == ModuleKind::TransformerEncoder || m == ModuleKind::TransformerDecoderLayer || book_module(m);
 }
 
 std::string activation_name(Activation a) {
@@ -209,6 +225,13 @@ std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p)
     case ModuleKind::Matmul:
     case ModuleKind::Softmax:
       break;  // no parameters
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      book_state_dict(p, out);
+      break;
   }
   return out;
 }
@@ -244,6 +267,12 @@ std::vector<InputSpec> expected_inputs(ModuleKind m) {
     case ModuleKind::Softmax:
     case ModuleKind::LayerNorm:
       return {{"input", true, F}};
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      return book_inputs();
   }
   return {};
 }
@@ -342,6 +371,13 @@ void validate(const Problem& p, const std::string& where) {
       break;
     case ModuleKind::Matmul:
     case ModuleKind::Softmax:
+      break;
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      validate_book(p, fail);
       break;
   }
 
@@ -468,6 +504,13 @@ nlohmann::json config_json(const Problem& p) {
     case ModuleKind::Matmul:
       j = nlohmann::json::object();
       break;
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      j = book_config_json(p);
+      break;
   }
   return j;
 }
@@ -537,6 +580,12 @@ std::string summary(const Problem& p) {
     case ModuleKind::LayerNorm:
       return fmt::format("layer_norm normalized_shape=[{}] eps={:g}{} input={}", p.normalized, p.eps,
                          p.affine ? " affine" : "", shape_of("input"));
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      return book_summary(p);
   }
   return "";
 }

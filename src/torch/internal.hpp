@@ -53,6 +53,8 @@ TorchRun run_vit(const Problem& p, DType dtype, bool collect);
 TorchRun run_matmul(const Problem& p, DType dtype, bool collect);
 TorchRun run_softmax(const Problem& p, DType dtype, bool collect);
 TorchRun run_layer_norm(const Problem& p, DType dtype, bool collect);
+// The book's attention classes (book.cpp)
+TorchRun run_book(const Problem& p, DType dtype, bool collect);
 
 // ---- torch::nn's modules (modules.cpp) ------------------------------------------------------------
 

@@ -298,7 +298,12 @@ ModuleRun run_module(const Problem& p, DType dtype) {
       return softmax(p, dtype);
     case ModuleKind::LayerNorm:
       return layer_norm(p, dtype);
-    case ModuleKind::Matmul:
+    case ModuleKind::Matmul:  // module_limitation: none of these is a torch::nn module
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
       break;
   }
   throw std::logic_error("run_module: no module for " + module_name(p.module));

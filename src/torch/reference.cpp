@@ -80,6 +80,12 @@ std::string module_limitation(const Problem& p) {
     case ModuleKind::Softmax:
     case ModuleKind::LayerNorm:
       return "";
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      return module_name(p.module) + " is the book's Python class (LLMs-from-scratch ch03): LibTorch has no such module";
   }
   return "";
 }
@@ -126,6 +132,12 @@ TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const
         return run_softmax(p, dtype, collect_components);
       case ModuleKind::LayerNorm:
         return run_layer_norm(p, dtype, collect_components);
+      case ModuleKind::SelfAttentionV1:
+      case ModuleKind::SelfAttentionV2:
+      case ModuleKind::CausalAttention:
+      case ModuleKind::MultiHeadAttentionWrapper:
+      case ModuleKind::BookMultiHeadAttention:
+        return run_book(p, dtype, collect_components);
     }
   } catch (const c10::Error& e) {
     rethrow_as_input_error(e, where);

@@ -23,6 +23,7 @@ enum class Defect {
   DropBias,             // linear layers' biases dropped
   GeluTanh,             // GELU's tanh approximation instead of erf
   SumHeadWeights,       // averaged attention weights summed over the heads, not averaged
+  BookScaleByDIn,       // the book's classes: scores divided by sqrt(d_in) instead of sqrt(d_out)
   // Numeric defects: the semantics intact (the float64 core is untouched), float32 computed badly.
   // What a float32 gate exists to catch.
   Bf16Accumulate,      // float32 dot products accumulated in bfloat16 (every partial sum rounded to 8 bits)

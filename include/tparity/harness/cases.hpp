@@ -28,6 +28,7 @@ struct CaseSpec {
   int64_t kv_seq = 0;           // S for attention; 0: self-attention (S = L, key = value = query)
   int64_t dim = 1;              // E / d_model (sdpa: q and k feature size)
   int64_t value_dim = 0;        // sdpa only: v's feature size; 0: dim
+  int64_t out_dim = 0;          // the book's classes: d_out (dim is d_in); 0: dim
   int64_t kv_heads = 0;         // sdpa only: k's and v's heads (enable_gqa when fewer than heads); 0: heads
   std::optional<double> scale;  // sdpa only: the scores' scale; absent: 1/sqrt(E)
   int64_t heads = 1;
@@ -56,7 +57,9 @@ struct CaseSpec {
 // single, batched, multihead, block, sdpa: the seeds' experiments; encoder (a stack of three
 // layers and a final norm) and decoder (a decoder layer over a memory); embed and vit: seed 004's
 // token encoder and ViT; matmul, bmm, softmax, layernorm: the building blocks the seeds exercise on
-// their own (seed 000's and 003's products, scores-like softmax rows, layer norm around a large mean).
+// their own (seed 000's and 003's products, scores-like softmax rows, layer norm around a large mean);
+// selfattn_v1 and book_mha: seed 001's experiment with the book's SelfAttention_v1 (4 tokens, d_in 3,
+// d_out 2, uniform draws) and the book's batched MultiHeadAttention (its chapter's shapes).
 std::vector<CaseSpec> default_cases();
 
 // Cases that stress float32 where the default ones do not, for the selftest's numeric defects (and

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tparity/core/book.hpp"
 #include "tparity/core/decoder.hpp"
 #include "tparity/core/models.hpp"
 #include "tparity/harness/dtensor.hpp"
@@ -27,6 +28,12 @@ enum class ModuleKind {
   Matmul,        // torch.matmul with batch broadcasting
   Softmax,       // torch.softmax over the last dim
   LayerNorm,     // torch.nn.functional.layer_norm over the last dim
+  // The attention classes of "Build a Large Language Model (From Scratch)", ch03 (harness/book.hpp):
+  SelfAttentionV1,            // SelfAttention_v1: raw (d_in, d_out) matrices, x @ W
+  SelfAttentionV2,            // SelfAttention_v2: nn.Linear projections
+  CausalAttention,            // CausalAttention: batched, the causal buffer
+  MultiHeadAttentionWrapper,  // MultiHeadAttentionWrapper: CausalAttention heads concatenated, out_proj
+  BookMultiHeadAttention,     // the book's MultiHeadAttention (torch's is MultiheadAttention)
 };
 
 // The modules fixture format v1 knows (sdpa and the modules after it are run cases only), and their
@@ -60,6 +67,7 @@ struct Problem {
   double eps = 1e-5;         // LayerNorm: eps
   SdpaOptions sdpa;          // ScaledDotProductAttention: is_causal, scale, enable_gqa
   bool affine = true;        // LayerNorm: elementwise_affine (state_dict weight and bias)
+  BookConfig book;           // the book's classes
   TensorMap state_dict;
   TensorMap inputs;
   TensorMap outputs;          // as PyTorch returned them (fixtures only)
