@@ -2,8 +2,8 @@
 // tie them to one another: v2 is v1 with W transposed, the wrapper is its heads concatenated, the
 // book's MultiHeadAttention is the wrapper of its head slices, a token's output never depends on
 // later tokens.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
 #include <string>
@@ -54,8 +54,13 @@ TEST_CASE("book: SelfAttention_v1 against a hand-worked answer / scaled by sqrt(
   // Wk rows (1, 0, 0, 0), (0, 1, 0, 0): scores (1, 0; 0, 2), divided by sqrt(d_out) = 2.
   const BookConfig c = config(BookClass::SelfAttentionV1, 2, 4);
   BookWeights<double> w;
-  w.heads.push_back({Tensor<double>({2, 4}, {1, 0, 0, 0, 0, 2, 0, 0}), Tensor<double>({2, 4}, {1, 0, 0, 0, 0, 1, 0, 0}),
-                     Tensor<double>({2, 4}, {1, 2, 3, 4, 5, 6, 7, 8}), {}, {}, {}, {}});
+  w.heads.push_back({Tensor<double>({2, 4}, {1, 0, 0, 0, 0, 2, 0, 0}),
+                     Tensor<double>({2, 4}, {1, 0, 0, 0, 0, 1, 0, 0}),
+                     Tensor<double>({2, 4}, {1, 2, 3, 4, 5, 6, 7, 8}),
+                     {},
+                     {},
+                     {},
+                     {}});
   Record rec;
   const Tensor<double> out = book_attention_forward(c, w, Tensor<double>({2, 2}, {1, 0, 0, 1}), &rec);
   REQUIRE(out.shape == Shape{2, 4});
@@ -116,11 +121,11 @@ TEST_CASE("book: CausalAttention's first token is its own value / later tokens n
     for (int64_t j = i + 1; j < 5; ++j) CHECK(wts.data[size_t(i * 5 + j)] == 0);
   // The first three tokens alone give the same first three outputs.
   Tensor<double> x3({2, 3, 3});
-  for (int64_t b = 0; b < 2; ++b)
-    std::copy_n(x.data.begin() + b * 15, 9, x3.data.begin() + b * 9);
+  for (int64_t b = 0; b < 2; ++b) std::copy_n(x.data.begin() + b * 15, 9, x3.data.begin() + b * 9);
   const Tensor<double> out3 = book_attention_forward(c, w, x3);
   for (int64_t b = 0; b < 2; ++b)
-    for (int64_t k = 0; k < 6; ++k) CHECK(out3.data[size_t(b * 6 + k)] == Approx(out.data[size_t(b * 10 + k)]).epsilon(1e-14));
+    for (int64_t k = 0; k < 6; ++k)
+      CHECK(out3.data[size_t(b * 6 + k)] == Approx(out.data[size_t(b * 10 + k)]).epsilon(1e-14));
   // The buffer is data, as in the book: an all-zero buffer masks nothing.
   w.heads[0].mask = Tensor<double>({7, 7});
   const Tensor<double> open = book_attention_forward(c, w, x, &rec);
@@ -139,7 +144,8 @@ TEST_CASE("book: the wrapper is its CausalAttention heads concatenated / then ou
   w.out_proj_bias = randn(rng, {H * D});
   const Tensor<double> x = randn(rng, {2, 6, 4});
   Record rec;
-  const Tensor<double> out = book_attention_forward(config(BookClass::MultiHeadAttentionWrapper, 4, D, H, 6, true), w, x, &rec);
+  const Tensor<double> out =
+      book_attention_forward(config(BookClass::MultiHeadAttentionWrapper, 4, D, H, 6, true), w, x, &rec);
   REQUIRE(out.shape == Shape{2, 6, H * D});
   const Tensor<double>& context = rec.seen.at("context");
   for (int64_t h = 0; h < H; ++h) {
@@ -167,20 +173,27 @@ TEST_CASE("book: MultiHeadAttention equals the wrapper of its heads' slices / sc
   Rng rng(4);
   const int64_t H = 2, D = 3, d_in = 5;
   BookWeights<double> mha;
-  mha.heads.push_back({randn(rng, {H * D, d_in}), randn(rng, {H * D, d_in}), randn(rng, {H * D, d_in}), {}, {}, {},
-                       causal(4)});
+  mha.heads.push_back(
+      {randn(rng, {H * D, d_in}), randn(rng, {H * D, d_in}), randn(rng, {H * D, d_in}), {}, {}, {}, causal(4)});
   mha.out_proj_weight = randn(rng, {H * D, H * D});
   mha.out_proj_bias = randn(rng, {H * D});
   BookWeights<double> wrapper;
   const BookProjections<double>& p = mha.heads[0];
   for (int64_t h = 0; h < H; ++h)
-    wrapper.heads.push_back({rows(p.w_query, h * D, (h + 1) * D), rows(p.w_key, h * D, (h + 1) * D),
-                             rows(p.w_value, h * D, (h + 1) * D), {}, {}, {}, causal(4)});
+    wrapper.heads.push_back({rows(p.w_query, h * D, (h + 1) * D),
+                             rows(p.w_key, h * D, (h + 1) * D),
+                             rows(p.w_value, h * D, (h + 1) * D),
+                             {},
+                             {},
+                             {},
+                             causal(4)});
   wrapper.out_proj_weight = mha.out_proj_weight, wrapper.out_proj_bias = mha.out_proj_bias;
   const Tensor<double> x = randn(rng, {3, 4, d_in});
   Record r1, r2;
-  const Tensor<double> a = book_attention_forward(config(BookClass::MultiHeadAttention, d_in, H * D, H, 4), mha, x, &r1);
-  const Tensor<double> b = book_attention_forward(config(BookClass::MultiHeadAttentionWrapper, d_in, D, H, 4), wrapper, x, &r2);
+  const Tensor<double> a =
+      book_attention_forward(config(BookClass::MultiHeadAttention, d_in, H * D, H, 4), mha, x, &r1);
+  const Tensor<double> b =
+      book_attention_forward(config(BookClass::MultiHeadAttentionWrapper, d_in, D, H, 4), wrapper, x, &r2);
   REQUIRE(a.shape == b.shape);
   for (size_t i = 0; i < a.data.size(); ++i) CHECK(a.data[i] == Approx(b.data[i]).epsilon(1e-13));
   for (const char* n : {"q", "k", "v", "scores", "attn_weights", "context"}) {

@@ -41,8 +41,10 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --case nope",
             "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
             "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, softmax_hot, long_keys, minilm, got \"nope\""},
-           {"run --case block --out-dim 3", "option --out-dim: only the book's attention classes take it (d_out), not TransformerEncoderLayer"},
-           {"run --case selfattn_v1 --batch 2", "case selfattn_v1: batch must be 0 (SelfAttention_v1 takes unbatched x (T, d_in)"},
+           {"run --case block --out-dim 3",
+            "option --out-dim: only the book's attention classes take it (d_out), not TransformerEncoderLayer"},
+           {"run --case selfattn_v1 --batch 2",
+            "case selfattn_v1: batch must be 0 (SelfAttention_v1 takes unbatched x (T, d_in)"},
            {"run --case book_mha --heads 3", "case book_mha: heads 3 does not divide d_out 2"},
            {"run --case selfattn_v1 --mask causal", "option --mask: SelfAttention_v1 takes no mask, got causal"},
            {"run --activation swish", "--activation"},
@@ -195,10 +197,9 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   }
   Result r = tparity("run");
   CHECK(r.code == 0);
-  for (const char* c :
-       {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder", "case decoder",
-        "case embed", "case vit", "case matmul", "case bmm", "case softmax", "case layernorm", "case selfattn_v1",
-        "case book_mha"})
+  for (const char* c : {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder",
+                        "case decoder", "case embed", "case vit", "case matmul", "case bmm", "case softmax",
+                        "case layernorm", "case selfattn_v1", "case book_mha"})
     CHECK_THAT(r.out, Catch::Contains(c));
   // The 15 generated cases, and the pretrained one (two reports) unless its package is missing here.
   CHECK(std::regex_search(r.out, std::regex("\\n(15|17) case\\(s\\): \\1 passed, 0 failed\\n")));

@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <tuple>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "tparity/compare/legs.hpp"
 #include "tparity/fixture/fixture.hpp"
@@ -204,11 +204,15 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
 TEST_CASE("fixtures: the book's classes refuse what the class would not take / naming the field", "[fixture]") {
   // SelfAttention_v1 holds (d_in, d_out) matrices used as x @ W: nn.Linear's (d_out, d_in) layout is
   // the classic slip and is refused by shape; the classes' constructor arguments only.
-  const nlohmann::json v1 = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/torch-2.13/book_selfattn_v1.json"));
+  const nlohmann::json v1 =
+      nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/torch-2.13/book_selfattn_v1.json"));
   const nlohmann::json mha = nlohmann::json::parse(slurp(std::string(TPARITY_FIXTURES) + "/torch-2.13/book_mha.json"));
   using Mutate = std::function<void(nlohmann::json&)>;
   const std::vector<std::tuple<const nlohmann::json*, Mutate, std::string>> cases = {
-      {&v1, [](nlohmann::json& j) { j["state_dict"]["W_query"]["shape"] = {2, 3}; },
+      {&v1,
+       [](nlohmann::json& j) {
+         j["state_dict"]["W_query"]["shape"] = {2, 3};
+       },
        "bad.json: state_dict.W_query: expected shape [3, 2], got [2, 3]"},
       {&v1, [](nlohmann::json& j) { j["config"]["num_heads"] = 2; },
        "bad.json: config.num_heads: unexpected key for SelfAttention_v1 (expected one of: d_in, d_out)"},
@@ -218,7 +222,8 @@ TEST_CASE("fixtures: the book's classes refuse what the class would not take / n
        "bad.json: config.num_heads: expected a divisor of d_out 4"},
       {&mha, [](nlohmann::json& j) { j["config"]["context_length"] = 4; },
        "bad.json: state_dict.mask: expected shape [4, 4], got [10, 10]"},
-      {&mha, [](nlohmann::json& j) { j["config"].erase("context_length"); }, "bad.json: config.context_length: missing"},
+      {&mha, [](nlohmann::json& j) { j["config"].erase("context_length"); },
+       "bad.json: config.context_length: missing"},
       {&mha, [](nlohmann::json& j) { j["config"]["dropout"] = 0.1; },
        "bad.json: config.dropout: expected 0 (tparity compares eval-mode modules without dropout), got 0.1"},
       {&mha, [](nlohmann::json& j) { j["state_dict"].erase("mask"); }, "bad.json: state_dict.mask: missing"},

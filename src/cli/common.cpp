@@ -28,7 +28,8 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
   if (o.value_dim) s.value_dim = *o.value_dim;
   if (o.out_dim) {
     if (!book_module(s.module))
-      throw InputError("option --out-dim: only the book's attention classes take it (d_out), not " + module_name(s.module));
+      throw InputError("option --out-dim: only the book's attention classes take it (d_out), not " +
+                       module_name(s.module));
     s.out_dim = *o.out_dim;
   }
   if (o.heads) s.heads = *o.heads;

@@ -170,7 +170,7 @@ Tensor<T> book_attention_forward(const BookConfig& c, const BookWeights<T>& w, c
   return out;
 }
 
-#define TPARITY_INSTANTIATE(T)                                                                                    \
+#define TPARITY_INSTANTIATE(T)                                                                             \
   template Tensor<T> book_attention_forward<T>(const BookConfig&, const BookWeights<T>&, const Tensor<T>&, \
                                                Observer<T>*);
 TPARITY_INSTANTIATE(float)

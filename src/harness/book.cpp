@@ -70,8 +70,9 @@ void validate_book(const Problem& p, const std::function<void(const std::string&
   if (c.masked()) positive("context_length", c.context_length);
   positive("num_heads", c.num_heads);
   if (c.cls == BookClass::MultiHeadAttention && c.d_out % c.num_heads)
-    fail(fmt::format("config.num_heads: expected a divisor of d_out {} (the book asserts d_out % num_heads == 0), got {}",
-                     c.d_out, c.num_heads));
+    fail(fmt::format(
+        "config.num_heads: expected a divisor of d_out {} (the book asserts d_out % num_heads == 0), got {}", c.d_out,
+        c.num_heads));
   // x's shape against the config is the core's to check when it runs, as for the other modules.
 }
 
@@ -108,8 +109,7 @@ void read_book_config(const nlohmann::json& j, Problem& p,
   std::set<std::string> keys{"d_in", "d_out"};
   if (c.cls != BookClass::SelfAttentionV1) keys.insert("qkv_bias");
   if (c.masked()) keys.insert({"context_length", "dropout"});
-  if (c.cls == BookClass::MultiHeadAttentionWrapper || c.cls == BookClass::MultiHeadAttention)
-    keys.insert("num_heads");
+  if (c.cls == BookClass::MultiHeadAttentionWrapper || c.cls == BookClass::MultiHeadAttention) keys.insert("num_heads");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!keys.count(it.key())) {
       std::string list;

@@ -2,11 +2,12 @@
 // composed from ATen ops line by line as the book writes it, by its state_dict names. There is no
 // LibTorch module to verify them against; the fixtures exported from the Python classes do
 // (tparity check, libtorch64_vs_torch64).
+#include "tparity/harness/book.hpp"
+
 #include <cmath>
 #include <limits>
 
 #include "internal.hpp"
-#include "tparity/harness/book.hpp"
 
 namespace tparity::torch_ref {
 

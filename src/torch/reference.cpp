@@ -85,7 +85,8 @@ std::string module_limitation(const Problem& p) {
     case ModuleKind::CausalAttention:
     case ModuleKind::MultiHeadAttentionWrapper:
     case ModuleKind::BookMultiHeadAttention:
-      return module_name(p.module) + " is the book's Python class (LLMs-from-scratch ch03): LibTorch has no such module";
+      return module_name(p.module) +
+             " is the book's Python class (LLMs-from-scratch ch03): LibTorch has no such module";
   }
   return "";
 }

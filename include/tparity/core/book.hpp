@@ -24,7 +24,13 @@
 
 namespace tparity {
 
-enum class BookClass { SelfAttentionV1, SelfAttentionV2, CausalAttention, MultiHeadAttentionWrapper, MultiHeadAttention };
+enum class BookClass {
+  SelfAttentionV1,
+  SelfAttentionV2,
+  CausalAttention,
+  MultiHeadAttentionWrapper,
+  MultiHeadAttention
+};
 
 // Constructor arguments (the book's names). context_length is the mask buffer's size (the book's
 // block_size in the bonus code); T must not exceed it.
@@ -43,7 +49,9 @@ struct BookConfig {
   }
   int64_t head_dim() const { return cls == BookClass::MultiHeadAttention ? d_out / num_heads : d_out; }
   int64_t out_dim() const { return cls == BookClass::MultiHeadAttentionWrapper ? num_heads * d_out : d_out; }
-  bool has_out_proj() const { return cls == BookClass::MultiHeadAttentionWrapper || cls == BookClass::MultiHeadAttention; }
+  bool has_out_proj() const {
+    return cls == BookClass::MultiHeadAttentionWrapper || cls == BookClass::MultiHeadAttention;
+  }
 };
 
 // The parameters of one head's projections (or of MultiHeadAttention's), by state_dict name:

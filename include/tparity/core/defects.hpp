@@ -26,11 +26,11 @@ enum class Defect {
   BookScaleByDIn,       // the book's classes: scores divided by sqrt(d_in) instead of sqrt(d_out)
   // Numeric defects: the semantics intact (the float64 core is untouched), float32 computed badly.
   // What a float32 gate exists to catch.
-  Bf16Accumulate,      // float32 dot products accumulated in bfloat16 (every partial sum rounded to 8 bits)
-  Fp16Accumulate,      // float32 dot products accumulated in float16 (11 bits, overflow above 65504)
-  SoftmaxNoMax,        // float32 softmax without subtracting the row's maximum (exp overflows above 88)
-  SingleRunningSum,    // float32 attention's weighted sum of values in one running sum over the keys
-  NaiveVariance,       // float32 layer norm's variance as E[x^2] - E[x]^2 (cancels around an offset)
+  Bf16Accumulate,    // float32 dot products accumulated in bfloat16 (every partial sum rounded to 8 bits)
+  Fp16Accumulate,    // float32 dot products accumulated in float16 (11 bits, overflow above 65504)
+  SoftmaxNoMax,      // float32 softmax without subtracting the row's maximum (exp overflows above 88)
+  SingleRunningSum,  // float32 attention's weighted sum of values in one running sum over the keys
+  NaiveVariance,     // float32 layer norm's variance as E[x^2] - E[x]^2 (cancels around an offset)
 };
 
 // Whether the defect leaves the semantics alone and spoils float32's numerics only.
