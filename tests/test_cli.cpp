@@ -57,8 +57,9 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
             "case sdpa: option --kv-heads: expected a divisor of heads 4, got 3"},
            {"run --case sdpa --scale inf", "option --scale: expected a finite number, got inf"},
            {"run --case sdpa --scale x", "--scale"},
-           {"run --case single --kv-heads 1", "option --kv-heads: only scaled_dot_product_attention takes it"},
+           {"run --case single --kv-heads 1", "option --kv-heads: only scaled_dot_product_attention and the LLM blocks take it"},
            {"run --case block --scale 0.5", "option --scale: only scaled_dot_product_attention takes it"},
+           {"run --case llama --scale 0.5", "option --scale: only scaled_dot_product_attention takes it"},
            {"run --case single --mask is-causal", "option --mask: is-causal is scaled_dot_product_attention's flag"},
            {"run --case batched --max-elements 1000", "above --max-elements 1000"},
            {"run --case batched --seq 4611686018427387903", "seq 4611686018427387903"},
@@ -331,9 +332,9 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(r.code == 0);
   const json doc = json::parse(r.out);
   CHECK(doc.at("pass") == true);
-  REQUIRE(doc.at("clean").size() == 15);  // the 13 default cases, softmax_hot, long_keys
+  REQUIRE(doc.at("clean").size() == 17);  // the 15 default cases, softmax_hot, long_keys
   for (const json& c : doc.at("clean")) CHECK(c.at("alarm") == false);
-  REQUIRE(doc.at("defects").size() == 17);  // 12 semantic, 5 numeric
+  REQUIRE(doc.at("defects").size() == 24);  // 19 semantic (7 of the LLM blocks), 5 numeric
   std::map<std::string, std::map<std::string, json>> cell;
   for (const json& d : doc.at("defects")) {
     CAPTURE(d.at("name"));
@@ -361,6 +362,19 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(cell["gelu-tanh"]["block"].at("caught") == false);  // relu
   CHECK(first("sum-head-weights", "multihead") == "attn_weights_avg");
   CHECK(cell["sum-head-weights"]["batched"].at("caught") == false);
+  // The LLM blocks' defects, each at its op: the rotary pairs, the decode step's position, the norm,
+  // the kv heads' order (at the scores: q, k and v are right), the SwiGLU, GPT-2's Conv1D, the cache.
+  CHECK(first("rope-convention", "llama") == "prefill.attn.q_rot");
+  CHECK(first("rope-decode-offset", "llama") == "step.0.attn.q_rot");
+  CHECK(first("rmsnorm-eps-outside", "llama") == "prefill.input_layernorm");
+  CHECK(first("kv-repeat-interleaved", "llama") == "prefill.attn.scores");
+  CHECK(first("gate-up-swapped", "llama") == "prefill.mlp.gate");
+  CHECK(first("conv1d-untransposed", "gpt2") == "attn.q");
+  CHECK(first("cache-before-rotary", "llama") == "prefill.attn.cache.k");
+  for (const char* d : {"rope-convention", "rope-decode-offset", "rmsnorm-eps-outside", "kv-repeat-interleaved",
+                        "gate-up-swapped", "cache-before-rotary"})
+    CHECK(cell[d]["gpt2"].at("caught") == false);  // GPT-2 has none of these
+  CHECK(cell["conv1d-untransposed"]["llama"].at("caught") == false);
   // The numeric defects: only float32 is spoilt, so they show on the float32 gate alone, where the
   // float32 error exceeds LibTorch's noise: in every product (accumulated in 16 bits), where exp
   // overflows, over 4096 keys, around an offset.

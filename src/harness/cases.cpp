@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "tparity/harness/llm.hpp"
 #include "tparity/harness/rng.hpp"
 
 namespace tparity {
@@ -52,6 +53,7 @@ std::pair<Shape, Shape> matmul_operands(const CaseSpec& s) {
 }
 
 std::string CaseSpec::describe() const {
+  if (llm_module(module)) return llm_describe(*this);
   std::string s = module_name(module);
   switch (module) {
     case ModuleKind::TokenEncoder:
@@ -146,6 +148,7 @@ std::vector<CaseSpec> default_cases() {
   CaseSpec layernorm = c("layernorm", M::LayerNorm, 50, 100, 0, 64, 0, 1, 0, false, K::None, false, 13);
   layernorm.input_offset = 100;
   cases.insert(cases.end(), {embed, vit, matmul, bmm, softmax, layernorm});
+  for (const CaseSpec& l : llm_default_cases()) cases.push_back(l);
   return cases;
 }
 
@@ -308,19 +311,21 @@ Problem make_problem(const CaseSpec& s) {
   positive("dim", s.dim);
   positive("heads", s.heads);
   if (s.kv_seq < 0) throw InputError(fmt::format("case {}: kv-seq must be positive, got {}", s.name, s.kv_seq));
-
   if (s.module != ModuleKind::ScaledDotProductAttention) {
     if (s.mask == MaskKind::IsCausal)
       throw InputError(fmt::format(
           "option --mask: is-causal is scaled_dot_product_attention's flag, {} takes none (causal is its float mask)",
           module_name(s.module)));
-    if (s.kv_heads)
+    if (s.kv_heads && !llm_module(s.module))
       throw InputError(
-          fmt::format("option --kv-heads: only scaled_dot_product_attention takes it, not {}", module_name(s.module)));
+          fmt::format("option --kv-heads: only scaled_dot_product_attention and the LLM blocks take it, not {}",
+                      module_name(s.module)));
     if (s.scale)
       throw InputError(
           fmt::format("option --scale: only scaled_dot_product_attention takes it, not {}", module_name(s.module)));
   }
+  if (llm_module(s.module)) return make_llm_problem(s);
+
   if (s.module == ModuleKind::TokenEncoder || s.module == ModuleKind::ViT || op_case(s.module)) {
     if (s.mask != MaskKind::None)
       throw InputError(
@@ -532,6 +537,10 @@ Problem make_problem(const CaseSpec& s) {
       p.inputs["input"] = x;
       break;
     }
+    case ModuleKind::LlamaDecoderLayer:  // make_llm_problem, above
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      break;
   }
   validate(p, "case " + s.name);
   return p;

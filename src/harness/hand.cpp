@@ -9,6 +9,7 @@
 #include "tparity/core/decoder.hpp"
 #include "tparity/core/encoder.hpp"
 #include "tparity/core/models.hpp"
+#include "tparity/harness/llm.hpp"
 
 namespace tparity {
 
@@ -197,6 +198,11 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       r.outputs["output"] = to_dtensor(layer_norm_lastdim(x, param<T>(p, "weight"), param<T>(p, "bias"), p.eps, obs));
       break;
     }
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      r.outputs["output"] = to_dtensor(run_llm<T>(p, obs));
+      break;
   }
   return r;
 }
@@ -221,6 +227,10 @@ std::function<void()> prepare(const Problem& p) {
       const EncoderConfig c = p.encoder;
       return [c, w, in] { (void)encoder_layer_forward(c, *w, *in); };
     }
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      return prepare_llm<T>(p);
     default: {
       const Problem copy = p;  // converted at every call: fine where nobody times it
       return [copy] { (void)run<T>(copy, false, nullptr); };
@@ -328,6 +338,10 @@ std::vector<std::string> component_names(const Problem& p) {
       return {"output"};
     case ModuleKind::LayerNorm:
       return {"mean", "rstd", "output"};
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      return llm_component_names(p);
   }
   return {};
 }

@@ -53,6 +53,9 @@ TorchRun run_vit(const Problem& p, DType dtype, bool collect);
 TorchRun run_matmul(const Problem& p, DType dtype, bool collect);
 TorchRun run_softmax(const Problem& p, DType dtype, bool collect);
 TorchRun run_layer_norm(const Problem& p, DType dtype, bool collect);
+// transformers' LlamaDecoderLayer, LlamaAttention, GPT2Block (llm.cpp)
+TorchRun run_llm(const Problem& p, DType dtype, bool collect);
+std::function<void()> prepare_llm_torch(const Problem& p, DType dtype);
 
 // ---- torch::nn's modules (modules.cpp) ------------------------------------------------------------
 

@@ -80,6 +80,10 @@ std::string module_limitation(const Problem& p) {
     case ModuleKind::Softmax:
     case ModuleKind::LayerNorm:
       return "";
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      return module_name(p.module) + " is transformers' (Python): LibTorch has no such module";
   }
   return "";
 }
@@ -126,6 +130,10 @@ TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const
         return run_softmax(p, dtype, collect_components);
       case ModuleKind::LayerNorm:
         return run_layer_norm(p, dtype, collect_components);
+      case ModuleKind::LlamaDecoderLayer:
+      case ModuleKind::LlamaAttention:
+      case ModuleKind::GPT2Block:
+        return run_llm(p, dtype, collect_components);
     }
   } catch (const c10::Error& e) {
     rethrow_as_input_error(e, where);
