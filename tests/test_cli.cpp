@@ -40,7 +40,8 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --format xml", "--format"},
            {"run --case nope",
             "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
-            "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, softmax_hot, long_keys, minilm, got \"nope\""},
+            "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, llama, gpt2, softmax_hot, long_keys, minilm, got "
+            "\"nope\""},
            {"run --case block --out-dim 3",
             "option --out-dim: only the book's attention classes take it (d_out), not TransformerEncoderLayer"},
            {"run --case selfattn_v1 --batch 2",
@@ -63,8 +64,9 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
             "case sdpa: option --kv-heads: expected a divisor of heads 4, got 3"},
            {"run --case sdpa --scale inf", "option --scale: expected a finite number, got inf"},
            {"run --case sdpa --scale x", "--scale"},
-           {"run --case single --kv-heads 1", "option --kv-heads: only scaled_dot_product_attention takes it"},
+           {"run --case single --kv-heads 1", "option --kv-heads: only scaled_dot_product_attention and the LLM blocks take it"},
            {"run --case block --scale 0.5", "option --scale: only scaled_dot_product_attention takes it"},
+           {"run --case llama --scale 0.5", "option --scale: only scaled_dot_product_attention takes it"},
            {"run --case single --mask is-causal", "option --mask: is-causal is scaled_dot_product_attention's flag"},
            {"run --case batched --max-elements 1000", "above --max-elements 1000"},
            {"run --case batched --seq 4611686018427387903", "seq 4611686018427387903"},
@@ -199,10 +201,10 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   CHECK(r.code == 0);
   for (const char* c : {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder",
                         "case decoder", "case embed", "case vit", "case matmul", "case bmm", "case softmax",
-                        "case layernorm", "case selfattn_v1", "case book_mha"})
+                        "case layernorm", "case selfattn_v1", "case book_mha", "case llama", "case gpt2"})
     CHECK_THAT(r.out, Catch::Contains(c));
-  // The 15 generated cases, and the pretrained one (two reports) unless its package is missing here.
-  CHECK(std::regex_search(r.out, std::regex("\\n(15|17) case\\(s\\): \\1 passed, 0 failed\\n")));
+  // The 17 generated cases, and the pretrained one (two reports) unless its package is missing here.
+  CHECK(std::regex_search(r.out, std::regex("\\n(17|19) case\\(s\\): \\1 passed, 0 failed\\n")));
 
   r = tparity("run --case sdpa --case single --format json");
   REQUIRE(r.code == 0);
@@ -342,9 +344,9 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(r.code == 0);
   const json doc = json::parse(r.out);
   CHECK(doc.at("pass") == true);
-  REQUIRE(doc.at("clean").size() == 17);  // the 15 default cases, softmax_hot, long_keys
+  REQUIRE(doc.at("clean").size() == 19);  // the 17 default cases, softmax_hot, long_keys
   for (const json& c : doc.at("clean")) CHECK(c.at("alarm") == false);
-  REQUIRE(doc.at("defects").size() == 18);  // 13 semantic, 5 numeric
+  REQUIRE(doc.at("defects").size() == 25);  // 20 semantic (1 of the book's classes, 7 of the LLM blocks), 5 numeric
   std::map<std::string, std::map<std::string, json>> cell;
   for (const json& d : doc.at("defects")) {
     CAPTURE(d.at("name"));
@@ -377,6 +379,19 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(first("book-scale-d-in", "selfattn_v1") == "scores");
   CHECK(first("book-scale-d-in", "book_mha") == "scores");
   CHECK(cell["book-scale-d-in"]["multihead"].at("caught") == false);
+  // The LLM blocks' defects, each at its op: the rotary pairs, the decode step's position, the norm,
+  // the kv heads' order (at the scores: q, k and v are right), the SwiGLU, GPT-2's Conv1D, the cache.
+  CHECK(first("rope-convention", "llama") == "prefill.attn.q_rot");
+  CHECK(first("rope-decode-offset", "llama") == "step.0.attn.q_rot");
+  CHECK(first("rmsnorm-eps-outside", "llama") == "prefill.input_layernorm");
+  CHECK(first("kv-repeat-interleaved", "llama") == "prefill.attn.scores");
+  CHECK(first("gate-up-swapped", "llama") == "prefill.mlp.gate");
+  CHECK(first("conv1d-untransposed", "gpt2") == "attn.q");
+  CHECK(first("cache-before-rotary", "llama") == "prefill.attn.cache.k");
+  for (const char* d : {"rope-convention", "rope-decode-offset", "rmsnorm-eps-outside", "kv-repeat-interleaved",
+                        "gate-up-swapped", "cache-before-rotary"})
+    CHECK(cell[d]["gpt2"].at("caught") == false);  // GPT-2 has none of these
+  CHECK(cell["conv1d-untransposed"]["llama"].at("caught") == false);
   // The numeric defects: only float32 is spoilt, so they show on the float32 gate alone, where the
   // float32 error exceeds LibTorch's noise: in every product (accumulated in 16 bits), where exp
   // overflows, over 16384 keys, around an offset.

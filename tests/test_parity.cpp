@@ -18,6 +18,7 @@
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/book.hpp"
 #include "tparity/harness/cases.hpp"
+#include "tparity/harness/llm.hpp"
 #include "tparity/harness/rng.hpp"
 #include "tparity/torch/reference.hpp"
 
@@ -174,7 +175,9 @@ TEST_CASE("parity: the default cases pass / with the reference verified against 
     const std::map<std::string, size_t> expected{{"single", 8},    {"batched", 8},     {"multihead", 8}, {"block", 11},
                                                  {"sdpa", 3},      {"encoder", 35},    {"decoder", 19},  {"embed", 69},
                                                  {"vit", 28},      {"matmul", 1},      {"bmm", 1},       {"softmax", 1},
-                                                 {"layernorm", 3}, {"selfattn_v1", 6}, {"book_mha", 7}};
+                                                 {"layernorm", 3}, {"selfattn_v1", 6}, {"book_mha", 7},
+                                                 // llama: 19 per call (prefill and two decode steps), then output
+                                                 {"llama", 58}, {"gpt2", 14}};
     CHECK(r.components.size() == expected.at(s.name));
     // Each precision's reference is verified against what LibTorch runs for real: its modules bit for
     // bit, or for matmul at::bmm over the broadcast operands (bit for bit, or within the bound of
@@ -185,9 +188,11 @@ TEST_CASE("parity: the default cases pass / with the reference verified against 
                                                            {"bmm", "at::matmul"},
                                                            {"softmax", "torch::nn::Softmax(dim=-1)"},
                                                            {"layernorm", "torch::nn::LayerNorm"}};
-    if (book_module(s.module)) {  // no LibTorch module: the Python fixtures verify the decomposition
+    if (book_module(s.module) || llm_module(s.module)) {  // no LibTorch module: Python's fixtures verify these
       size_t said = 0;
-      for (const std::string& n : r.notes) said += n.find("is the book's Python class") != std::string::npos;
+      for (const std::string& n : r.notes)
+        said += n.find("is the book's Python class") != std::string::npos ||
+                n.find("is transformers' (Python)") != std::string::npos;
       CHECK(said == 2);
       continue;
     }
@@ -247,7 +252,8 @@ TEST_CASE("parity: a seeded grid of encoder layers", "[parity]") {
 
 TEST_CASE("parity: the run options reach LibTorch: masks / cross-attention / gelu / unbatched", "[parity]") {
   for (CaseSpec s : default_cases()) {
-    if ((!fixture_module(s.module) && s.module != ModuleKind::ScaledDotProductAttention) || book_module(s.module))
+    if ((!fixture_module(s.module) && s.module != ModuleKind::ScaledDotProductAttention) || book_module(s.module) ||
+        llm_module(s.module))
       continue;  // their own grids
     for (MaskKind m : {MaskKind::None, MaskKind::Random, MaskKind::Padding}) {
       if (s.module == ModuleKind::ScaledDotProductAttention && m == MaskKind::Padding) continue;

@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "common.hpp"
-#include "tparity/api.hpp"
 #include "tparity/compare/report.hpp"
+#include "tparity/api.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
 #include "tparity/torch/reference.hpp"
@@ -38,7 +38,18 @@ struct BenchCase {
   CaseSpec spec;
   int threads;         // the hand core's threads, and LibTorch's
   std::string target;  // what the project aims at (informative: a benchmark asserts nothing)
+  bool memory_bound = false;  // reported against the measured memory bandwidth (bytes moved / time)
 };
+
+// A LLaMA-7B-shaped LlamaDecoderLayer (hidden 4096, 32 heads over 8 kv heads of 128, intermediate
+// 11008): T tokens, the last `decode` of them decoded one a call after a prefill of the others.
+CaseSpec llama7b(std::string name, int64_t T, int64_t decode, bool quick) {
+  CaseSpec s;
+  s.name = std::move(name), s.module = ModuleKind::LlamaDecoderLayer, s.batch = 1, s.seq = T;
+  s.dim = quick ? 512 : 4096, s.heads = quick ? 4 : 32, s.kv_heads = quick ? 1 : 8, s.head_dim = 128;
+  s.ffn = quick ? 1376 : 11008, s.bias = false, s.decode_steps = decode, s.seed = 42;
+  return s;
+}
 
 CaseSpec encoder_layer(std::string name, int64_t B, int64_t T, int64_t d, int64_t H, int64_t F, MaskKind mask,
                        bool zero_ffn_bias) {
@@ -64,17 +75,34 @@ std::vector<BenchCase> bench_cases(bool quick) {
       {"bert_base_2threads",
        encoder_layer("bert_base_2threads", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false), 2,
        ">= 1.8x the hand core's own one-thread speed"},
+      {"llama7b_prefill", llama7b("llama7b_prefill", q ? 32 : 128, 0, quick), 1, "<= 0.9x LibTorch's time"},
+      {"llama7b_decode", llama7b("llama7b_decode", q ? 257 : 2049, 1, quick), 1,
+       ">= 70% of the measured memory bandwidth; the time against LibTorch's", true},
   };
 }
 
 // Multiply-adds x 2 of the products (projections, scores, weighted sums, feed-forward); softmax and
 // norms are not counted.
 double flops(const CaseSpec& s) {
+  if (s.module == ModuleKind::LlamaDecoderLayer) {  // the timed calls' tokens L over S keys
+    const double C = double(s.dim), H = double(s.heads), K = double(s.kv_heads), D = double(s.head_dim),
+                 I = double(s.ffn), L = double(s.decode_steps ? s.decode_steps : s.seq), S = double(s.seq);
+    return 2 * L * (C * (H + 2 * K) * D + H * D * C + 3 * C * I) + 2 * 2 * L * S * H * D;
+  }
   const double B = double(s.batch ? s.batch : 1), L = double(s.seq), S = double(s.kv_seq ? s.kv_seq : s.seq),
                E = double(s.dim);
   const double attention = 2 * B * L * E * E + 2 * 2 * B * S * E * E + 2 * 2 * B * L * S * E + 2 * B * L * E * E;
   if (s.module == ModuleKind::TransformerEncoderLayer) return attention + 2 * 2 * B * L * E * double(s.ffn);
   return attention;
+}
+
+// The bytes a decode step must move at least: every weight once and the cache's k and v (float32).
+double bytes_moved(const CaseSpec& s) {
+  if (s.module != ModuleKind::LlamaDecoderLayer) return 0;
+  const double C = double(s.dim), H = double(s.heads), K = double(s.kv_heads), D = double(s.head_dim),
+               I = double(s.ffn), S = double(s.seq);
+  const double weights = C * (H + 2 * K) * D + H * D * C + 3 * C * I + 2 * C;
+  return 4 * (weights + 2 * K * S * D);
 }
 
 // ---- measuring ---------------------------------------------------------------------------------------
@@ -149,6 +177,52 @@ double measure_peak(std::string& isa) {
   return 0;
 }
 
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float stream_avx512(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i)), a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32)), a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+__attribute__((target("avx2"))) float stream_avx2(const float* p, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i)), a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16)), a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+  }
+  float out[8];
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return out[0];
+}
+#endif
+
+// One core's streaming read bandwidth, bytes/s: the median of 5 sums over a 1 GiB buffer (far beyond
+// every cache), vector loads in four independent chains, the pages touched before timing.
+double measure_bandwidth() {
+  const int64_t n = (int64_t(1) << 30) / 4;
+  std::vector<float> buf(size_t(n), 1.0f);
+  std::vector<double> bw;
+  volatile float sink = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    float v = 0;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f"))
+      v = stream_avx512(buf.data(), n);
+    else if (__builtin_cpu_supports("avx2"))
+      v = stream_avx2(buf.data(), n);
+    else
+#endif
+      for (int64_t i = 0; i < n; i += 16) v += buf[size_t(i)];
+    sink = sink + v;
+    bw.push_back(double(n) * 4 / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  (void)sink;
+  return stats(bw).median;
+}
+
 // The process's resident set: "VmRSS" or "VmHWM" (the peak) from /proc/self/status, in bytes.
 int64_t status_bytes(const char* key) {
   std::ifstream in("/proc/self/status");
@@ -216,6 +290,7 @@ struct Result {
   Stats hand, torch;
   Stats hand_one, hand_many;  // the scaling phase (threads > 1): the hand core on 1 and on c.threads threads
   double hand_gflops = 0, torch_gflops = 0;
+  double hand_bytes_s = 0, torch_bytes_s = 0;  // memory-bound cases: bytes moved / median time
   int64_t hand_peak = -1, torch_peak = -1;
   std::string parity = "not checked";
 };
@@ -263,11 +338,14 @@ int bench(const BenchOptions& o) {
   reexec_without_openblas_overrides();
   std::string peak_isa;
   const double peak = measure_peak(peak_isa);
+  bool any_memory_bound = false;
+  for (const BenchCase& c : chosen) any_memory_bound = any_memory_bound || c.memory_bound;
+  const double bandwidth = any_memory_bound ? measure_bandwidth() : 0;
   std::vector<Result> results;
   for (const BenchCase& c : chosen) {
     if (o.format == Format::Table && isatty(2)) std::fprintf(stderr, "bench %s ...\n", c.name.c_str());
     const Problem p = make_problem(c.spec);
-    Result r{c, {}, {}, {}, {}, 0, 0, -1, -1, "not checked"};
+    Result r{c, {}, {}, {}, {}, 0, 0, 0, 0, -1, -1, "not checked"};
     set_num_threads(c.threads);
     set_torch_threads(c.threads);
     const std::function<void()> hand = prepare_hand(p, DType::Float32, "bench " + c.name);
@@ -296,6 +374,10 @@ int bench(const BenchOptions& o) {
     }
     r.hand_gflops = flops(c.spec) / (r.hand.median * 1e6);
     r.torch_gflops = flops(c.spec) / (r.torch.median * 1e6);
+    if (c.memory_bound) {
+      r.hand_bytes_s = bytes_moved(c.spec) / (r.hand.median * 1e-3);
+      r.torch_bytes_s = bytes_moved(c.spec) / (r.torch.median * 1e-3);
+    }
     r.hand_peak = peak_in_child("hand", c, o.quick);
     r.torch_peak = peak_in_child("torch", c, o.quick);
     if (o.check) {
@@ -316,11 +398,17 @@ int bench(const BenchOptions& o) {
 
   const char* dropped = std::getenv("TPARITY_BENCH_UNSET");
   const ReferenceInfo ref = reference_info();
-  nlohmann::json env = {{"cpu", cpu_model()},        {"isa", to_string(gemm_isa())},
-                        {"blas", torch_blas()},      {"torch", torch_version()},
-                        {"reference", to_json(ref)}, {"peak_gflops", peak},
-                        {"peak_isa", peak_isa},      {"unset", dropped ? dropped : ""},
-                        {"quick", o.quick},          {"reps", o.reps}};
+  nlohmann::json env = {{"cpu", cpu_model()},
+                        {"isa", to_string(gemm_isa())},
+                        {"blas", torch_blas()},
+                        {"torch", torch_version()},
+                        {"reference", to_json(ref)},
+                        {"peak_gflops", peak},
+                        {"peak_isa", peak_isa},
+                        {"bandwidth_bytes_s", bandwidth},
+                        {"unset", dropped ? dropped : ""},
+                        {"quick", o.quick},
+                        {"reps", o.reps}};
   bool parity_ok = true;
   for (const Result& r : results) parity_ok = parity_ok && (r.parity == "PASS" || r.parity == "not checked");
   if (o.format == Format::Json) {
@@ -340,6 +428,10 @@ int bench(const BenchOptions& o) {
                        {"torch_gflops", r.torch_gflops},
                        {"peak_fraction", peak > 0 ? r.hand_gflops / (peak * r.c.threads) : 0.0},
                        {"torch_peak_fraction", peak > 0 ? r.torch_gflops / (peak * r.c.threads) : 0.0},
+                       {"hand_bytes_s", r.hand_bytes_s},
+                       {"torch_bytes_s", r.torch_bytes_s},
+                       {"bandwidth_fraction", bandwidth > 0 ? r.hand_bytes_s / bandwidth : 0.0},
+                       {"torch_bandwidth_fraction", bandwidth > 0 ? r.torch_bytes_s / bandwidth : 0.0},
                        {"hand_peak_bytes", r.hand_peak},
                        {"torch_peak_bytes", r.torch_peak},
                        {"scaling", scaling(r)},
@@ -354,6 +446,8 @@ int bench(const BenchOptions& o) {
   fmt::print("tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({})\nreference: {}\n",
              cpu_model(), to_string(gemm_isa()), peak, peak_isa, ref.line());
   if (!ref.warning.empty()) fmt::print("warning: {}\n", ref.warning);
+  if (bandwidth > 0)
+    fmt::print("memory bandwidth: {:.1f} GB/s (one core's streaming read of 1 GiB, median of 5)\n", bandwidth / 1e9);
   fmt::print("{}\n", dropped ? fmt::format("unset for this run, so OpenBLAS picks its own kernels: {}", dropped)
                              : std::string("no OpenBLAS overrides were set"));
   fmt::print(
@@ -375,6 +469,13 @@ int bench(const BenchOptions& o) {
                fmt::format("{:.1f}/{:.1f}", double(r.hand_peak) / 1e6, double(r.torch_peak) / 1e6),
                mem > 0 ? fmt::format("{:.3f}", mem) : "-", ref.short_name(), r.parity);
   }
+  for (const Result& r : results)
+    if (r.c.memory_bound)
+      fmt::print("{}: {:.2f} GB moved per call (the weights once, the cache's k and v): hand {:.1f} GB/s = {:.0f}% "
+                 "of the measured bandwidth, LibTorch {:.1f} GB/s = {:.0f}%\n",
+                 r.c.name, bytes_moved(r.c.spec) / 1e9, r.hand_bytes_s / 1e9,
+                 bandwidth > 0 ? 100 * r.hand_bytes_s / bandwidth : 0.0, r.torch_bytes_s / 1e9,
+                 bandwidth > 0 ? 100 * r.torch_bytes_s / bandwidth : 0.0);
   for (const Result& r : results) {
     const double s = scaling(r);
     fmt::print("target {}: {}{}\n", r.c.name, r.c.target,

@@ -110,9 +110,12 @@ using namespace fused_impl;
 
 template <class T>
 void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int64_t L, int64_t S, int64_t D, int64_t Dv,
-                     T scale, const AttentionMasks<T>& masks, int threads) {
-  // q is (G, L, D), k is (G, S, D), v is (G, S, Dv); out will be (G, L, Dv)
+                     T scale, const AttentionMasks<T>& masks, int threads, const KvLayout& kv) {
+  // q is (G, L, D), k is (G / kv.repeat, S, D), v is (G / kv.repeat, S, Dv); out will be (G, L, Dv)
   assert(G >= 0 && L >= 0 && S >= 0 && D >= 0 && Dv >= 0);
+  assert(kv.repeat >= 1 && G % kv.repeat == 0);
+  const int64_t rep = kv.repeat, kvG = G / rep;
+  const int64_t ks = kv.k_group_stride ? kv.k_group_stride : S * D, vs = kv.v_group_stride ? kv.v_group_stride : S * Dv;
   assert(!masks.key_bias || masks.heads >= 1);
   if (G == 0 || L == 0 || Dv == 0) return;
   if (S == 0) {  // softmax over no keys, then an empty sum: zeros, as the reference path and torch give
@@ -137,15 +140,14 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   const int64_t key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
   std::vector<KeyBlockStats<T>> stats;
   if (skip_masked_blocks.load(std::memory_order_relaxed) && (masks.attn || masks.key_bias)) {
-    stats.resize(size_t(G * key_blocks));
+    stats.resize(size_t(kvG * key_blocks));  // per kv group: the query groups that share it share them
     auto group_stats = [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        path.key_stats(k + g * S * D, v + g * S * Dv, S, D, Dv, stats.data() + g * key_blocks);
+      for (int64_t g = g0; g < g1; ++g) path.key_stats(k + g * ks, v + g * vs, S, D, Dv, stats.data() + g * key_blocks);
     };
-    if (threads <= 1 || G == 1)
-      group_stats(0, G);
+    if (threads <= 1 || kvG == 1)
+      group_stats(0, kvG);
     else
-      parallel_for(G, threads, group_stats);
+      parallel_for(kvG, threads, group_stats);
   }
   auto run_units = [&](int64_t first, int64_t step) {
     const BlockScratch<T> s = shape.carve(static_cast<T*>(scratch.get(size_t(shape.total()) * sizeof(T))));
@@ -153,15 +155,15 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
       const int64_t g = shared_mask ? w % G : w / blocks, i0 = (shared_mask ? w / G : w % blocks) * br;
       QueryBlock<T> b;
       b.q = q + (g * L + i0) * D;
-      b.k = k + g * S * D;
-      b.v = v + g * S * Dv;
+      b.k = k + g / rep * ks;
+      b.v = v + g / rep * vs;
       b.mask = masks.attn ? masks.attn + g * masks.attn_group_stride + i0 * S : nullptr;
       b.bias = masks.key_bias ? masks.key_bias + g / masks.heads * S : nullptr;
       b.out = out + (g * L + i0) * Dv;
       b.nq = std::min(br, L - i0);
       b.S = S, b.D = D, b.Dv = Dv;
       b.scale = scale;
-      b.key_stats = stats.empty() ? nullptr : stats.data() + g * key_blocks;
+      b.key_stats = stats.empty() ? nullptr : stats.data() + g / rep * key_blocks;
       b.zero_dead_rows = masks.zero_dead_rows;
       path.run(b, s);
     }
@@ -189,7 +191,7 @@ void set_skip_masked_blocks(bool skip) { skip_masked_blocks.store(skip, std::mem
 
 #define TPARITY_INSTANTIATE(T)                                                                                       \
   template void fused_attention<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, T, \
-                                   const AttentionMasks<T>&, int);                                                   \
+                                   const AttentionMasks<T>&, int, const KvLayout&);                                  \
   template fused_attention_detail::FusedBlocking fused_attention_detail::blocking<T>(GemmIsa);
 TPARITY_INSTANTIATE(float)
 TPARITY_INSTANTIATE(double)

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "tparity/harness/book.hpp"
+#include "tparity/harness/llm.hpp"
 #include "tparity/harness/rng.hpp"
 
 namespace tparity {
@@ -53,6 +54,7 @@ std::pair<Shape, Shape> matmul_operands(const CaseSpec& s) {
 }
 
 std::string CaseSpec::describe() const {
+  if (llm_module(module)) return llm_describe(*this);
   std::string s = module_name(module);
   if (book_module(module)) {
     s += batch ? fmt::format(" B={}", batch) : std::string(" unbatched");
@@ -165,6 +167,7 @@ std::vector<CaseSpec> default_cases() {
   CaseSpec book_mha = c("book_mha", M::BookMultiHeadAttention, 2, 6, 0, 3, 0, 2, 0, false, K::None, false, 19);
   book_mha.out_dim = 2;
   cases.insert(cases.end(), {v1, book_mha});
+  for (const CaseSpec& l : llm_default_cases()) cases.push_back(l);
   return cases;
 }
 
@@ -379,19 +382,21 @@ Problem make_problem(const CaseSpec& s) {
   positive("dim", s.dim);
   positive("heads", s.heads);
   if (s.kv_seq < 0) throw InputError(fmt::format("case {}: kv-seq must be positive, got {}", s.name, s.kv_seq));
-
   if (s.module != ModuleKind::ScaledDotProductAttention) {
     if (s.mask == MaskKind::IsCausal)
       throw InputError(fmt::format(
           "option --mask: is-causal is scaled_dot_product_attention's flag, {} takes none (causal is its float mask)",
           module_name(s.module)));
-    if (s.kv_heads)
+    if (s.kv_heads && !llm_module(s.module))
       throw InputError(
-          fmt::format("option --kv-heads: only scaled_dot_product_attention takes it, not {}", module_name(s.module)));
+          fmt::format("option --kv-heads: only scaled_dot_product_attention and the LLM blocks take it, not {}",
+                      module_name(s.module)));
     if (s.scale)
       throw InputError(
           fmt::format("option --scale: only scaled_dot_product_attention takes it, not {}", module_name(s.module)));
   }
+  if (llm_module(s.module)) return make_llm_problem(s);
+
   if (s.module == ModuleKind::TokenEncoder || s.module == ModuleKind::ViT || op_case(s.module) ||
       book_module(s.module)) {
     if (s.mask != MaskKind::None)
@@ -611,6 +616,10 @@ Problem make_problem(const CaseSpec& s) {
       p.inputs["input"] = x;
       break;
     }
+    case ModuleKind::LlamaDecoderLayer:  // make_llm_problem, above
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      break;
   }
   validate(p, "case " + s.name);
   return p;

@@ -11,6 +11,7 @@
 #include "tparity/core/encoder.hpp"
 #include "tparity/core/models.hpp"
 #include "tparity/harness/book.hpp"
+#include "tparity/harness/llm.hpp"
 
 namespace tparity {
 
@@ -225,6 +226,11 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
     case ModuleKind::BookMultiHeadAttention:
       r.outputs["output"] = to_dtensor(book_attention_forward(p.book, book_weights<T>(p), input<T>(p, "x"), obs));
       break;
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      r.outputs["output"] = to_dtensor(run_llm<T>(p, obs));
+      break;
   }
   return r;
 }
@@ -249,6 +255,10 @@ std::function<void()> prepare(const Problem& p) {
       const EncoderConfig c = p.encoder;
       return [c, w, in] { (void)encoder_layer_forward(c, *w, *in); };
     }
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      return prepare_llm<T>(p);
     default: {
       const Problem copy = p;  // converted at every call: fine where nobody times it
       return [copy] { (void)run<T>(copy, false, nullptr); };
@@ -362,6 +372,10 @@ std::vector<std::string> component_names(const Problem& p) {
     case ModuleKind::MultiHeadAttentionWrapper:
     case ModuleKind::BookMultiHeadAttention:
       return book_component_names(p);
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      return llm_component_names(p);
   }
   return {};
 }

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "tparity/harness/book.hpp"
+#include "tparity/harness/llm.hpp"
 #include "tparity/harness/rng.hpp"
 
 namespace tparity {
@@ -28,7 +29,10 @@ const ModuleKind kAllModules[] = {ModuleKind::MultiheadAttention,
                                   ModuleKind::SelfAttentionV2,
                                   ModuleKind::CausalAttention,
                                   ModuleKind::MultiHeadAttentionWrapper,
-                                  ModuleKind::BookMultiHeadAttention};
+                                  ModuleKind::BookMultiHeadAttention,
+                                  ModuleKind::LlamaDecoderLayer,
+                                  ModuleKind::LlamaAttention,
+                                  ModuleKind::GPT2Block};
 const Activation kAllActivations[] = {Activation::Relu, Activation::Gelu,     Activation::Tanh,     Activation::Sigmoid,
                                       Activation::Silu, Activation::Softplus, Activation::LeakyRelu};
 }  // namespace
@@ -65,13 +69,20 @@ std::string module_name(ModuleKind m) {
       return "MultiHeadAttentionWrapper";
     case ModuleKind::BookMultiHeadAttention:
       return "MultiHeadAttention";
+    case ModuleKind::LlamaDecoderLayer:
+      return "LlamaDecoderLayer";
+    case ModuleKind::LlamaAttention:
+      return "LlamaAttention";
+    case ModuleKind::GPT2Block:
+      return "GPT2Block";
   }
   return "?";
 }
 
 bool fixture_module(ModuleKind m) {
   return m == ModuleKind::MultiheadAttention || m == ModuleKind::TransformerEncoderLayer ||
-         m == ModuleKind::TransformerEncoder || m == ModuleKind::TransformerDecoderLayer || book_module(m);
+         m == ModuleKind::TransformerEncoder || m == ModuleKind::TransformerDecoderLayer || book_module(m) ||
+         llm_module(m);
 }
 
 std::string activation_name(Activation a) {
@@ -232,6 +243,11 @@ std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p)
     case ModuleKind::BookMultiHeadAttention:
       book_state_dict(p, out);
       break;
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      llm_state_dict(p, out);
+      break;
   }
   return out;
 }
@@ -273,6 +289,10 @@ std::vector<InputSpec> expected_inputs(ModuleKind m) {
     case ModuleKind::MultiHeadAttentionWrapper:
     case ModuleKind::BookMultiHeadAttention:
       return book_inputs();
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      return llm_inputs(m);
   }
   return {};
 }
@@ -379,6 +399,11 @@ void validate(const Problem& p, const std::string& where) {
     case ModuleKind::BookMultiHeadAttention:
       validate_book(p, fail);
       break;
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      validate_llm(p, fail);
+      break;
   }
 
   std::set<std::string> seen;
@@ -418,15 +443,17 @@ void validate(const Problem& p, const std::string& where) {
       case InputKind::Ids: {
         if (t->dtype != DType::Int64)
           fail(fmt::format("inputs.{}: expected an int64 tensor of token ids, got {}", s.name, dtype_name(t->dtype)));
-        const int64_t vocab = p.token.vocab;
+        const int64_t vocab = llm_module(p.module) ? llm_max_positions(p) : p.token.vocab;
+        const char* bound = llm_module(p.module) ? "max_position_embeddings" : "num_embeddings";
         for (size_t i = 0; i < t->data.size(); ++i) {
           const double id = t->data[i];
           if (!(id == std::floor(id)))
             fail(fmt::format("inputs.{}{}: expected an integer token id, got {}", s.name,
                              index_of(t->shape, int64_t(i)), id));
           if (id < 0 || id >= double(vocab))
-            fail(fmt::format("inputs.{}{}: token id {} is out of range for num_embeddings {} (expected 0 <= id < {})",
-                             s.name, index_of(t->shape, int64_t(i)), id, vocab, vocab));
+            fail(fmt::format("inputs.{}{}: {} {} is out of range for {} {} (expected 0 <= id < {})", s.name,
+                             index_of(t->shape, int64_t(i)), llm_module(p.module) ? "position id" : "token id", id,
+                             bound, vocab, vocab));
         }
         break;
       }
@@ -511,6 +538,11 @@ nlohmann::json config_json(const Problem& p) {
     case ModuleKind::BookMultiHeadAttention:
       j = book_config_json(p);
       break;
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      j = llm_config_json(p);
+      break;
   }
   return j;
 }
@@ -586,6 +618,10 @@ std::string summary(const Problem& p) {
     case ModuleKind::MultiHeadAttentionWrapper:
     case ModuleKind::BookMultiHeadAttention:
       return book_summary(p);
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      return llm_summary(p);
   }
   return "";
 }

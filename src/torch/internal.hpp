@@ -55,6 +55,9 @@ TorchRun run_softmax(const Problem& p, DType dtype, bool collect);
 TorchRun run_layer_norm(const Problem& p, DType dtype, bool collect);
 // The book's attention classes (book.cpp)
 TorchRun run_book(const Problem& p, DType dtype, bool collect);
+// transformers' LlamaDecoderLayer, LlamaAttention, GPT2Block (llm.cpp)
+TorchRun run_llm(const Problem& p, DType dtype, bool collect);
+std::function<void()> prepare_llm_torch(const Problem& p, DType dtype);
 
 // ---- torch::nn's modules (modules.cpp) ------------------------------------------------------------
 

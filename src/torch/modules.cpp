@@ -7,6 +7,7 @@
 #include <set>
 
 #include "internal.hpp"
+#include "tparity/harness/llm.hpp"
 
 namespace tparity::torch_ref {
 
@@ -304,6 +305,9 @@ ModuleRun run_module(const Problem& p, DType dtype) {
     case ModuleKind::CausalAttention:
     case ModuleKind::MultiHeadAttentionWrapper:
     case ModuleKind::BookMultiHeadAttention:
+    case ModuleKind::LlamaDecoderLayer:  // transformers' modules are Python's: the fixtures verify these
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
       break;
   }
   throw std::logic_error("run_module: no module for " + module_name(p.module));
@@ -317,6 +321,11 @@ using torch_ref::TT;
 
 std::function<void()> prepare_torch(const Problem& p, DType dtype, const std::string& where, bool run_once) {
   using namespace torch_ref;
+  if (llm_module(p.module)) {  // transformers' blocks: LibTorch times the ATen composition (llm.cpp)
+    std::function<void()> f = prepare_llm_torch(p, dtype);
+    if (run_once) f();
+    return f;
+  }
   if (!module_limitation(p).empty()) throw InputError(where + ": no LibTorch module to time: " + module_limitation(p));
   try {
     std::function<void()> f;

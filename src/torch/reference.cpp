@@ -87,6 +87,10 @@ std::string module_limitation(const Problem& p) {
     case ModuleKind::BookMultiHeadAttention:
       return module_name(p.module) +
              " is the book's Python class (LLMs-from-scratch ch03): LibTorch has no such module";
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
+      return module_name(p.module) + " is transformers' (Python): LibTorch has no such module";
   }
   return "";
 }
@@ -139,6 +143,10 @@ TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const
       case ModuleKind::MultiHeadAttentionWrapper:
       case ModuleKind::BookMultiHeadAttention:
         return run_book(p, dtype, collect_components);
+      case ModuleKind::LlamaDecoderLayer:
+      case ModuleKind::LlamaAttention:
+      case ModuleKind::GPT2Block:
+        return run_llm(p, dtype, collect_components);
     }
   } catch (const c10::Error& e) {
     rethrow_as_input_error(e, where);

@@ -24,6 +24,14 @@ enum class Defect {
   GeluTanh,             // GELU's tanh approximation instead of erf
   SumHeadWeights,       // averaged attention weights summed over the heads, not averaged
   BookScaleByDIn,       // the book's classes: scores divided by sqrt(d_in) instead of sqrt(d_out)
+  // The LLM blocks' (core/llm.hpp), semantic too.
+  RopeConvention,       // rotary pairs of the other convention (interleaved for half-split and back)
+  RopeDecodeOffset,     // decode steps rotate at position + 1 (an off-by-one past the cache)
+  RmsEpsOutside,        // RMSNorm's eps outside the square root: 1 / (sqrt(mean(x^2)) + eps)
+  KvRepeatInterleaved,  // query head h reads kv head h % Hkv instead of h / (H / Hkv) (repeat_kv's blocks)
+  GateUpSwapped,        // SwiGLU with gate_proj and up_proj swapped: silu(up(x)) * gate(x)
+  Conv1dUntransposed,   // GPT-2's Conv1D (in, out) weight read as nn.Linear's (out, in)
+  CacheBeforeRotary,    // the KV cache stores k before the rotary embedding is applied
   // Numeric defects: the semantics intact (the float64 core is untouched), float32 computed badly.
   // What a float32 gate exists to catch.
   Bf16Accumulate,    // float32 dot products accumulated in bfloat16 (every partial sum rounded to 8 bits)

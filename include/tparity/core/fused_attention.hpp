@@ -35,12 +35,23 @@ struct AttentionMasks {
   bool zero_dead_rows = false;
 };
 
+// Where each group's keys and values lie, for grouped-query attention and a KV cache: group g reads
+// the keys of kv group g / repeat, (S, D) rows starting at k + (g / repeat) * k_group_stride, and its
+// values at v + (g / repeat) * v_group_stride. repeat 1 and strides 0 (meaning S * D and S * Dv) are
+// the contiguous (G, S, D) layout. With q laid out (B, H, L, D) and k, v (B, Hkv, S, D), repeat =
+// H / Hkv gives transformers' repeat_kv (query head h reads kv head h / repeat) without a copy; a
+// cache of capacity C > S per kv group is k_group_stride C * D.
+struct KvLayout {
+  int64_t repeat = 1;
+  int64_t k_group_stride = 0, v_group_stride = 0;
+};
+
 // mirrors the attention step of torch.nn.functional.multi_head_attention_forward, torch 1.13
 // (baddbmm(attn_mask, q_scaled, k^T), softmax, bmm with v; dropout 0), on G independent
 // (batch x head) groups, einsum 'GLD,GSD->GLS' then 'GLS,GSV->GLV':
 //   out[g] = softmax(q[g] k[g]^T * scale + masks) v[g]
-// q is (G, L, D), k is (G, S, D), v is (G, S, Dv), contiguous; out will be (G, L, Dv), contiguous
-// and not overlapping the inputs.
+// q is (G, L, D), k is (G, S, D), v is (G, S, Dv), contiguous (or as `kv` lays them out, below);
+// out will be (G, L, Dv), contiguous and not overlapping the inputs.
 // scale multiplies each dot product, one rounding (1 leaves it exact): torch 1.13's MHA divides q by
 // sqrt(D) before the product, so pass that q and scale 1 to get its scores.
 // Semantics as the reference path (qdotk, the masks, softmax_forward, weighted_sum_v): a row whose
@@ -65,7 +76,7 @@ struct AttentionMasks {
 // Shapes are checked with asserts only, as the GEMM's.
 template <class T>
 void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int64_t L, int64_t S, int64_t D, int64_t Dv,
-                     T scale, const AttentionMasks<T>& masks = {}, int threads = 1);
+                     T scale, const AttentionMasks<T>& masks = {}, int threads = 1, const KvLayout& kv = {});
 
 // --- for tests and tuning -----------------------------------------------------------------------
 namespace fused_attention_detail {

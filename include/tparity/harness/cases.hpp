@@ -29,7 +29,6 @@ struct CaseSpec {
   int64_t dim = 1;              // E / d_model (sdpa: q and k feature size)
   int64_t value_dim = 0;        // sdpa only: v's feature size; 0: dim
   int64_t out_dim = 0;          // the book's classes: d_out (dim is d_in); 0: dim
-  int64_t kv_heads = 0;         // sdpa only: k's and v's heads (enable_gqa when fewer than heads); 0: heads
   std::optional<double> scale;  // sdpa only: the scores' scale; absent: 1/sqrt(E)
   int64_t heads = 1;
   int64_t ffn = 0;                                                     // encoder/decoder dim_feedforward
@@ -49,6 +48,16 @@ struct CaseSpec {
   bool need_weights = true;    // MultiheadAttention forward(need_weights=...)
   bool random_params = false;  // draw the parameters torch initialises to constants (biases,
                                // LayerNorm affine) at random, so their semantics are exercised
+  // The LLM blocks (harness/llm.hpp): dim is hidden_size, heads num_attention_heads, ffn the
+  // intermediate (Llama) or inner (GPT-2) size, bias attention_bias (Llama; GPT-2 always has biases);
+  // the causal mask is always on, mask=padding adds a key padding mask.
+  int64_t kv_heads = 0;          // num_key_value_heads (sdpa: k's and v's heads, enable_gqa when fewer); 0: heads
+  int64_t head_dim = 0;          // 0: dim / heads
+  int64_t decode_steps = 0;      // > 0: a decode session, the last decode_steps tokens one call each
+  int64_t position_offset = -1;  // position_ids = offset + 5 b + arange(T); -1: no position_ids input
+  RopeStyle rope = RopeStyle::HalfSplit;
+  double rotary_fraction = 1.0;  // partial_rotary_factor
+  double rope_theta = 10000;
   uint64_t seed = 0;
 
   std::string describe() const;  // "MultiheadAttention B=50 T=100 d=64 heads=4 bias=off mask=causal"
@@ -80,5 +89,11 @@ std::pair<Shape, Shape> matmul_operands(const CaseSpec& spec);
 // ids are uniform in [0, vocab); images uniform in [0, 1) like the seed's torch.rand.
 // The layout is batch_first, as in the seeds. Throws InputError for impossible specs.
 Problem make_problem(const CaseSpec& spec);
+
+// The LLM blocks' default cases (llama: a small grouped-query LlamaDecoderLayer with two decode
+// steps; gpt2: a GPT2Block with a padding mask), their description and their problems (llm_cases.cpp).
+std::vector<CaseSpec> llm_default_cases();
+std::string llm_describe(const CaseSpec& spec);
+Problem make_llm_problem(const CaseSpec& spec);
 
 }  // namespace tparity

@@ -12,6 +12,7 @@
 
 #include "tparity/core/book.hpp"
 #include "tparity/core/decoder.hpp"
+#include "tparity/core/llm.hpp"
 #include "tparity/core/models.hpp"
 #include "tparity/harness/dtensor.hpp"
 
@@ -34,6 +35,10 @@ enum class ModuleKind {
   CausalAttention,            // CausalAttention: batched, the causal buffer
   MultiHeadAttentionWrapper,  // MultiHeadAttentionWrapper: CausalAttention heads concatenated, out_proj
   BookMultiHeadAttention,     // the book's MultiHeadAttention (torch's is MultiheadAttention)
+  // Hugging Face transformers' decoder blocks (harness/llm.hpp, README "The LLM blocks"):
+  LlamaDecoderLayer,  // LlamaDecoderLayer: RMSNorm, rotary, grouped-query attention, SwiGLU
+  LlamaAttention,     // LlamaAttention alone (GPT-J's and GPT-NeoX's attentions map onto it)
+  GPT2Block,          // GPT2Block: pre-LN, fused Conv1D c_attn, gelu_new
 };
 
 // The modules fixture format v1 knows (sdpa and the modules after it are run cases only), and their
@@ -68,6 +73,11 @@ struct Problem {
   SdpaOptions sdpa;          // ScaledDotProductAttention: is_causal, scale, enable_gqa
   bool affine = true;        // LayerNorm: elementwise_affine (state_dict weight and bias)
   BookConfig book;           // the book's classes
+  LlamaConfig llama;         // LlamaDecoderLayer, LlamaAttention
+  Gpt2Config gpt2;           // GPT2Block
+  int64_t decode_steps = 0;  // the LLM blocks: 0 one forward call; D > 0 a decode session, the last D
+                             // tokens one call each after a prefill of the others (harness/llm.hpp)
+  bool causal = true;        // the LLM blocks: the causal mask (transformers' decoders always have it)
   TensorMap state_dict;
   TensorMap inputs;
   TensorMap outputs;          // as PyTorch returned them (fixtures only)

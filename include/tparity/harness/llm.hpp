@@ -1,0 +1,66 @@
+// The LLM blocks as problems: Hugging Face transformers' LlamaDecoderLayer, LlamaAttention and
+// GPT2Block (core/llm.hpp), one forward call or a decode session. What problem.cpp, hand.cpp,
+// cases.cpp and the fixture reader ask of these module kinds lives here, so that those files only
+// dispatch.
+//
+// Config (the fixture's "config", transformers' config names):
+//   LlamaDecoderLayer / LlamaAttention: hidden_size, num_attention_heads, num_key_value_heads,
+//     head_dim, intermediate_size (layer only), rms_norm_eps (layer only), rope_theta,
+//     rope_convention ("half" | "interleaved"), partial_rotary_factor, attention_bias, mlp_bias
+//     (layer only), max_position_embeddings, causal, decode_steps
+//   GPT2Block: hidden_size (n_embd), num_attention_heads (n_head), n_inner, layer_norm_epsilon,
+//     max_position_embeddings (n_positions), causal, decode_steps
+// State dict: transformers' names (self_attn.q_proj.weight, mlp.gate_proj.weight,
+//   input_layernorm.weight, ...; LlamaAttention's without the self_attn. prefix; attn.c_attn.weight,
+//   ln_1.weight, mlp.c_fc.weight, ...).
+// Inputs: hidden_states (B, T, hidden) float; position_ids (B, T) int64 (optional: arange(T));
+//   key_padding_mask (B, T) bool, true at a padding token (optional; transformers' attention_mask
+//   is its negation).
+// Outputs: output (B, T, hidden). In a decode session (decode_steps D > 0) the first T - D tokens
+//   are prefilled in one call and each of the last D is one call over the cache; `output` holds the
+//   calls' outputs in order, and the reference's `output` is its full causal forward over all T
+//   tokens, so that the output's legs measure the decode against the full forward.
+// Components: see component names (llm_component_names); a decode session's are the calls' under
+//   prefill. and step.N. (the cache among them as cache.k and cache.v, (B, Hkv, S, D)), then output.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tparity/harness/components.hpp"
+#include "tparity/harness/problem.hpp"
+
+namespace tparity {
+
+bool llm_module(ModuleKind m);
+
+// problem.cpp's questions, for the LLM kinds.
+void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>& out);
+std::vector<InputSpec> llm_inputs(ModuleKind m);
+// Config checks; `fail` throws with the field's message.
+void validate_llm(const Problem& p, const std::function<void(const std::string&)>& fail);
+nlohmann::json llm_config_json(const Problem& p);
+std::string llm_summary(const Problem& p);
+// The largest position id plus one (position_ids must lie below it).
+int64_t llm_max_positions(const Problem& p);
+
+// Reads the fixture's config object into p.llama / p.gpt2 / p.decode_steps / p.causal. `fail(field,
+// what)` throws; every key must be one of the kind's.
+void read_llm_config(const nlohmann::json& j, Problem& p,
+                     const std::function<void(const std::string& field, const std::string& what)>& fail);
+
+// The hand core on the problem (hand.cpp's run): outputs["output"], components through obs.
+template <class T>
+Tensor<T> run_llm(const Problem& p, Observer<T>* obs);
+
+// The forward pass with weights converted once (the bench).
+template <class T>
+std::function<void()> prepare_llm(const Problem& p);
+
+// Components in dataflow order.
+std::vector<std::string> llm_component_names(const Problem& p);
+
+}  // namespace tparity

@@ -1,0 +1,657 @@
+#!/usr/bin/env python3
+"""Export the LLM blocks' fixtures from Hugging Face transformers itself.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/export_llm_fixtures.py [--out fixtures/torch-2.13] [--only NAME ...]
+
+Each fixture (format v2, inline tensors) is one call or one decode session of transformers' own
+module, built from a small config with random weights (nothing is loaded from a hub):
+
+  llama_layer            LlamaDecoderLayer: grouped-query (4 heads, 2 kv heads), head_dim 12 != 32 / 4,
+                         attention bias, position ids with an offset, a right-padded element
+  llama_mqa_positions    LlamaDecoderLayer: multi-query (1 kv head), rope_theta 500000, positions 1990..
+  llama_decode           LlamaDecoderLayer decode session: a left-padded prompt of 5 prefilled in one call,
+                         then 3 steps of one token through transformers' DynamicCache
+  gpt2_block             GPT2Block: Conv1D weights (in, out), fused c_attn, gelu_new, a padded element
+  gptj_attention         GPTJAttention (interleaved rotary pairs, rotary_dim 4 of 8) as a LlamaAttention
+  neox_attention         GPTNeoXAttention (fused per-head query_key_value, rotary_pct 0.25, bias) as a
+                         LlamaAttention
+
+Precision policy. transformers computes in float32 in places even for a float64 module: LlamaRMSNorm
+(hidden_states.to(torch.float32)), the rotary angles (inv_freq and position_ids .float()), eager
+attention's softmax(dtype=torch.float32) (Llama, NeoX), GPT-J's _attn (query and key .to(float32))
+and its float32 sincos table. The fixtures' float64 results ("outputs", "components") are the
+mathematics in float64: the same modules run with those casts patched to the input's dtype, every
+other line transformers' own. The script checks that the patched modules run in float32 give
+transformers' float32 results bit for bit (so the patches change the casts and nothing else), and
+records in each fixture's "reference" block how far transformers' own float64 module (with its
+casts) lies from that float64 truth ("hf_float64_casts_rel_l2"). "outputs_float32" and
+"components_float32" are transformers' float32 module as is.
+
+Components come from a line-by-line replay of each module with transformers' own submodules and
+functions (apply_rotary_pos_emb, repeat_kv, the Linear / Conv1D / RMSNorm modules), checked bit
+for bit against the module's output and, in decode, against the DynamicCache's contents.
+
+The masks: the modules take transformers' 4-D additive mask, built here as masking_utils builds it
+for eager attention: 0 where a key is visible, torch.finfo(dtype).min where it is causal-masked or
+padding.
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import GPT2Config, GPTJConfig, GPTNeoXConfig, LlamaConfig  # noqa: E402
+from transformers.cache_utils import DynamicCache  # noqa: E402
+from transformers.models.gpt2 import modeling_gpt2 as MG  # noqa: E402
+from transformers.models.gpt_neox import modeling_gpt_neox as MN  # noqa: E402
+from transformers.models.gptj import modeling_gptj as MJ  # noqa: E402
+from transformers.models.llama import modeling_llama as ML  # noqa: E402
+
+torch.set_num_threads(1)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rel_l2(a, b):
+    """Over the positions finite in both (transformers' float64 with its casts gives NaN rows where the
+    float64 lowest value, cast to float32, becomes -inf)."""
+    a, b = a.double(), b.double()
+    ok = torch.isfinite(a) & torch.isfinite(b)
+    a, b = a[ok], b[ok]
+    d = float(torch.linalg.vector_norm(b))
+    return float(torch.linalg.vector_norm(a - b)) / d if d else float(torch.linalg.vector_norm(a - b))
+
+
+# ---- the float64 truth: transformers' casts patched to the input's dtype -----------------------
+
+def rms_true(self, hidden_states):  # LlamaRMSNorm.forward without .to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states
+
+
+def eager_true(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    # modeling_llama.eager_attention_forward with softmax in the query's dtype (not dtype=torch.float32)
+    key_states = ML.repeat_kv(key, module.num_key_value_groups)
+    value_states = ML.repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1)
+    attn_output = torch.matmul(attn_weights, value_states)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
+def neox_eager_true(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
+def gptj_attn_true(self, query, key, value, attention_mask=None):  # GPTJAttention._attn without .to(float32)
+    attn_weights = torch.matmul(query, key.transpose(-1, -2))
+    attn_weights = attn_weights / self.scale_attn
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = attn_weights.to(value.dtype)
+    return torch.matmul(attn_weights, value), attn_weights
+
+
+class Patched:
+    """transformers' float32 casts replaced by the input's dtype, for the duration."""
+
+    def __enter__(self):
+        self.saved = [(ML.LlamaRMSNorm, "forward", ML.LlamaRMSNorm.forward),
+                      (ML, "eager_attention_forward", ML.eager_attention_forward),
+                      (MN, "eager_attention_forward", MN.eager_attention_forward),
+                      (MJ.GPTJAttention, "_attn", MJ.GPTJAttention._attn)]
+        ML.LlamaRMSNorm.forward = rms_true
+        ML.eager_attention_forward = eager_true
+        MN.eager_attention_forward = neox_eager_true
+        MJ.GPTJAttention._attn = gptj_attn_true
+        return self
+
+    def __exit__(self, *exc):
+        for obj, name, value in self.saved:
+            setattr(obj, name, value)
+
+
+def rope(config, position_ids, dtype, true):
+    """LlamaRotaryEmbedding / GPTNeoXRotaryEmbedding.forward (default rope): transformers' own in
+    float32 then cast to dtype, or (true) its code in dtype throughout."""
+    if not true:
+        cls = ML.LlamaRotaryEmbedding if isinstance(config, LlamaConfig) else MN.GPTNeoXRotaryEmbedding
+        return cls(config)(torch.zeros(1, dtype=dtype), position_ids)
+    base = config.rope_parameters["rope_theta"]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
+    freqs = position_ids[..., None].to(dtype) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def gptj_table(module, dtype, true):
+    """GPTJAttention.embed_positions: create_sinusoidal_positions in float32 (transformers') or in dtype."""
+    if not true:
+        return module.embed_positions
+    dim, n = module.pos_embd_dim, module.max_positions
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim))
+    sinusoid_inp = torch.arange(n, dtype=torch.int64).to(dtype)[:, None] * inv_freq
+    return torch.cat((torch.sin(sinusoid_inp), torch.cos(sinusoid_inp)), dim=1)
+
+
+def additive_mask(B, L, S, padding, dtype):
+    """(B, 1, L, S): 0 where query i (absolute S - L + i) sees key j, finfo(dtype).min elsewhere."""
+    past = S - L
+    masked = torch.ones(L, S, dtype=torch.bool).triu(past + 1)[None, None].expand(B, 1, L, S)
+    if padding is not None:
+        masked = masked | padding[:, None, None, :S]
+    return torch.zeros(B, 1, L, S, dtype=dtype).masked_fill(masked, torch.finfo(dtype).min)
+
+
+# ---- line-by-line replays, components collected, checked against the modules --------------------
+
+class Sink:
+    def __init__(self, comps, prefix=""):
+        self.comps, self.prefix = comps, prefix
+
+    def put(self, name, t):
+        t = t.detach().clone()
+        if name == "scores":  # the canonical component: -inf where masked (transformers adds finfo.min)
+            t = t.masked_fill(t <= torch.finfo(t.dtype).min / 2, float("-inf"))
+        self.comps[self.prefix + name] = t
+
+    def sub(self, prefix):
+        return Sink(self.comps, self.prefix + prefix)
+
+
+def eager_replay(scores_mask, q, k, v, groups, scaling, sink, true, divide=None):
+    k, v = ML.repeat_kv(k, groups), ML.repeat_kv(v, groups)
+    if divide is None:
+        scores = torch.matmul(q, k.transpose(2, 3)) * scaling
+    else:  # GPT-J: (query.float() @ key.float()^T) / scale_attn
+        qq, kk = (q, k) if true else (q.to(torch.float32), k.to(torch.float32))
+        scores = torch.matmul(qq, kk.transpose(-1, -2)) / divide
+    scores = scores + scores_mask
+    sink.put("scores", scores)
+    if divide is not None:
+        w = torch.nn.functional.softmax(scores, dim=-1).to(v.dtype)
+    elif true:
+        w = torch.nn.functional.softmax(scores, dim=-1)
+    else:
+        w = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    sink.put("attn_weights", w)
+    B, L = q.shape[0], q.shape[2]
+    ctx = torch.matmul(w, v).transpose(1, 2).contiguous().reshape(B, L, -1)
+    sink.put("context", ctx)
+    return ctx
+
+
+def llama_attention_replay(attn, h, cos, sin, mask, cache, sink, true, cached):
+    B, T, _ = h.shape
+    D = attn.head_dim
+    q = attn.q_proj(h).view(B, T, -1, D).transpose(1, 2)
+    k = attn.k_proj(h).view(B, T, -1, D).transpose(1, 2)
+    v = attn.v_proj(h).view(B, T, -1, D).transpose(1, 2)
+    sink.put("q", q), sink.put("k", k), sink.put("v", v)
+    q_rot, k_rot = ML.apply_rotary_pos_emb(q, k, cos, sin)
+    sink.put("q_rot", q_rot), sink.put("k_rot", k_rot)
+    cache["k"] = k_rot if cache.get("k") is None else torch.cat([cache["k"], k_rot], dim=-2)
+    cache["v"] = v if cache.get("v") is None else torch.cat([cache["v"], v], dim=-2)
+    if cached:
+        sink.put("cache.k", cache["k"]), sink.put("cache.v", cache["v"])
+    ctx = eager_replay(mask, q_rot, cache["k"], cache["v"], attn.num_key_value_groups, attn.scaling, sink, true)
+    out = attn.o_proj(ctx)
+    sink.put("output", out)
+    return out
+
+
+def llama_layer_replay(layer, x, cos, sin, mask, cache, sink, true, cached):
+    h = layer.input_layernorm(x)
+    sink.put("input_layernorm", h)
+    a = llama_attention_replay(layer.self_attn, h, cos, sin, mask, cache, sink.sub("attn."), true, cached)
+    x1 = x + a
+    sink.put("attn_residual", x1)
+    h2 = layer.post_attention_layernorm(x1)
+    sink.put("post_attention_layernorm", h2)
+    gate, up = layer.mlp.gate_proj(h2), layer.mlp.up_proj(h2)
+    sink.put("mlp.gate", gate), sink.put("mlp.up", up)
+    act = layer.mlp.act_fn(gate) * up
+    sink.put("mlp.act", act)
+    down = layer.mlp.down_proj(act)
+    sink.put("mlp.down", down)
+    out = x1 + down
+    sink.put("output", out)
+    return out
+
+
+def gpt2_replay(block, x, mask, cache, sink, cached):
+    B, T, C = x.shape
+    attn = block.attn
+    D = attn.head_dim
+    h = block.ln_1(x)
+    sink.put("ln_1", h)
+    s = sink.sub("attn.")
+    q, k, v = attn.c_attn(h).split(attn.split_size, dim=2)
+    q, k, v = (t.view(B, T, -1, D).transpose(1, 2) for t in (q, k, v))
+    s.put("q", q), s.put("k", k), s.put("v", v)
+    cache["k"] = k if cache.get("k") is None else torch.cat([cache["k"], k], dim=-2)
+    cache["v"] = v if cache.get("v") is None else torch.cat([cache["v"], v], dim=-2)
+    if cached:
+        s.put("cache.k", cache["k"]), s.put("cache.v", cache["v"])
+    # GPT-2's eager_attention_forward: softmax in the scores' own dtype (no float32 cast)
+    ctx = eager_replay(mask, q, cache["k"], cache["v"], 1, attn.scaling, s, True)
+    a = attn.c_proj(ctx)
+    s.put("output", a)
+    x1 = a + x
+    sink.put("attn_residual", x1)
+    h2 = block.ln_2(x1)
+    sink.put("ln_2", h2)
+    fc = block.mlp.c_fc(h2)
+    sink.put("mlp.fc", fc)
+    act = block.mlp.act(fc)
+    sink.put("mlp.act", act)
+    m = block.mlp.c_proj(act)
+    sink.put("mlp.proj", m)
+    out = x1 + m
+    sink.put("output", out)
+    return out
+
+
+def gptj_replay(attn, x, position_ids, mask, sink, true, table):
+    B, T, _ = x.shape
+    D = attn.head_dim
+    q = attn._split_heads(attn.q_proj(x), attn.num_attention_heads, D, True)
+    k = attn._split_heads(attn.k_proj(x), attn.num_attention_heads, D, True)
+    v = attn._split_heads(attn.v_proj(x), attn.num_attention_heads, D, False)
+    sink.put("q", q.permute(0, 2, 1, 3)), sink.put("k", k.permute(0, 2, 1, 3)), sink.put("v", v)
+    emb = table.repeat(position_ids.shape[0], 1, 1)
+    rep = position_ids.unsqueeze(-1).repeat(1, 1, emb.shape[-1])
+    sincos = torch.gather(emb, 1, rep).to(k.dtype)
+    sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)
+    r = attn.rotary_dim
+    k = torch.cat([MJ.apply_rotary_pos_emb(k[..., :r], sin, cos), k[..., r:]], dim=-1).permute(0, 2, 1, 3)
+    q = torch.cat([MJ.apply_rotary_pos_emb(q[..., :r], sin, cos), q[..., r:]], dim=-1).permute(0, 2, 1, 3)
+    sink.put("q_rot", q), sink.put("k_rot", k)
+    ctx = eager_replay(mask, q, k, v, 1, None, sink, true, divide=attn.scale_attn)
+    out = attn.out_proj(ctx)
+    sink.put("output", out)
+    return out
+
+
+def neox_replay(attn, x, cos, sin, mask, sink, true):
+    B, T, _ = x.shape
+    D = attn.head_size
+    qkv = attn.query_key_value(x).view(B, T, -1, 3 * D).transpose(1, 2)
+    q, k, v = qkv.chunk(3, dim=-1)
+    sink.put("q", q), sink.put("k", k), sink.put("v", v)
+    q_rot, k_rot = MN.apply_rotary_pos_emb(q, k, cos, sin)
+    sink.put("q_rot", q_rot), sink.put("k_rot", k_rot)
+    ctx = eager_replay(mask, q_rot, k_rot, v, 1, attn.scaling, sink, true)
+    out = attn.dense(ctx)
+    sink.put("output", out)
+    return out
+
+
+# ---- the fixtures ---------------------------------------------------------------------------------
+
+def randomize(module, seed):
+    """Weights drawn as nn.Linear initialises them (uniform, bound 1/sqrt(fan_in)), biases too; norm
+    weights around 1 and biases around 0, so that each one's semantics shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() == 2:
+                fan_in = p.shape[0] if isinstance(dict(module.named_modules()).get(name.rsplit(".", 1)[0]), MG.Conv1D) else p.shape[1]
+                p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) / math.sqrt(fan_in))
+            elif "norm" in name or name.startswith("ln_"):
+                base = 1.0 if name.endswith("weight") else 0.0
+                p.copy_(base + (torch.rand(p.shape, generator=g) * 2 - 1) * 0.2)
+            else:
+                p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * 0.2)
+    return module
+
+
+def tensor_json(t, dtype=None):
+    t = t.detach().contiguous()
+    if t.dtype == torch.bool:
+        return {"dtype": "bool", "shape": list(t.shape), "data": t.reshape(-1).tolist()}
+    if t.dtype == torch.int64:
+        return {"dtype": "int64", "shape": list(t.shape), "data": t.reshape(-1).tolist()}
+    name = dtype or {torch.float32: "float32", torch.float64: "float64"}[t.dtype]
+    t = t.to(torch.float32 if name == "float32" else torch.float64)
+    def value(x):
+        return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+    return {"dtype": name, "shape": list(t.shape), "data": [value(float(x)) for x in t.reshape(-1).tolist()]}
+
+
+def write_fixture(out_dir, fx):
+    path = os.path.join(out_dir, fx["name"] + ".json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(fx, f, separators=(",", ":"))
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def reference_block(name, extra):
+    ref = {"torch": torch.__version__, "transformers": transformers.__version__,
+           "name": f"transformers {transformers.__version__} {name} (Python, eager attention)",
+           "threads": "1",
+           "float64": "the mathematics in float64: transformers' modules with their float32 casts patched to "
+                      "the input's dtype (scripts/export_llm_fixtures.py); outputs_float32 and components_float32 "
+                      "are transformers' float32 modules as they are"}
+    ref.update({k: str(v) for k, v in extra.items()})
+    return ref
+
+
+def nonfinite_note(a):
+    n = int((~torch.isfinite(a)).sum())
+    return f" ({n} values NaN: its padding rows, where finfo(float64).min cast to float32 is -inf)" if n else ""
+
+
+def assert_equal(a, b, what):
+    same_nan = torch.equal(torch.isnan(a), torch.isnan(b))
+    if not (same_nan and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))):
+        raise SystemExit(f"export_llm_fixtures: {what}: the replay differs from transformers' module "
+                         f"(rel_l2 {rel_l2(a, b):.3g})")
+
+
+def llama_fixture(name, desc, cfg, B, T, seed, positions, padding, decode_steps=0, attention_only=False):
+    torch.manual_seed(seed)
+    module = (ML.LlamaAttention(cfg, layer_idx=0) if attention_only else ML.LlamaDecoderLayer(cfg, layer_idx=0)).eval()
+    randomize(module, seed)
+    x32 = torch.randn(B, T, cfg.hidden_size)
+    P = T - decode_steps
+    runs = {}
+    for label, dtype, true in (("true64", torch.float64, True), ("hf32", torch.float32, False),
+                               ("hf64", torch.float64, False), ("patched32", torch.float32, True)):
+        m = copy.deepcopy(module).to(dtype)
+        x = x32.to(dtype)
+        ctx = Patched() if true else _Nothing()
+        comps = {}
+        with torch.no_grad(), ctx:
+            def call(t0, t1, cache, hf_cache, sink, cached):
+                pos = positions[:, t0:t1]
+                cos, sin = rope(cfg, pos, dtype, true)
+                mask = additive_mask(B, t1 - t0, t1, padding, dtype)
+                xs = x[:, t0:t1]
+                if attention_only:
+                    ref, _ = m(xs, position_embeddings=(cos, sin), attention_mask=mask, past_key_values=hf_cache)
+                    out = llama_attention_replay(m, xs, cos, sin, mask, cache, sink, true, cached)
+                else:
+                    ref = m(xs, attention_mask=mask, position_ids=pos, past_key_values=hf_cache,
+                            use_cache=hf_cache is not None, position_embeddings=(cos, sin))
+                    out = llama_layer_replay(m, xs, cos, sin, mask, cache, sink, true, cached)
+                assert_equal(out, ref, f"{name} {label} tokens {t0}..{t1}")
+                if hf_cache is not None:
+                    assert_equal(cache["k"], hf_cache.layers[0].keys, f"{name} {label} cache.k")
+                    assert_equal(cache["v"], hf_cache.layers[0].values, f"{name} {label} cache.v")
+                return out
+            if decode_steps == 0:
+                full = call(0, T, {}, None, Sink(comps), False)
+                outs = full
+            else:
+                hf_cache, cache = DynamicCache(config=cfg), {}
+                parts = [call(0, P, cache, hf_cache, Sink(comps, "prefill."), True)]
+                for t in range(P, T):
+                    parts.append(call(t, t + 1, cache, hf_cache, Sink(comps, f"step.{t - P}."), True))
+                outs = torch.cat(parts, dim=1)
+                full = call(0, T, {}, None, Sink({}), False)  # the full causal forward over all T tokens
+                comps["output"] = full
+        runs[label] = {"module": m, "comps": comps, "output": full, "session": outs}
+    # the patches change the casts and nothing else: in float32 they give transformers' bits
+    for k in runs["hf32"]["comps"]:
+        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
+    extra = {"hf_float64_casts_rel_l2": f"{rel_l2(runs['hf64']['output'], runs['true64']['output']):.3g}"
+                                        + nonfinite_note(runs['hf64']['output']),
+             "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}"}
+    if decode_steps:
+        extra["decode_vs_full_float64_rel_l2"] = f"{rel_l2(runs['true64']['session'], runs['true64']['output']):.3g}"
+        extra["decode_vs_full_float32_rel_l2"] = f"{rel_l2(runs['hf32']['session'], runs['hf32']['output']):.3g}"
+        extra["cache"] = "transformers' DynamicCache (cache_utils.DynamicLayer.update: torch.cat after rotary)"
+    sd = {k: tensor_json(v, "float32") for k, v in module.state_dict().items()}
+    config = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+              "rope_theta": cfg.rope_parameters["rope_theta"], "rope_convention": "half",
+              "partial_rotary_factor": 1.0, "attention_bias": cfg.attention_bias,
+              "max_position_embeddings": cfg.max_position_embeddings, "causal": True, "decode_steps": decode_steps}
+    if not attention_only:
+        config.update({"intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
+                       "mlp_bias": cfg.mlp_bias})
+    inputs = {"hidden_states": tensor_json(x32, "float32"), "position_ids": tensor_json(positions)}
+    if padding is not None:
+        inputs["key_padding_mask"] = tensor_json(padding)
+    return finish(name, desc, "LlamaAttention" if attention_only else "LlamaDecoderLayer", config, sd, inputs, runs,
+                  reference_block("LlamaAttention" if attention_only else "LlamaDecoderLayer", extra))
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def finish(name, desc, module, config, sd, inputs, runs, reference):
+    comps64 = {k: tensor_json(v, "float64") for k, v in runs["true64"]["comps"].items() if k != "output"}
+    comps32 = {k: tensor_json(v, "float32") for k, v in runs["hf32"]["comps"].items() if k != "output"}
+    return {"format": "tparity.fixture", "version": 2, "name": name, "description": desc, "module": module,
+            "config": config, "forward": {}, "state_dict": sd, "inputs": inputs,
+            "outputs": {"output": tensor_json(runs["true64"]["output"], "float64")},
+            "outputs_float32": {"output": tensor_json(runs["hf32"]["output"], "float32")},
+            "components": comps64, "components_float32": comps32, "reference": reference}
+
+
+def gpt2_fixture(name, desc, B, T, seed, padding, decode_steps=0):
+    cfg = GPT2Config(n_embd=32, n_head=4, n_inner=None, n_positions=64, attn_implementation="eager",
+                     layer_norm_epsilon=1e-5)
+    torch.manual_seed(seed)
+    block = randomize(MG.GPT2Block(cfg, layer_idx=0).eval(), seed)
+    x32 = torch.randn(B, T, cfg.n_embd)
+    P = T - decode_steps
+    runs = {}
+    for label, dtype in (("true64", torch.float64), ("hf32", torch.float32)):
+        m = copy.deepcopy(block).to(dtype)
+        x = x32.to(dtype)
+        comps = {}
+        with torch.no_grad():
+            def call(t0, t1, cache, hf_cache, sink, cached):
+                mask = additive_mask(B, t1 - t0, t1, padding, dtype)
+                ref = m(x[:, t0:t1], past_key_values=hf_cache, attention_mask=mask, use_cache=hf_cache is not None)
+                out = gpt2_replay(m, x[:, t0:t1], mask, cache, sink, cached)
+                assert_equal(out, ref, f"{name} {label} tokens {t0}..{t1}")
+                if hf_cache is not None:
+                    assert_equal(cache["k"], hf_cache.layers[0].keys, f"{name} {label} cache.k")
+                return out
+            if decode_steps == 0:
+                full = call(0, T, {}, None, Sink(comps), False)
+                session = full
+            else:
+                hf_cache, cache = DynamicCache(config=cfg), {}
+                parts = [call(0, P, cache, hf_cache, Sink(comps, "prefill."), True)]
+                for t in range(P, T):
+                    parts.append(call(t, t + 1, cache, hf_cache, Sink(comps, f"step.{t - P}."), True))
+                session = torch.cat(parts, dim=1)
+                full = call(0, T, {}, None, Sink({}), False)
+                comps["output"] = full
+        runs[label] = {"comps": comps, "output": full, "session": session}
+    extra = {"hf_float64_casts_rel_l2": "0 (GPT-2's block computes in its own dtype throughout)",
+             "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}",
+             "masked_scores": "torch.finfo(dtype).min added (transformers' additive mask), not -inf"}
+    if decode_steps:
+        extra["decode_vs_full_float64_rel_l2"] = f"{rel_l2(runs['true64']['session'], runs['true64']['output']):.3g}"
+    sd = {k: tensor_json(v, "float32") for k, v in block.state_dict().items()}
+    config = {"hidden_size": 32, "num_attention_heads": 4, "n_inner": 128, "layer_norm_epsilon": 1e-5,
+              "max_position_embeddings": 64, "causal": True, "decode_steps": decode_steps}
+    inputs = {"hidden_states": tensor_json(x32, "float32")}
+    if padding is not None:
+        inputs["key_padding_mask"] = tensor_json(padding)
+    return finish(name, desc, "GPT2Block", config, sd, inputs, runs, reference_block("GPT2Block", extra))
+
+
+def gptj_fixture(name, desc, B, T, seed):
+    cfg = GPTJConfig(n_embd=32, n_head=4, rotary_dim=4, n_positions=64, attn_implementation="eager")
+    torch.manual_seed(seed)
+    attn = randomize(MJ.GPTJAttention(cfg, layer_idx=0).eval(), seed)
+    x32 = torch.randn(B, T, 32)
+    positions = torch.arange(T).unsqueeze(0).repeat(B, 1) + torch.tensor([[0], [7]])[:B]
+    runs = {}
+    for label, dtype, true in (("true64", torch.float64, True), ("hf32", torch.float32, False),
+                               ("hf64", torch.float64, False), ("patched32", torch.float32, True)):
+        m = copy.deepcopy(attn).to(dtype)
+        if true:
+            m.embed_positions = gptj_table(m, dtype, True)
+        x = x32.to(dtype)
+        comps = {}
+        with torch.no_grad(), (Patched() if true else _Nothing()):
+            mask = additive_mask(B, T, T, None, dtype)
+            ref, _ = m(x, attention_mask=mask, position_ids=positions)
+            out = gptj_replay(m, x, positions, mask, Sink(comps), true, m.embed_positions)
+            assert_equal(out, ref, f"{name} {label}")
+        runs[label] = {"comps": comps, "output": out}
+    for k in runs["hf32"]["comps"]:
+        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
+    sd = attn.state_dict()
+    sd = {"q_proj.weight": sd["q_proj.weight"], "k_proj.weight": sd["k_proj.weight"],
+          "v_proj.weight": sd["v_proj.weight"], "o_proj.weight": sd["out_proj.weight"]}
+    config = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8,
+              "rope_theta": 10000.0, "rope_convention": "interleaved", "partial_rotary_factor": 0.5,
+              "attention_bias": False, "max_position_embeddings": 64, "causal": True, "decode_steps": 0}
+    extra = {"hf_float64_casts_rel_l2": f"{rel_l2(runs['hf64']['output'], runs['true64']['output']):.3g}",
+             "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}",
+             "mapping": "GPTJAttention onto LlamaAttention: out_proj -> o_proj; rotary_dim 4 of head_dim 8 -> "
+                        "partial_rotary_factor 0.5, rotate_every_two -> rope_convention interleaved; scores "
+                        "divided by sqrt(head_dim) where Llama multiplies by its inverse (rounding only)"}
+    return finish(name, desc, "LlamaAttention", config, {k: tensor_json(v, "float32") for k, v in sd.items()},
+                  {"hidden_states": tensor_json(x32, "float32"), "position_ids": tensor_json(positions)}, runs,
+                  reference_block("GPTJAttention", extra))
+
+
+def neox_fixture(name, desc, B, T, seed):
+    cfg = GPTNeoXConfig(hidden_size=32, num_attention_heads=4, rotary_pct=0.25, max_position_embeddings=64,
+                        attention_bias=True, attn_implementation="eager")
+    torch.manual_seed(seed)
+    attn = randomize(MN.GPTNeoXAttention(cfg, layer_idx=0).eval(), seed)
+    x32 = torch.randn(B, T, 32)
+    positions = torch.arange(T).unsqueeze(0).repeat(B, 1) + torch.tensor([[2], [11]])[:B]
+    runs = {}
+    for label, dtype, true in (("true64", torch.float64, True), ("hf32", torch.float32, False),
+                               ("hf64", torch.float64, False), ("patched32", torch.float32, True)):
+        m = copy.deepcopy(attn).to(dtype)
+        x = x32.to(dtype)
+        comps = {}
+        with torch.no_grad(), (Patched() if true else _Nothing()):
+            cos, sin = rope(cfg, positions, dtype, true)
+            mask = additive_mask(B, T, T, None, dtype)
+            ref, _ = m(x, attention_mask=mask, position_embeddings=(cos, sin))
+            out = neox_replay(m, x, cos, sin, mask, Sink(comps), true)
+            assert_equal(out, ref, f"{name} {label}")
+        runs[label] = {"comps": comps, "output": out}
+    for k in runs["hf32"]["comps"]:
+        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
+    sd = attn.state_dict()
+    H, D = 4, 8
+    w = sd["query_key_value.weight"].view(H, 3, D, 32)  # per head: q, k, v rows
+    b = sd["query_key_value.bias"].view(H, 3, D)
+    mapped = {}
+    for i, n in enumerate(("q_proj", "k_proj", "v_proj")):
+        mapped[n + ".weight"] = w[:, i].reshape(H * D, 32)
+        mapped[n + ".bias"] = b[:, i].reshape(H * D)
+    mapped["o_proj.weight"], mapped["o_proj.bias"] = sd["dense.weight"], sd["dense.bias"]
+    config = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8,
+              "rope_theta": 10000.0, "rope_convention": "half", "partial_rotary_factor": 0.25,
+              "attention_bias": True, "max_position_embeddings": 64, "causal": True, "decode_steps": 0}
+    extra = {"hf_float64_casts_rel_l2": f"{rel_l2(runs['hf64']['output'], runs['true64']['output']):.3g}",
+             "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}",
+             "mapping": "GPTNeoXAttention onto LlamaAttention: query_key_value's (heads, 3, head_dim) rows split "
+                        "into q_proj, k_proj, v_proj (weights and biases), dense -> o_proj; rotary_pct 0.25 -> "
+                        "partial_rotary_factor 0.25 (2 of 8 dims rotate, rotate_half)"}
+    return finish(name, desc, "LlamaAttention", config, {k: tensor_json(v, "float32") for k, v in mapped.items()},
+                  {"hidden_states": tensor_json(x32, "float32"), "position_ids": tensor_json(positions)}, runs,
+                  reference_block("GPTNeoXAttention", extra))
+
+
+def fixtures():
+    def llama_cfg(**kw):
+        base = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=12, intermediate_size=48,
+                    rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096, attention_bias=True,
+                    attn_implementation="eager")
+        base.update(kw)
+        return LlamaConfig(**base)
+
+    def right_pad(B, T, pads):
+        m = torch.zeros(B, T, dtype=torch.bool)
+        for b, n in enumerate(pads):
+            if n:
+                m[b, T - n:] = True
+        return m
+
+    B, T = 2, 6
+    out = {}
+    left = torch.tensor([[False] * T, [True, True] + [False] * (T - 2)])
+    out["llama_layer"] = lambda: llama_fixture(
+        "llama_layer", "transformers' LlamaDecoderLayer: 4 heads over 2 kv heads, head_dim 12 (hidden 32), attention "
+        "bias, element 1 left-padded by 2 (its padding rows see no key: uniform weights, as transformers gives), "
+        "position ids as generate() makes them plus an offset of 3", llama_cfg(), B, T, 21,
+        (torch.cumsum((~left).long(), -1) - 1).masked_fill(left, 1) + 3, left)
+    out["llama_mqa_positions"] = lambda: llama_fixture(
+        "llama_mqa_positions", "transformers' LlamaDecoderLayer, multi-query (1 kv head), rope_theta 500000, "
+        "positions 1990..1997: where transformers' float32 rotary angles show", llama_cfg(
+            num_key_value_heads=1, head_dim=8, rope_theta=500000.0, attention_bias=False), B, 8, 22,
+        torch.arange(8).unsqueeze(0).repeat(B, 1) + 1990, None)
+    # A decode session's padding must leave every query row a key: a row that sees none (left padding)
+    # gets uniform weights over all S keys in transformers, which depends on S, so a session's padded
+    # rows could not equal the full forward's. Element 1 pads its prompt's second and third tokens.
+    pad = torch.tensor([[False] * 8, [False, True, True] + [False] * 5])
+    out["llama_decode"] = lambda: llama_fixture(
+        "llama_decode", "transformers' LlamaDecoderLayer decoding: a prompt of 5 (element 1 with 2 padding tokens) "
+        "prefilled in one call, then 3 steps of one token through DynamicCache; output is the full causal forward",
+        llama_cfg(head_dim=8), 2, 8, 23, torch.arange(8).unsqueeze(0).repeat(2, 1) + torch.tensor([[0], [4]]),
+        pad, decode_steps=3)
+    out["gpt2_block"] = lambda: gpt2_fixture(
+        "gpt2_block", "transformers' GPT2Block: Conv1D (in, out) weights, fused c_attn, gelu_new, element 1 "
+        "right-padded by 3", B, 7, 24, right_pad(B, 7, [0, 3]))
+    out["gptj_attention"] = lambda: gptj_fixture(
+        "gptj_attention", "transformers' GPTJAttention (interleaved rotary pairs on 4 of 8 dims) as a "
+        "LlamaAttention", B, T, 25)
+    out["neox_attention"] = lambda: neox_fixture(
+        "neox_attention", "transformers' GPTNeoXAttention (fused per-head query_key_value, rotary_pct 0.25, "
+        "bias) as a LlamaAttention", B, T, 26)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "fixtures", "torch-2.13"))
+    ap.add_argument("--only", nargs="*")
+    args = ap.parse_args(argv)
+    if transformers.__version__ != "5.23.0":
+        print(f"export_llm_fixtures: warning: transformers {transformers.__version__}, the fixtures pin 5.23.0",
+              file=sys.stderr)
+    os.makedirs(args.out, exist_ok=True)
+    for name, make in fixtures().items():
+        if args.only and name not in args.only:
+            continue
+        fx = make()
+        path = write_fixture(args.out, fx)
+        ref = fx["reference"]
+        print(f"{path}: transformers' float64 casts move the output by {ref['hf_float64_casts_rel_l2']} (rel_l2); "
+              f"its float32 {ref['hf_float32_rel_l2']}" +
+              (f"; decode vs full forward {ref['decode_vs_full_float64_rel_l2']} (float64)"
+               if "decode_vs_full_float64_rel_l2" in ref else ""), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

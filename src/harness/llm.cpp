@@ -1,0 +1,479 @@
+// The LLM blocks as problems (harness/llm.hpp): state dicts, inputs, config, the hand core's run.
+#include "tparity/harness/llm.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <memory>
+#include <set>
+#include <stdexcept>
+
+namespace tparity {
+
+bool llm_module(ModuleKind m) {
+  return m == ModuleKind::LlamaDecoderLayer || m == ModuleKind::LlamaAttention || m == ModuleKind::GPT2Block;
+}
+
+namespace {
+
+void llama_attention_state(const LlamaConfig& c, const std::string& pre, std::vector<std::pair<std::string, Shape>>& out) {
+  const int64_t C = c.hidden_size, H = c.num_heads, K = c.num_kv_heads, D = c.head_dim;
+  // nn.Module registration order: q_proj, k_proj, v_proj, o_proj (weight, then bias)
+  const std::pair<const char*, Shape> projs[] = {
+      {"q_proj", {H * D, C}}, {"k_proj", {K * D, C}}, {"v_proj", {K * D, C}}, {"o_proj", {C, H * D}}};
+  for (const auto& [name, shape] : projs) {
+    out.push_back({pre + name + ".weight", shape});
+    if (c.attention_bias) out.push_back({pre + name + ".bias", {shape[0]}});
+  }
+}
+
+}  // namespace
+
+void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>& out) {
+  const LlamaConfig& c = p.llama;
+  switch (p.module) {
+    case ModuleKind::LlamaAttention:
+      llama_attention_state(c, "", out);
+      break;
+    case ModuleKind::LlamaDecoderLayer: {
+      const int64_t C = c.hidden_size, I = c.intermediate_size;
+      llama_attention_state(c, "self_attn.", out);
+      const std::pair<const char*, Shape> mlp[] = {
+          {"mlp.gate_proj", {I, C}}, {"mlp.up_proj", {I, C}}, {"mlp.down_proj", {C, I}}};
+      for (const auto& [name, shape] : mlp) {
+        out.push_back({std::string(name) + ".weight", shape});
+        if (c.mlp_bias) out.push_back({std::string(name) + ".bias", {shape[0]}});
+      }
+      out.push_back({"input_layernorm.weight", {C}});
+      out.push_back({"post_attention_layernorm.weight", {C}});
+      break;
+    }
+    case ModuleKind::GPT2Block: {
+      const int64_t C = p.gpt2.hidden_size, F = p.gpt2.inner_dim;
+      // GPT2Block's order: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj; Conv1D (in, out)
+      const std::pair<const char*, Shape> w[] = {{"ln_1.weight", {C}},          {"ln_1.bias", {C}},
+                                                 {"attn.c_attn.weight", {C, 3 * C}}, {"attn.c_attn.bias", {3 * C}},
+                                                 {"attn.c_proj.weight", {C, C}},     {"attn.c_proj.bias", {C}},
+                                                 {"ln_2.weight", {C}},               {"ln_2.bias", {C}},
+                                                 {"mlp.c_fc.weight", {C, F}},        {"mlp.c_fc.bias", {F}},
+                                                 {"mlp.c_proj.weight", {F, C}},      {"mlp.c_proj.bias", {C}}};
+      for (const auto& [name, shape] : w) out.push_back({name, shape});
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+std::vector<InputSpec> llm_inputs(ModuleKind) {
+  return {{"hidden_states", true, InputKind::Float},
+          {"position_ids", false, InputKind::Ids},
+          {"key_padding_mask", false, InputKind::Mask}};
+}
+
+int64_t llm_max_positions(const Problem& p) {
+  return p.module == ModuleKind::GPT2Block ? p.gpt2.max_position_embeddings : p.llama.max_position_embeddings;
+}
+
+void validate_llm(const Problem& p, const std::function<void(const std::string&)>& fail) {
+  auto positive = [&](const char* field, int64_t v) {
+    if (v <= 0) fail(fmt::format("config.{}: expected a positive integer, got {}", field, v));
+  };
+  if (p.decode_steps < 0) fail(fmt::format("config.decode_steps: expected 0 or more, got {}", p.decode_steps));
+  if (const DTensor* x = p.input("hidden_states"); x && x->shape.size() == 3 && p.decode_steps >= x->shape[1])
+    fail(fmt::format("config.decode_steps: expected fewer than the {} tokens of hidden_states (the prefill needs "
+                     "one at least), got {}",
+                     x->shape[1], p.decode_steps));
+  if (p.module == ModuleKind::GPT2Block) {
+    const Gpt2Config& c = p.gpt2;
+    positive("hidden_size", c.hidden_size);
+    positive("num_attention_heads", c.num_heads);
+    positive("n_inner", c.inner_dim);
+    positive("max_position_embeddings", c.max_position_embeddings);
+    if (c.hidden_size % c.num_heads)
+      fail(fmt::format("config.num_attention_heads: expected a divisor of hidden_size {}, got {}", c.hidden_size,
+                       c.num_heads));
+    if (!(c.layer_norm_epsilon > 0))
+      fail(fmt::format("config.layer_norm_epsilon: expected a positive number, got {}", c.layer_norm_epsilon));
+    return;
+  }
+  const LlamaConfig& c = p.llama;
+  positive("hidden_size", c.hidden_size);
+  positive("num_attention_heads", c.num_heads);
+  positive("num_key_value_heads", c.num_kv_heads);
+  positive("head_dim", c.head_dim);
+  positive("max_position_embeddings", c.max_position_embeddings);
+  if (p.module == ModuleKind::LlamaDecoderLayer) {
+    positive("intermediate_size", c.intermediate_size);
+    if (!(c.rms_norm_eps > 0)) fail(fmt::format("config.rms_norm_eps: expected a positive number, got {}", c.rms_norm_eps));
+  }
+  if (c.num_heads % c.num_kv_heads)
+    fail(fmt::format("config.num_key_value_heads: expected a divisor of num_attention_heads {}, got {}", c.num_heads,
+                     c.num_kv_heads));
+  if (!(c.rope_theta > 0)) fail(fmt::format("config.rope_theta: expected a positive number, got {}", c.rope_theta));
+  if (!(c.partial_rotary_factor >= 0 && c.partial_rotary_factor <= 1))
+    fail(fmt::format("config.partial_rotary_factor: expected a fraction in [0, 1], got {}", c.partial_rotary_factor));
+  if (c.rotary_dim() % 2)
+    fail(fmt::format("config.partial_rotary_factor: head_dim x factor = {} rotary dims, expected an even number",
+                     c.rotary_dim()));
+}
+
+nlohmann::json llm_config_json(const Problem& p) {
+  nlohmann::json j;
+  if (p.module == ModuleKind::GPT2Block) {
+    const Gpt2Config& c = p.gpt2;
+    j = {{"hidden_size", c.hidden_size},
+         {"num_attention_heads", c.num_heads},
+         {"n_inner", c.inner_dim},
+         {"layer_norm_epsilon", c.layer_norm_epsilon},
+         {"max_position_embeddings", c.max_position_embeddings}};
+  } else {
+    const LlamaConfig& c = p.llama;
+    j = {{"hidden_size", c.hidden_size},
+         {"num_attention_heads", c.num_heads},
+         {"num_key_value_heads", c.num_kv_heads},
+         {"head_dim", c.head_dim},
+         {"rope_theta", c.rope_theta},
+         {"rope_convention", rope_style_name(c.rope)},
+         {"partial_rotary_factor", c.partial_rotary_factor},
+         {"attention_bias", c.attention_bias},
+         {"max_position_embeddings", c.max_position_embeddings}};
+    if (p.module == ModuleKind::LlamaDecoderLayer) {
+      j["intermediate_size"] = c.intermediate_size;
+      j["rms_norm_eps"] = c.rms_norm_eps;
+      j["mlp_bias"] = c.mlp_bias;
+    }
+  }
+  j["causal"] = p.causal;
+  j["decode_steps"] = p.decode_steps;
+  return j;
+}
+
+std::string llm_summary(const Problem& p) {
+  auto shape_of = [&](const char* n) {
+    const DTensor* t = p.input(n);
+    return t ? to_string(t->shape) : std::string("-");
+  };
+  std::string s = module_name(p.module);
+  if (p.module == ModuleKind::GPT2Block) {
+    const Gpt2Config& c = p.gpt2;
+    s += fmt::format(" hidden={} heads={} inner={} eps={:g}", c.hidden_size, c.num_heads, c.inner_dim,
+                     c.layer_norm_epsilon);
+  } else {
+    const LlamaConfig& c = p.llama;
+    s += fmt::format(" hidden={} heads={} kv_heads={} head_dim={}", c.hidden_size, c.num_heads, c.num_kv_heads,
+                     c.head_dim);
+    if (p.module == ModuleKind::LlamaDecoderLayer)
+      s += fmt::format(" intermediate={} rms_eps={:g}", c.intermediate_size, c.rms_norm_eps);
+    s += fmt::format(" rope={} theta={:g}", rope_style_name(c.rope), c.rope_theta);
+    if (c.partial_rotary_factor != 1) s += fmt::format(" rotary_dim={}", c.rotary_dim());
+    if (c.attention_bias) s += " attention_bias";
+    if (c.mlp_bias) s += " mlp_bias";
+  }
+  s += " hidden_states=" + shape_of("hidden_states");
+  if (p.input("position_ids")) s += " position_ids";
+  if (p.input("key_padding_mask")) s += " key_padding_mask";
+  if (!p.causal) s += " non-causal";
+  if (p.decode_steps) s += fmt::format(" decode: prefill then {} steps", p.decode_steps);
+  return s;
+}
+
+void read_llm_config(const nlohmann::json& j, Problem& p,
+                     const std::function<void(const std::string& field, const std::string& what)>& fail) {
+  const bool gpt2 = p.module == ModuleKind::GPT2Block, layer = p.module == ModuleKind::LlamaDecoderLayer;
+  std::set<std::string> keys{"hidden_size", "num_attention_heads", "max_position_embeddings", "causal", "decode_steps"};
+  if (gpt2)
+    keys.insert({"n_inner", "layer_norm_epsilon"});
+  else
+    keys.insert({"num_key_value_heads", "head_dim", "rope_theta", "rope_convention", "partial_rotary_factor",
+                 "attention_bias"});
+  if (layer) keys.insert({"intermediate_size", "rms_norm_eps", "mlp_bias"});
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!keys.count(it.key())) {
+      std::string list;
+      for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
+      fail("config." + it.key(), "unexpected key for " + module_name(p.module) + " (expected one of: " + list + ")");
+    }
+  auto field = [](const char* k) { return std::string("config.") + k; };
+  auto find = [&](const char* k) -> const nlohmann::json* {
+    auto it = j.find(k);
+    return it == j.end() ? nullptr : &*it;
+  };
+  auto integer = [&](const char* k, int64_t lo, int64_t& out, bool required) {
+    const nlohmann::json* v = find(k);
+    if (!v) {
+      if (required) fail(field(k), "missing");
+      return;
+    }
+    if (!v->is_number_integer()) fail(field(k), "expected an integer, got " + v->dump());
+    if (v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t(1) << 31))
+      fail(field(k), fmt::format("expected an integer <= {}, got {}", int64_t(1) << 31, v->get<uint64_t>()));
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > (int64_t(1) << 31)) fail(field(k), fmt::format("expected an integer in [{}, 2^31], got {}", lo, x));
+    out = x;
+  };
+  auto number = [&](const char* k, double& out) {
+    if (const nlohmann::json* v = find(k)) {
+      if (!v->is_number()) fail(field(k), "expected a number, got " + v->dump());
+      out = v->get<double>();
+    }
+  };
+  auto boolean = [&](const char* k, bool& out) {
+    if (const nlohmann::json* v = find(k)) {
+      if (!v->is_boolean()) fail(field(k), "expected true or false, got " + v->dump());
+      out = v->get<bool>();
+    }
+  };
+  boolean("causal", p.causal);
+  integer("decode_steps", 0, p.decode_steps, false);
+  if (gpt2) {
+    Gpt2Config& c = p.gpt2;
+    integer("hidden_size", 1, c.hidden_size, true);
+    integer("num_attention_heads", 1, c.num_heads, true);
+    c.inner_dim = 4 * c.hidden_size;  // GPT2MLP: n_inner if not None else 4 * hidden_size
+    if (const nlohmann::json* v = find("n_inner"); v && !v->is_null()) integer("n_inner", 1, c.inner_dim, false);
+    number("layer_norm_epsilon", c.layer_norm_epsilon);
+    integer("max_position_embeddings", 1, c.max_position_embeddings, false);
+    return;
+  }
+  LlamaConfig& c = p.llama;
+  integer("hidden_size", 1, c.hidden_size, true);
+  integer("num_attention_heads", 1, c.num_heads, true);
+  c.num_kv_heads = c.num_heads;  // LlamaConfig: num_key_value_heads defaults to num_attention_heads
+  integer("num_key_value_heads", 1, c.num_kv_heads, false);
+  c.head_dim = c.hidden_size / c.num_heads;  // LlamaConfig: head_dim defaults to hidden_size // heads
+  integer("head_dim", 1, c.head_dim, false);
+  if (layer) {
+    integer("intermediate_size", 1, c.intermediate_size, true);
+    number("rms_norm_eps", c.rms_norm_eps);
+    boolean("mlp_bias", c.mlp_bias);
+  }
+  number("rope_theta", c.rope_theta);
+  if (const nlohmann::json* v = find("rope_convention")) {
+    if (!v->is_string()) fail(field("rope_convention"), "expected \"half\" or \"interleaved\", got " + v->dump());
+    try {
+      c.rope = rope_style_from_name(v->get<std::string>());
+    } catch (const std::invalid_argument& e) {
+      fail(field("rope_convention"), e.what());
+    }
+  }
+  number("partial_rotary_factor", c.partial_rotary_factor);
+  boolean("attention_bias", c.attention_bias);
+  integer("max_position_embeddings", 1, c.max_position_embeddings, false);
+}
+
+namespace {
+
+template <class T>
+Tensor<T> param(const Problem& p, const std::string& name) {
+  auto it = p.state_dict.find(name);
+  return it == p.state_dict.end() ? Tensor<T>() : to_tensor<T>(it->second);
+}
+
+template <class T>
+LlamaAttentionWeights<T> llama_attention_weights(const Problem& p, const std::string& pre) {
+  LlamaAttentionWeights<T> w;
+  w.q_proj_weight = param<T>(p, pre + "q_proj.weight");
+  w.q_proj_bias = param<T>(p, pre + "q_proj.bias");
+  w.k_proj_weight = param<T>(p, pre + "k_proj.weight");
+  w.k_proj_bias = param<T>(p, pre + "k_proj.bias");
+  w.v_proj_weight = param<T>(p, pre + "v_proj.weight");
+  w.v_proj_bias = param<T>(p, pre + "v_proj.bias");
+  w.o_proj_weight = param<T>(p, pre + "o_proj.weight");
+  w.o_proj_bias = param<T>(p, pre + "o_proj.bias");
+  return w;
+}
+
+template <class T>
+LlamaLayerWeights<T> llama_layer_weights(const Problem& p) {
+  LlamaLayerWeights<T> w;
+  w.self_attn = llama_attention_weights<T>(p, "self_attn.");
+  w.input_layernorm = param<T>(p, "input_layernorm.weight");
+  w.post_attention_layernorm = param<T>(p, "post_attention_layernorm.weight");
+  w.gate_proj_weight = param<T>(p, "mlp.gate_proj.weight");
+  w.gate_proj_bias = param<T>(p, "mlp.gate_proj.bias");
+  w.up_proj_weight = param<T>(p, "mlp.up_proj.weight");
+  w.up_proj_bias = param<T>(p, "mlp.up_proj.bias");
+  w.down_proj_weight = param<T>(p, "mlp.down_proj.weight");
+  w.down_proj_bias = param<T>(p, "mlp.down_proj.bias");
+  return w;
+}
+
+template <class T>
+Gpt2Weights<T> gpt2_weights(const Problem& p) {
+  Gpt2Weights<T> w;
+  w.ln_1_weight = param<T>(p, "ln_1.weight");
+  w.ln_1_bias = param<T>(p, "ln_1.bias");
+  w.c_attn_weight = param<T>(p, "attn.c_attn.weight");
+  w.c_attn_bias = param<T>(p, "attn.c_attn.bias");
+  w.c_proj_weight = param<T>(p, "attn.c_proj.weight");
+  w.c_proj_bias = param<T>(p, "attn.c_proj.bias");
+  w.ln_2_weight = param<T>(p, "ln_2.weight");
+  w.ln_2_bias = param<T>(p, "ln_2.bias");
+  w.c_fc_weight = param<T>(p, "mlp.c_fc.weight");
+  w.c_fc_bias = param<T>(p, "mlp.c_fc.bias");
+  w.mlp_c_proj_weight = param<T>(p, "mlp.c_proj.weight");
+  w.mlp_c_proj_bias = param<T>(p, "mlp.c_proj.bias");
+  return w;
+}
+
+// The problem's inputs as the core takes them, converted once.
+template <class T>
+struct LlmInputs {
+  Tensor<T> x;
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> padding;
+  DecoderMask mask() const {
+    DecoderMask m;
+    const int64_t Tn = x.size(1);
+    if (!positions.empty()) m.positions = positions.data(), m.positions_stride = Tn;
+    if (!padding.empty()) m.key_padding = padding.data(), m.key_padding_stride = Tn;
+    return m;
+  }
+};
+
+template <class T>
+LlmInputs<T> llm_inputs_of(const Problem& p) {
+  LlmInputs<T> in;
+  const DTensor* x = p.input("hidden_states");
+  if (!x) throw ShapeError("hidden_states: missing");
+  if (x->shape.size() != 3) throw ShapeError("hidden_states: expected (B, T, hidden), got shape " + to_string(x->shape));
+  in.x = to_tensor<T>(*x);
+  const Shape bt{x->shape[0], x->shape[1]};
+  if (const DTensor* pos = p.input("position_ids")) {
+    if (pos->shape != bt)
+      throw ShapeError("position_ids: expected shape " + to_string(bt) + " (B, T), got " + to_string(pos->shape));
+    for (double v : pos->data) in.positions.push_back(int64_t(v));
+  }
+  if (const DTensor* kpm = p.input("key_padding_mask")) {
+    if (kpm->dtype != DType::Bool)
+      throw ShapeError("key_padding_mask: expected a bool mask (true at a padding token), got " +
+                       dtype_name(kpm->dtype));
+    if (kpm->shape != bt)
+      throw ShapeError("key_padding_mask: expected shape " + to_string(bt) + " (B, T), got " + to_string(kpm->shape));
+    for (double v : kpm->data) in.padding.push_back(v != 0);
+  }
+  return in;
+}
+
+// One call of the problem's module over part of the tokens.
+template <class T>
+struct LlmCall {
+  ModuleKind module;
+  LlamaConfig llama;
+  Gpt2Config gpt2cfg;
+  bool causal;
+  std::shared_ptr<const LlamaLayerWeights<T>> layer;
+  std::shared_ptr<const LlamaAttentionWeights<T>> attn;
+  std::shared_ptr<const Gpt2Weights<T>> gpt2;
+  explicit LlmCall(const Problem& p) : module(p.module), llama(p.llama), gpt2cfg(p.gpt2), causal(p.causal) {
+    switch (p.module) {
+      case ModuleKind::LlamaDecoderLayer:
+        layer = std::make_shared<LlamaLayerWeights<T>>(llama_layer_weights<T>(p));
+        break;
+      case ModuleKind::LlamaAttention:
+        attn = std::make_shared<LlamaAttentionWeights<T>>(llama_attention_weights<T>(p, ""));
+        break;
+      default:
+        gpt2 = std::make_shared<Gpt2Weights<T>>(gpt2_weights<T>(p));
+    }
+  }
+  Tensor<T> operator()(const Tensor<T>& x, const DecoderMask& m, KvCache<T>* cache, Observer<T>* obs) const {
+    DecoderMask mm = m;
+    mm.causal = causal;
+    if (layer) return llama_layer_forward(llama, *layer, x, mm, cache, obs);
+    if (attn) return llama_attention_forward(llama, *attn, x, mm, cache, obs);
+    return gpt2_block_forward(gpt2cfg, *gpt2, x, mm, cache, obs);
+  }
+};
+
+template <class T>
+Tensor<T> run_with(const Problem& p, const LlmCall<T>& call, const LlmInputs<T>& in, Observer<T>* obs) {
+  if (p.decode_steps == 0) return call(in.x, in.mask(), nullptr, obs);
+  const int64_t B = in.x.size(0), Tn = in.x.size(1);
+  const int64_t Hkv = p.module == ModuleKind::GPT2Block ? p.gpt2.num_heads : p.llama.num_kv_heads;
+  const int64_t D = p.module == ModuleKind::GPT2Block ? p.gpt2.hidden_size / p.gpt2.num_heads : p.llama.head_dim;
+  KvCache<T> cache = make_cache<T>(B, Hkv, Tn, D);
+  auto layer = [&](const Tensor<T>& part, const DecoderMask& m, KvCache<T>& c, Observer<T>* o) {
+    return call(part, m, &c, o);
+  };
+  return decode_session(layer, in.x, Tn - p.decode_steps, in.mask(), cache, obs);
+}
+
+// One call's components, in dataflow order.
+std::vector<std::string> call_components(const Problem& p, bool cached) {
+  std::vector<std::string> attn{"q", "k", "v"};
+  if (p.module != ModuleKind::GPT2Block) attn.insert(attn.end(), {"q_rot", "k_rot"});
+  if (cached) attn.insert(attn.end(), {"cache.k", "cache.v"});
+  attn.insert(attn.end(), {"scores", "attn_weights", "context", "output"});
+  if (p.module == ModuleKind::LlamaAttention) return attn;
+  const bool llama = p.module == ModuleKind::LlamaDecoderLayer;
+  std::vector<std::string> n{llama ? "input_layernorm" : "ln_1"};
+  for (const std::string& a : attn) n.push_back("attn." + a);
+  n.push_back("attn_residual");
+  if (llama)
+    n.insert(n.end(), {"post_attention_layernorm", "mlp.gate", "mlp.up", "mlp.act", "mlp.down", "output"});
+  else
+    n.insert(n.end(), {"ln_2", "mlp.fc", "mlp.act", "mlp.proj", "output"});
+  return n;
+}
+
+}  // namespace
+
+template <class T>
+Tensor<T> run_llm(const Problem& p, Observer<T>* obs) {
+  const LlmInputs<T> in = llm_inputs_of<T>(p);
+  return run_with(p, LlmCall<T>(p), in, obs);
+}
+
+template <class T>
+std::function<void()> prepare_llm(const Problem& p) {
+  auto call = std::make_shared<const LlmCall<T>>(p);
+  auto in = std::make_shared<const LlmInputs<T>>(llm_inputs_of<T>(p));
+  auto prob = std::make_shared<Problem>(p);
+  prob->state_dict.clear();  // the weights live in call, converted once
+  prob->inputs.clear();
+  if (p.decode_steps == 0) return [prob, call, in] { (void)run_with(*prob, *call, *in, static_cast<Observer<T>*>(nullptr)); };
+  // A decode session times its steps alone: the prefill runs once here, each timed call rewinds the
+  // cache to it and runs the steps (their k and v overwrite the previous call's).
+  const int64_t B = in->x.size(0), Tn = in->x.size(1), C = in->x.size(2), P = Tn - p.decode_steps;
+  const int64_t Hkv = p.module == ModuleKind::GPT2Block ? p.gpt2.num_heads : p.llama.num_kv_heads;
+  const int64_t D = p.module == ModuleKind::GPT2Block ? p.gpt2.hidden_size / p.gpt2.num_heads : p.llama.head_dim;
+  auto cache = std::make_shared<KvCache<T>>(make_cache<T>(B, Hkv, Tn, D));
+  auto parts = std::make_shared<std::vector<Tensor<T>>>();
+  for (int64_t t0 = 0; t0 < Tn; t0 = t0 ? t0 + 1 : P) {
+    const int64_t t1 = t0 ? t0 + 1 : P;
+    Tensor<T> part({B, t1 - t0, C});
+    for (int64_t b = 0; b < B; ++b)
+      std::copy(in->x.ptr() + (b * Tn + t0) * C, in->x.ptr() + (b * Tn + t1) * C, part.ptr() + b * (t1 - t0) * C);
+    parts->push_back(std::move(part));
+  }
+  auto mask_at = [in, Tn](int64_t t0) {
+    DecoderMask m = in->mask();
+    if (m.positions) m.positions += t0, m.positions_stride = Tn;
+    return m;
+  };
+  (void)(*call)((*parts)[0], mask_at(0), cache.get(), nullptr);
+  return [call, cache, parts, mask_at, P] {
+    cache->length = P;
+    for (size_t s = 1; s < parts->size(); ++s)
+      (void)(*call)((*parts)[s], mask_at(P + int64_t(s) - 1), cache.get(), nullptr);
+  };
+}
+
+std::vector<std::string> llm_component_names(const Problem& p) {
+  if (p.decode_steps == 0) return call_components(p, false);
+  std::vector<std::string> n;
+  for (const std::string& c : call_components(p, true)) n.push_back("prefill." + c);
+  for (int64_t s = 0; s < p.decode_steps; ++s)
+    for (const std::string& c : call_components(p, true)) n.push_back("step." + std::to_string(s) + "." + c);
+  n.push_back("output");
+  return n;
+}
+
+template Tensor<float> run_llm<float>(const Problem&, Observer<float>*);
+template Tensor<double> run_llm<double>(const Problem&, Observer<double>*);
+template std::function<void()> prepare_llm<float>(const Problem&);
+template std::function<void()> prepare_llm<double>(const Problem&);
+
+}  // namespace tparity

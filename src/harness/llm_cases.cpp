@@ -1,0 +1,142 @@
+// The LLM blocks' cases (harness/cases.hpp): weights as torch's nn.Linear initialises them, norm
+// weights drawn around transformers' 1 (so that a norm weight's semantics show), inputs N(0, 1),
+// every value rounded to float32.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "tparity/harness/cases.hpp"
+#include "tparity/harness/llm.hpp"
+#include "tparity/harness/rng.hpp"
+
+namespace tparity {
+
+std::vector<CaseSpec> llm_default_cases() {
+  CaseSpec llama;
+  llama.name = "llama", llama.module = ModuleKind::LlamaDecoderLayer;
+  llama.batch = 2, llama.seq = 9, llama.dim = 64, llama.heads = 4, llama.kv_heads = 2, llama.head_dim = 24;
+  llama.ffn = 172, llama.bias = false, llama.decode_steps = 2, llama.position_offset = 3, llama.seed = 16;
+  CaseSpec gpt2;
+  gpt2.name = "gpt2", gpt2.module = ModuleKind::GPT2Block;
+  gpt2.batch = 2, gpt2.seq = 10, gpt2.dim = 64, gpt2.heads = 4, gpt2.ffn = 256, gpt2.mask = MaskKind::Padding;
+  gpt2.seed = 17;
+  return {llama, gpt2};
+}
+
+std::string llm_describe(const CaseSpec& s) {
+  std::string d = module_name(s.module) + fmt::format(" B={} T={} hidden={} heads={}", s.batch, s.seq, s.dim, s.heads);
+  if (s.module != ModuleKind::GPT2Block) {
+    d += fmt::format(" kv_heads={} head_dim={}", s.kv_heads ? s.kv_heads : s.heads,
+                     s.head_dim ? s.head_dim : s.dim / s.heads);
+    d += fmt::format(" rope={}", rope_style_name(s.rope));
+    if (s.rotary_fraction != 1) d += fmt::format(" rotary={:g}", s.rotary_fraction);
+    if (s.bias) d += " attention_bias";
+  }
+  if (s.module != ModuleKind::LlamaAttention) d += fmt::format(" ffn={}", s.ffn);
+  d += s.mask == MaskKind::Padding ? " mask=causal+padding" : " mask=causal";
+  if (s.position_offset >= 0) d += fmt::format(" positions+{}", s.position_offset);
+  if (s.decode_steps) d += fmt::format(" decode={} steps", s.decode_steps);
+  return d;
+}
+
+namespace {
+
+DTensor uniform(Rng& rng, Shape shape, double bound) {
+  DTensor t{DType::Float64, shape, {}};
+  t.data.resize(size_t(numel(shape)));
+  for (double& x : t.data) x = round_to_float(rng.uniform(-bound, bound));
+  return t;
+}
+
+}  // namespace
+
+Problem make_llm_problem(const CaseSpec& s) {
+  auto fail = [&](const std::string& what) { throw InputError(fmt::format("case {}: {}", s.name, what)); };
+  if (s.batch < 1) fail(fmt::format("batch must be >= 1 (the LLM blocks take (B, T, hidden)), got {}", s.batch));
+  if (s.mask == MaskKind::Random) fail("mask random: the LLM blocks are causal; padding adds a key padding mask");
+  if (s.kv_seq && s.kv_seq != s.seq) fail("kv-seq does not apply to a decoder's self-attention");
+  Rng rng(s.seed);
+  Problem p;
+  p.name = s.name;
+  p.description = s.describe();
+  p.module = s.module;
+  p.decode_steps = s.decode_steps;
+  const int64_t B = s.batch, Tn = s.seq, C = s.dim;
+  auto linear = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+    const double bound = 1.0 / std::sqrt(double(in));  // nn.Linear's kaiming_uniform_(a=sqrt(5))
+    p.state_dict[name + ".weight"] = uniform(rng, {out, in}, bound);
+    if (bias) p.state_dict[name + ".bias"] = uniform(rng, {out}, bound);
+  };
+  auto around_one = [&](int64_t n) {
+    DTensor t = uniform(rng, {n}, 0.2);
+    for (double& x : t.data) x = round_to_float(1.0 + x);
+    return t;
+  };
+  if (s.module == ModuleKind::GPT2Block) {
+    if (s.dim % s.heads) fail(fmt::format("heads {} does not divide hidden {}", s.heads, s.dim));
+    Gpt2Config& c = p.gpt2;
+    c.hidden_size = C, c.num_heads = s.heads, c.inner_dim = s.ffn > 0 ? s.ffn : 4 * C;
+    c.max_position_embeddings = std::max<int64_t>(1024, Tn);
+    const int64_t F = c.inner_dim;
+    // Conv1D(nf, nx): weight (nx, nf), drawn as a Linear of fan_in nx would be
+    auto conv1d = [&](const std::string& name, int64_t in, int64_t out) {
+      const double bound = 1.0 / std::sqrt(double(in));
+      p.state_dict[name + ".weight"] = uniform(rng, {in, out}, bound);
+      p.state_dict[name + ".bias"] = uniform(rng, {out}, bound);
+    };
+    p.state_dict["ln_1.weight"] = around_one(C);
+    p.state_dict["ln_1.bias"] = uniform(rng, {C}, 0.2);
+    conv1d("attn.c_attn", C, 3 * C);
+    conv1d("attn.c_proj", C, C);
+    p.state_dict["ln_2.weight"] = around_one(C);
+    p.state_dict["ln_2.bias"] = uniform(rng, {C}, 0.2);
+    conv1d("mlp.c_fc", C, F);
+    conv1d("mlp.c_proj", F, C);
+  } else {
+    LlamaConfig& c = p.llama;
+    c.hidden_size = C, c.num_heads = s.heads, c.num_kv_heads = s.kv_heads ? s.kv_heads : s.heads;
+    if (!s.head_dim && s.dim % s.heads) fail(fmt::format("heads {} does not divide hidden {}", s.heads, s.dim));
+    c.head_dim = s.head_dim ? s.head_dim : s.dim / s.heads;
+    c.intermediate_size = s.ffn;
+    c.rope = s.rope, c.partial_rotary_factor = s.rotary_fraction, c.rope_theta = s.rope_theta;
+    c.attention_bias = s.bias;
+    c.max_position_embeddings = std::max<int64_t>(2048, std::max<int64_t>(s.position_offset, 0) + 5 * B + Tn);
+    if (c.num_heads % c.num_kv_heads) fail(fmt::format("kv_heads {} does not divide heads {}", c.num_kv_heads, c.num_heads));
+    const int64_t H = c.num_heads, K = c.num_kv_heads, D = c.head_dim;
+    const std::string pre = s.module == ModuleKind::LlamaDecoderLayer ? "self_attn." : "";
+    linear(pre + "q_proj", H * D, C, c.attention_bias);
+    linear(pre + "k_proj", K * D, C, c.attention_bias);
+    linear(pre + "v_proj", K * D, C, c.attention_bias);
+    linear(pre + "o_proj", C, H * D, c.attention_bias);
+    if (s.module == ModuleKind::LlamaDecoderLayer) {
+      if (s.ffn <= 0) fail(fmt::format("ffn (intermediate_size) must be positive, got {}", s.ffn));
+      linear("mlp.gate_proj", s.ffn, C, false);
+      linear("mlp.up_proj", s.ffn, C, false);
+      linear("mlp.down_proj", C, s.ffn, false);
+      p.state_dict["input_layernorm.weight"] = around_one(C);
+      p.state_dict["post_attention_layernorm.weight"] = around_one(C);
+    }
+  }
+  DTensor x{DType::Float64, {B, Tn, C}, {}};
+  x.data.resize(size_t(B * Tn * C));
+  for (double& v : x.data) v = round_to_float(rng.normal());
+  p.inputs["hidden_states"] = x;
+  if (s.position_offset >= 0) {
+    DTensor pos{DType::Int64, {B, Tn}, {}};
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tn; ++t) pos.data.push_back(double(s.position_offset + 5 * b + t));
+    p.inputs["position_ids"] = pos;
+  }
+  if (s.mask == MaskKind::Padding) {  // right padding: element b's last (b * 3 + 1) % ceil(T / 2) tokens
+    DTensor m{DType::Bool, {B, Tn}, std::vector<double>(size_t(B * Tn), 0.0)};
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t pad = (b * 3 + 1) % ((Tn + 1) / 2);
+      for (int64_t t = Tn - pad; t < Tn; ++t) m.data[size_t(b * Tn + t)] = 1.0;
+    }
+    p.inputs["key_padding_mask"] = m;
+  }
+  validate(p, "case " + s.name);
+  return p;
+}
+
+}  // namespace tparity

@@ -1,0 +1,171 @@
+// The LLM blocks' ops (core/llm.hpp) against hand-worked answers and long-double twins: RMSNorm,
+// rotary in both conventions and partial, repeat_kv's order, SwiGLU, Conv1D's layout, the fused GQA
+// path against the explicit one, and a decode session against the full causal forward.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "tparity/core/defects.hpp"
+#include "tparity/core/llm.hpp"
+#include "tparity/harness/rng.hpp"
+
+using namespace tparity;
+
+namespace {
+
+template <class T>
+Tensor<T> random_tensor(Shape s, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed);
+  Tensor<T> t(std::move(s));
+  for (T& x : t.data) x = T(scale * rng.uniform(-1, 1));
+  return t;
+}
+
+double rel_diff(const Tensor<double>& a, const Tensor<double>& b) {
+  long double num = 0, den = 0;
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    num += (long double)(a.data[i] - b.data[i]) * (a.data[i] - b.data[i]);
+    den += (long double)b.data[i] * b.data[i];
+  }
+  return double(std::sqrt(num / den));
+}
+
+}  // namespace
+
+TEST_CASE("llm: RMSNorm against hand-worked values / eps inside the root", "[llm]") {
+  // x = (3, 4): mean(x^2) = 12.5; eps 0.5 -> rsqrt(13); weight (1, 2)
+  const double x[2] = {3, 4}, w[2] = {1, 2};
+  double y[2];
+  rms_norm_forward(y, x, w, 0.5, 1, 2);
+  CHECK(y[0] == Approx(3 / std::sqrt(13.0)).epsilon(1e-15));
+  CHECK(y[1] == Approx(8 / std::sqrt(13.0)).epsilon(1e-15));
+  ScopedDefect d(Defect::RmsEpsOutside);  // 1 / (sqrt(12.5) + 0.5): another number
+  rms_norm_forward(y, x, w, 0.5, 1, 2);
+  CHECK(y[0] == Approx(3 / (std::sqrt(12.5) + 0.5)).epsilon(1e-15));
+}
+
+TEST_CASE("llm: rotary tables and both pair conventions, hand-worked", "[llm]") {
+  // r = 4, theta 10000: inv_freq (1, 1/100); position 2: angles (2, 0.02)
+  const int64_t pos = 2;
+  double c[2], s[2];
+  rope_tables(c, s, &pos, 1, 4, 10000.0);
+  CHECK(c[0] == std::cos(2.0));
+  CHECK(s[1] == Approx(std::sin(0.02)).epsilon(1e-15));
+  const long double a0 = 2.0L, a1 = 0.02L;
+  SECTION("half: pairs (i, i + r/2), rotate_half") {
+    double x[4] = {1, 2, 3, 4};
+    rotary_forward(x, c, s, 1, 1, 1, 4, 4, RopeStyle::HalfSplit);
+    CHECK(x[0] == Approx(double(1 * std::cos(a0) - 3 * std::sin(a0))).epsilon(1e-14));
+    CHECK(x[2] == Approx(double(3 * std::cos(a0) + 1 * std::sin(a0))).epsilon(1e-14));
+    CHECK(x[1] == Approx(double(2 * std::cos(a1) - 4 * std::sin(a1))).epsilon(1e-14));
+    CHECK(x[3] == Approx(double(4 * std::cos(a1) + 2 * std::sin(a1))).epsilon(1e-14));
+  }
+  SECTION("interleaved: pairs (2i, 2i + 1), rotate_every_two") {
+    double x[4] = {1, 2, 3, 4};
+    rotary_forward(x, c, s, 1, 1, 1, 4, 4, RopeStyle::Interleaved);
+    CHECK(x[0] == Approx(double(1 * std::cos(a0) - 2 * std::sin(a0))).epsilon(1e-14));
+    CHECK(x[1] == Approx(double(2 * std::cos(a0) + 1 * std::sin(a0))).epsilon(1e-14));
+    CHECK(x[2] == Approx(double(3 * std::cos(a1) - 4 * std::sin(a1))).epsilon(1e-14));
+    CHECK(x[3] == Approx(double(4 * std::cos(a1) + 3 * std::sin(a1))).epsilon(1e-14));
+  }
+  SECTION("partial: only the first r dims rotate (GPT-NeoX rotary_pct, GPT-J rotary_dim)") {
+    double cc[1], ss[1];
+    rope_tables(cc, ss, &pos, 1, 2, 10000.0);  // r = 2: one pair, angle 2
+    double x[6] = {1, 2, 3, 4, 5, 6};
+    rotary_forward(x, cc, ss, 1, 1, 1, 6, 2, RopeStyle::HalfSplit);
+    CHECK(x[0] == Approx(double(1 * std::cos(a0) - 2 * std::sin(a0))).epsilon(1e-14));
+    CHECK(x[1] == Approx(double(2 * std::cos(a0) + 1 * std::sin(a0))).epsilon(1e-14));
+    for (int i = 2; i < 6; ++i) CHECK(x[i] == double(i + 1));
+  }
+}
+
+TEST_CASE("llm: repeat_kv's blocks: query head h reads kv head h / (H / Hkv)", "[llm]") {
+  // H = 4 query heads over Hkv = 2; one key; v of kv head 0 is all 0, of kv head 1 all 1: the
+  // context of query heads 0, 1 must be 0 and of 2, 3 must be 1 (interleaved would give 0, 1, 0, 1).
+  const int64_t B = 1, H = 4, K = 2, D = 3;
+  KvCache<double> cache = make_cache<double>(B, K, 4, D);
+  for (int64_t d = 0; d < D; ++d) cache.v.data[size_t(1 * 4 * D + d)] = 1.0;
+  cache.length = 1;
+  Tensor<double> q = random_tensor<double>({B, H, 1, D}, 1);
+  DecoderMask m;
+  for (bool fused : {false, true}) {
+    struct Null final : Observer<double> {
+      void on(const std::string&, Tensor<double>&) override {}
+    } null;
+    const Tensor<double> ctx = cached_attention(q, cache, H / K, 0.5, m, fused ? nullptr : &null);
+    CAPTURE(fused);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d) CHECK(ctx.data[size_t(h * D + d)] == (h < 2 ? 0.0 : 1.0));
+  }
+}
+
+TEST_CASE("llm: Conv1D reads its (in, out) weight", "[llm]") {
+  // x (1, 2) = (1, 2); W (2, 3) = [[1, 2, 3], [4, 5, 6]]; b = (0.5, 0, 0): y = x W + b = (9.5, 12, 15)
+  const float x[2] = {1, 2}, W[6] = {1, 2, 3, 4, 5, 6}, b[3] = {0.5f, 0, 0};
+  float y[3];
+  conv1d_forward(y, x, W, b, 1, 2, 3);
+  CHECK(y[0] == 9.5f);
+  CHECK(y[1] == 12.0f);
+  CHECK(y[2] == 15.0f);
+}
+
+TEST_CASE("llm: a one-dim LlamaDecoderLayer worked by hand (RMSNorm, attention of one key, SwiGLU)", "[llm]") {
+  // hidden 1, one head of dim 1, no rotary dims: h = x / |x| = 1 for x = 2; attention over one key
+  // gives v; x1 = x + wo wv; h2 = 1; SwiGLU: wd silu(wg) wu; out = x1 + that.
+  LlamaConfig c;
+  c.hidden_size = 1, c.num_heads = 1, c.num_kv_heads = 1, c.head_dim = 1, c.intermediate_size = 1;
+  c.rms_norm_eps = 0, c.partial_rotary_factor = 0;
+  LlamaLayerWeights<double> w;
+  auto one = [](double v) { return Tensor<double>({1, 1}, std::vector<double>{v}); };
+  w.self_attn.q_proj_weight = one(0.3), w.self_attn.k_proj_weight = one(0.7), w.self_attn.v_proj_weight = one(0.5);
+  w.self_attn.o_proj_weight = one(2.0);
+  w.input_layernorm = Tensor<double>({1}, std::vector<double>{1.0});
+  w.post_attention_layernorm = Tensor<double>({1}, std::vector<double>{1.0});
+  w.gate_proj_weight = one(1.5), w.up_proj_weight = one(-0.25), w.down_proj_weight = one(3.0);
+  const Tensor<double> x({1, 1, 1}, std::vector<double>{2.0});
+  const double x1 = 2.0 + 2.0 * 0.5;
+  const double silu = 1.5 / (1 + std::exp(-1.5));
+  CHECK(llama_layer_forward(c, w, x, DecoderMask{}).data[0] == Approx(x1 + 3.0 * silu * -0.25).epsilon(1e-15));
+  ScopedDefect d(Defect::GateUpSwapped);  // silu(up) * gate
+  const double swapped = -0.25 / (1 + std::exp(0.25)) * 1.5;
+  CHECK(llama_layer_forward(c, w, x, DecoderMask{}).data[0] == Approx(x1 + 3.0 * swapped).epsilon(1e-15));
+}
+
+TEST_CASE("llm: a decode session gives the full causal forward's rows / the fused GQA path the explicit one's",
+          "[llm]") {
+  LlamaConfig c;
+  c.hidden_size = 16, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 8, c.intermediate_size = 24;
+  c.partial_rotary_factor = 0.5;  // 4 of 8 dims rotate
+  LlamaLayerWeights<double> w;
+  uint64_t seed = 10;
+  auto lin = [&](int64_t out, int64_t in) { return random_tensor<double>({out, in}, seed++, 1 / std::sqrt(double(in))); };
+  w.self_attn.q_proj_weight = lin(32, 16), w.self_attn.k_proj_weight = lin(16, 16);
+  w.self_attn.v_proj_weight = lin(16, 16), w.self_attn.o_proj_weight = lin(16, 32);
+  w.gate_proj_weight = lin(24, 16), w.up_proj_weight = lin(24, 16), w.down_proj_weight = lin(16, 24);
+  w.input_layernorm = Tensor<double>({16}, 1.0), w.post_attention_layernorm = Tensor<double>({16}, 1.1);
+  const int64_t B = 2, Tn = 11, P = 6;
+  const Tensor<double> x = random_tensor<double>({B, Tn, 16}, 99);
+  std::vector<int64_t> pos;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tn; ++t) pos.push_back(7 * b + t);
+  DecoderMask m;
+  m.positions = pos.data(), m.positions_stride = Tn;
+  const Tensor<double> full = llama_layer_forward(c, w, x, m);  // fused path: no observer
+  KvCache<double> cache = make_cache<double>(B, 2, Tn, 8);
+  auto layer = [&](const Tensor<double>& part, const DecoderMask& mm, KvCache<double>& kv, Observer<double>* o) {
+    return llama_layer_forward(c, w, part, mm, &kv, o);
+  };
+  const Tensor<double> session = decode_session(layer, x, P, m, cache, static_cast<Observer<double>*>(nullptr));
+  CHECK(rel_diff(session, full) < 1e-14);
+  CHECK(cache.length == Tn);
+  struct Null final : Observer<double> {
+    void on(const std::string&, Tensor<double>&) override {}
+  } null;
+  const Tensor<double> explicit_path = llama_layer_forward(c, w, x, m, static_cast<KvCache<double>*>(nullptr), &null);
+  CHECK(rel_diff(full, explicit_path) < 1e-14);
+  // and the defect that rotates decode steps one position late breaks the session, not the prefill
+  ScopedDefect d(Defect::RopeDecodeOffset);
+  KvCache<double> cache2 = make_cache<double>(B, 2, Tn, 8);
+  const Tensor<double> off = decode_session(layer, x, P, m, cache2, static_cast<Observer<double>*>(nullptr));
+  CHECK(rel_diff(off, full) > 1e-6);
+}
