@@ -137,7 +137,8 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
       {[](nlohmann::json& j) { j["module"] = "Transformer"; },
        "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
        "\"TransformerDecoderLayer\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", "
-       "\"MultiHeadAttentionWrapper\", \"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", \"GPT2Block\", got \"Transformer\""},
+       "\"MultiHeadAttentionWrapper\", \"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", "
+       "\"GPT2Block\", got \"Transformer\""},
       {[](nlohmann::json& j) { j.erase("state_dict"); }, "bad.json: state_dict: missing"},
       {[](nlohmann::json& j) { j["state_dict"].erase("out_proj.weight"); },
        "bad.json: state_dict.out_proj.weight: missing (expected shape [16, 16])"},
@@ -157,7 +158,8 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
       {[](nlohmann::json& j) { j["module"] = "ViT"; },
        "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
        "\"TransformerDecoderLayer\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", "
-       "\"MultiHeadAttentionWrapper\", \"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", \"GPT2Block\", got \"ViT\""},
+       "\"MultiHeadAttentionWrapper\", \"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", "
+       "\"GPT2Block\", got \"ViT\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = "abc"; },
        "bad.json: state_dict.out_proj.bias.data[3]: expected a number or \"inf\", \"-inf\", \"nan\", got \"abc\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = nullptr; },

@@ -138,7 +138,9 @@ TEST_CASE("llm: a decode session gives the full causal forward's rows / the fuse
   c.partial_rotary_factor = 0.5;  // 4 of 8 dims rotate
   LlamaLayerWeights<double> w;
   uint64_t seed = 10;
-  auto lin = [&](int64_t out, int64_t in) { return random_tensor<double>({out, in}, seed++, 1 / std::sqrt(double(in))); };
+  auto lin = [&](int64_t out, int64_t in) {
+    return random_tensor<double>({out, in}, seed++, 1 / std::sqrt(double(in)));
+  };
   w.self_attn.q_proj_weight = lin(32, 16), w.self_attn.k_proj_weight = lin(16, 16);
   w.self_attn.v_proj_weight = lin(16, 16), w.self_attn.o_proj_weight = lin(16, 32);
   w.gate_proj_weight = lin(24, 16), w.up_proj_weight = lin(24, 16), w.down_proj_weight = lin(16, 24);

@@ -172,12 +172,24 @@ TEST_CASE("parity: the default cases pass / with the reference verified against 
     // q k v scores attn_weights [attn_weights_avg] context output; the block: 7 attention + 4 more.
     // embed: embedding, pos_encoding, 6 layers x 11, output = 69. vit: patches, pos_encoding, 2 x 11,
     // one hidden head width x (linear, bn, act), output = 28. layernorm: mean, rstd, output.
-    const std::map<std::string, size_t> expected{{"single", 8},    {"batched", 8},     {"multihead", 8}, {"block", 11},
-                                                 {"sdpa", 3},      {"encoder", 35},    {"decoder", 19},  {"embed", 69},
-                                                 {"vit", 28},      {"matmul", 1},      {"bmm", 1},       {"softmax", 1},
-                                                 {"layernorm", 3}, {"selfattn_v1", 6}, {"book_mha", 7},
+    const std::map<std::string, size_t> expected{{"single", 8},
+                                                 {"batched", 8},
+                                                 {"multihead", 8},
+                                                 {"block", 11},
+                                                 {"sdpa", 3},
+                                                 {"encoder", 35},
+                                                 {"decoder", 19},
+                                                 {"embed", 69},
+                                                 {"vit", 28},
+                                                 {"matmul", 1},
+                                                 {"bmm", 1},
+                                                 {"softmax", 1},
+                                                 {"layernorm", 3},
+                                                 {"selfattn_v1", 6},
+                                                 {"book_mha", 7},
                                                  // llama: 19 per call (prefill and two decode steps), then output
-                                                 {"llama", 58}, {"gpt2", 14}};
+                                                 {"llama", 58},
+                                                 {"gpt2", 14}};
     CHECK(r.components.size() == expected.at(s.name));
     // Each precision's reference is verified against what LibTorch runs for real: its modules bit for
     // bit, or for matmul at::bmm over the broadcast operands (bit for bit, or within the bound of

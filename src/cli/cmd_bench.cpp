@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "common.hpp"
-#include "tparity/compare/report.hpp"
 #include "tparity/api.hpp"
+#include "tparity/compare/report.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
 #include "tparity/torch/reference.hpp"
@@ -36,8 +36,8 @@ namespace {
 struct BenchCase {
   std::string name;
   CaseSpec spec;
-  int threads;         // the hand core's threads, and LibTorch's
-  std::string target;  // what the project aims at (informative: a benchmark asserts nothing)
+  int threads;                // the hand core's threads, and LibTorch's
+  std::string target;         // what the project aims at (informative: a benchmark asserts nothing)
   bool memory_bound = false;  // reported against the measured memory bandwidth (bytes moved / time)
 };
 
@@ -471,11 +471,12 @@ int bench(const BenchOptions& o) {
   }
   for (const Result& r : results)
     if (r.c.memory_bound)
-      fmt::print("{}: {:.2f} GB moved per call (the weights once, the cache's k and v): hand {:.1f} GB/s = {:.0f}% "
-                 "of the measured bandwidth, LibTorch {:.1f} GB/s = {:.0f}%\n",
-                 r.c.name, bytes_moved(r.c.spec) / 1e9, r.hand_bytes_s / 1e9,
-                 bandwidth > 0 ? 100 * r.hand_bytes_s / bandwidth : 0.0, r.torch_bytes_s / 1e9,
-                 bandwidth > 0 ? 100 * r.torch_bytes_s / bandwidth : 0.0);
+      fmt::print(
+          "{}: {:.2f} GB moved per call (the weights once, the cache's k and v): hand {:.1f} GB/s = {:.0f}% "
+          "of the measured bandwidth, LibTorch {:.1f} GB/s = {:.0f}%\n",
+          r.c.name, bytes_moved(r.c.spec) / 1e9, r.hand_bytes_s / 1e9,
+          bandwidth > 0 ? 100 * r.hand_bytes_s / bandwidth : 0.0, r.torch_bytes_s / 1e9,
+          bandwidth > 0 ? 100 * r.torch_bytes_s / bandwidth : 0.0);
   for (const Result& r : results) {
     const double s = scaling(r);
     fmt::print("target {}: {}{}\n", r.c.name, r.c.target,

@@ -49,7 +49,8 @@ __attribute__((target("avx512f,fma"))) void rows_avx512(float* y, const float* W
   }
   for (; n < N; ++n) {
     __m512 a = _mm512_setzero_ps();
-    for (int64_t k = 0; k < full; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(W + n * K + k), _mm512_loadu_ps(x + k), a);
+    for (int64_t k = 0; k < full; k += 16)
+      a = _mm512_fmadd_ps(_mm512_loadu_ps(W + n * K + k), _mm512_loadu_ps(x + k), a);
     if (tail)
       a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, W + n * K + full), _mm512_maskz_loadu_ps(tail, x + full), a);
     y[n] = _mm512_reduce_add_ps(a);

@@ -57,7 +57,8 @@ Tensor<T> merge_heads(const T* x, int64_t B, int64_t H, int64_t L, int64_t D) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < L; ++i)
-        std::copy(x + ((b * H + h) * L + i) * D, x + ((b * H + h) * L + i + 1) * D, out.ptr() + (b * L + i) * H * D + h * D);
+        std::copy(x + ((b * H + h) * L + i) * D, x + ((b * H + h) * L + i + 1) * D,
+                  out.ptr() + (b * L + i) * H * D + h * D);
   return out;
 }
 
@@ -66,7 +67,8 @@ template <class T>
 Tensor<T> cache_view(const Tensor<T>& c, int64_t length) {
   const int64_t B = c.size(0), H = c.size(1), cap = c.size(2), D = c.size(3);
   Tensor<T> out({B, H, length, D});
-  for (int64_t g = 0; g < B * H; ++g) std::copy(c.ptr() + g * cap * D, c.ptr() + (g * cap + length) * D, out.ptr() + g * length * D);
+  for (int64_t g = 0; g < B * H; ++g)
+    std::copy(c.ptr() + g * cap * D, c.ptr() + (g * cap + length) * D, out.ptr() + g * length * D);
   return out;
 }
 template <class T>
@@ -276,8 +278,7 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
         bool any = false;
         for (int64_t j = 0; j < S && !any; ++j) any = visible(b, i, j);
         if (!any)
-          for (int64_t h = 0; h < H; ++h)
-            std::fill_n(weights.ptr() + ((b * H + h) * L + i) * S, S, T(1) / T(S));
+          for (int64_t h = 0; h < H; ++h) std::fill_n(weights.ptr() + ((b * H + h) * L + i) * S, S, T(1) / T(S));
       }
   if (obs) obs->on("attn_weights", weights);
   for (int64_t b = 0; b < B; ++b)
@@ -319,8 +320,8 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
   const bool off_by_one = past > 0 && injected_defect() == Defect::RopeDecodeOffset;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tn; ++t) {
-      const int64_t p = mask.positions ? mask.positions[b * (mask.positions_stride ? mask.positions_stride : Tn) + t]
-                                       : past + t;
+      const int64_t p =
+          mask.positions ? mask.positions[b * (mask.positions_stride ? mask.positions_stride : Tn) + t] : past + t;
       if (p < 0 || p >= c.max_position_embeddings)
         throw ShapeError("position_ids: expected positions in [0, max_position_embeddings = " +
                          std::to_string(c.max_position_embeddings) + "), got " + std::to_string(p));
@@ -395,8 +396,8 @@ Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& 
 }
 
 template <class T>
-Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const Tensor<T>& x,
-                             const DecoderMask& mask, KvCache<T>* cache, Observer<T>* obs) {
+Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const Tensor<T>& x, const DecoderMask& mask,
+                             KvCache<T>* cache, Observer<T>* obs) {
   // x is (B, T, hidden); output will be (B, T, hidden)
   const int64_t C = c.hidden_size, H = c.num_heads, D = C / H, F = c.inner_dim;
   if (x.dim() != 3 || x.size(2) != C)
@@ -453,21 +454,21 @@ Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const
   return out;
 }
 
-#define TPARITY_INSTANTIATE(T)                                                                                      \
-  template void rms_norm_forward<T>(T*, const T*, const T*, T, int64_t, int64_t);                                   \
-  template void rope_tables<T>(T*, T*, const int64_t*, int64_t, int64_t, double);                                   \
-  template void rotary_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, RopeStyle);  \
-  template void gelu_new_forward<T>(T*, const T*, int64_t);                                                         \
-  template void llm_linear<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                         \
-  template void conv1d_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                     \
-  template KvCache<T> make_cache<T>(int64_t, int64_t, int64_t, int64_t);                                            \
-  template Tensor<T> cached_attention<T>(const Tensor<T>&, const KvCache<T>&, int64_t, T, const DecoderMask&,       \
-                                         Observer<T>*);                                                             \
-  template Tensor<T> llama_attention_forward<T>(const LlamaConfig&, const LlamaAttentionWeights<T>&,                \
-                                                const Tensor<T>&, const DecoderMask&, KvCache<T>*, Observer<T>*);   \
-  template Tensor<T> llama_layer_forward<T>(const LlamaConfig&, const LlamaLayerWeights<T>&, const Tensor<T>&,      \
-                                            const DecoderMask&, KvCache<T>*, Observer<T>*);                         \
-  template Tensor<T> gpt2_block_forward<T>(const Gpt2Config&, const Gpt2Weights<T>&, const Tensor<T>&,              \
+#define TPARITY_INSTANTIATE(T)                                                                                         \
+  template void rms_norm_forward<T>(T*, const T*, const T*, T, int64_t, int64_t);                                      \
+  template void rope_tables<T>(T*, T*, const int64_t*, int64_t, int64_t, double);                                      \
+  template void rotary_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, RopeStyle);     \
+  template void gelu_new_forward<T>(T*, const T*, int64_t);                                                            \
+  template void llm_linear<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                            \
+  template void conv1d_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                        \
+  template KvCache<T> make_cache<T>(int64_t, int64_t, int64_t, int64_t);                                               \
+  template Tensor<T> cached_attention<T>(const Tensor<T>&, const KvCache<T>&, int64_t, T, const DecoderMask&,          \
+                                         Observer<T>*);                                                                \
+  template Tensor<T> llama_attention_forward<T>(const LlamaConfig&, const LlamaAttentionWeights<T>&, const Tensor<T>&, \
+                                                const DecoderMask&, KvCache<T>*, Observer<T>*);                        \
+  template Tensor<T> llama_layer_forward<T>(const LlamaConfig&, const LlamaLayerWeights<T>&, const Tensor<T>&,         \
+                                            const DecoderMask&, KvCache<T>*, Observer<T>*);                            \
+  template Tensor<T> gpt2_block_forward<T>(const Gpt2Config&, const Gpt2Weights<T>&, const Tensor<T>&,                 \
                                            const DecoderMask&, KvCache<T>*, Observer<T>*);
 TPARITY_INSTANTIATE(float)
 TPARITY_INSTANTIATE(double)

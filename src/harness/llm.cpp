@@ -16,7 +16,8 @@ bool llm_module(ModuleKind m) {
 
 namespace {
 
-void llama_attention_state(const LlamaConfig& c, const std::string& pre, std::vector<std::pair<std::string, Shape>>& out) {
+void llama_attention_state(const LlamaConfig& c, const std::string& pre,
+                           std::vector<std::pair<std::string, Shape>>& out) {
   const int64_t C = c.hidden_size, H = c.num_heads, K = c.num_kv_heads, D = c.head_dim;
   // nn.Module registration order: q_proj, k_proj, v_proj, o_proj (weight, then bias)
   const std::pair<const char*, Shape> projs[] = {
@@ -51,12 +52,18 @@ void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>
     case ModuleKind::GPT2Block: {
       const int64_t C = p.gpt2.hidden_size, F = p.gpt2.inner_dim;
       // GPT2Block's order: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj; Conv1D (in, out)
-      const std::pair<const char*, Shape> w[] = {{"ln_1.weight", {C}},          {"ln_1.bias", {C}},
-                                                 {"attn.c_attn.weight", {C, 3 * C}}, {"attn.c_attn.bias", {3 * C}},
-                                                 {"attn.c_proj.weight", {C, C}},     {"attn.c_proj.bias", {C}},
-                                                 {"ln_2.weight", {C}},               {"ln_2.bias", {C}},
-                                                 {"mlp.c_fc.weight", {C, F}},        {"mlp.c_fc.bias", {F}},
-                                                 {"mlp.c_proj.weight", {F, C}},      {"mlp.c_proj.bias", {C}}};
+      const std::pair<const char*, Shape> w[] = {{"ln_1.weight", {C}},
+                                                 {"ln_1.bias", {C}},
+                                                 {"attn.c_attn.weight", {C, 3 * C}},
+                                                 {"attn.c_attn.bias", {3 * C}},
+                                                 {"attn.c_proj.weight", {C, C}},
+                                                 {"attn.c_proj.bias", {C}},
+                                                 {"ln_2.weight", {C}},
+                                                 {"ln_2.bias", {C}},
+                                                 {"mlp.c_fc.weight", {C, F}},
+                                                 {"mlp.c_fc.bias", {F}},
+                                                 {"mlp.c_proj.weight", {F, C}},
+                                                 {"mlp.c_proj.bias", {C}}};
       for (const auto& [name, shape] : w) out.push_back({name, shape});
       break;
     }
@@ -81,9 +88,10 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
   };
   if (p.decode_steps < 0) fail(fmt::format("config.decode_steps: expected 0 or more, got {}", p.decode_steps));
   if (const DTensor* x = p.input("hidden_states"); x && x->shape.size() == 3 && p.decode_steps >= x->shape[1])
-    fail(fmt::format("config.decode_steps: expected fewer than the {} tokens of hidden_states (the prefill needs "
-                     "one at least), got {}",
-                     x->shape[1], p.decode_steps));
+    fail(
+        fmt::format("config.decode_steps: expected fewer than the {} tokens of hidden_states (the prefill needs "
+                    "one at least), got {}",
+                    x->shape[1], p.decode_steps));
   if (p.module == ModuleKind::GPT2Block) {
     const Gpt2Config& c = p.gpt2;
     positive("hidden_size", c.hidden_size);
@@ -105,7 +113,8 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
   positive("max_position_embeddings", c.max_position_embeddings);
   if (p.module == ModuleKind::LlamaDecoderLayer) {
     positive("intermediate_size", c.intermediate_size);
-    if (!(c.rms_norm_eps > 0)) fail(fmt::format("config.rms_norm_eps: expected a positive number, got {}", c.rms_norm_eps));
+    if (!(c.rms_norm_eps > 0))
+      fail(fmt::format("config.rms_norm_eps: expected a positive number, got {}", c.rms_norm_eps));
   }
   if (c.num_heads % c.num_kv_heads)
     fail(fmt::format("config.num_key_value_heads: expected a divisor of num_attention_heads {}, got {}", c.num_heads,
@@ -209,7 +218,8 @@ void read_llm_config(const nlohmann::json& j, Problem& p,
     if (v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t(1) << 31))
       fail(field(k), fmt::format("expected an integer <= {}, got {}", int64_t(1) << 31, v->get<uint64_t>()));
     const int64_t x = v->get<int64_t>();
-    if (x < lo || x > (int64_t(1) << 31)) fail(field(k), fmt::format("expected an integer in [{}, 2^31], got {}", lo, x));
+    if (x < lo || x > (int64_t(1) << 31))
+      fail(field(k), fmt::format("expected an integer in [{}, 2^31], got {}", lo, x));
     out = x;
   };
   auto number = [&](const char* k, double& out) {
@@ -337,7 +347,8 @@ LlmInputs<T> llm_inputs_of(const Problem& p) {
   LlmInputs<T> in;
   const DTensor* x = p.input("hidden_states");
   if (!x) throw ShapeError("hidden_states: missing");
-  if (x->shape.size() != 3) throw ShapeError("hidden_states: expected (B, T, hidden), got shape " + to_string(x->shape));
+  if (x->shape.size() != 3)
+    throw ShapeError("hidden_states: expected (B, T, hidden), got shape " + to_string(x->shape));
   in.x = to_tensor<T>(*x);
   const Shape bt{x->shape[0], x->shape[1]};
   if (const DTensor* pos = p.input("position_ids")) {
@@ -433,7 +444,8 @@ std::function<void()> prepare_llm(const Problem& p) {
   auto prob = std::make_shared<Problem>(p);
   prob->state_dict.clear();  // the weights live in call, converted once
   prob->inputs.clear();
-  if (p.decode_steps == 0) return [prob, call, in] { (void)run_with(*prob, *call, *in, static_cast<Observer<T>*>(nullptr)); };
+  if (p.decode_steps == 0)
+    return [prob, call, in] { (void)run_with(*prob, *call, *in, static_cast<Observer<T>*>(nullptr)); };
   // A decode session times its steps alone: the prefill runs once here, each timed call rewinds the
   // cache to it and runs the steps (their k and v overwrite the previous call's).
   const int64_t B = in->x.size(0), Tn = in->x.size(1), C = in->x.size(2), P = Tn - p.decode_steps;

@@ -101,7 +101,8 @@ Problem make_llm_problem(const CaseSpec& s) {
     c.rope = s.rope, c.partial_rotary_factor = s.rotary_fraction, c.rope_theta = s.rope_theta;
     c.attention_bias = s.bias;
     c.max_position_embeddings = std::max<int64_t>(2048, std::max<int64_t>(s.position_offset, 0) + 5 * B + Tn);
-    if (c.num_heads % c.num_kv_heads) fail(fmt::format("kv_heads {} does not divide heads {}", c.num_kv_heads, c.num_heads));
+    if (c.num_heads % c.num_kv_heads)
+      fail(fmt::format("kv_heads {} does not divide heads {}", c.num_kv_heads, c.num_heads));
     const int64_t H = c.num_heads, K = c.num_kv_heads, D = c.head_dim;
     const std::string pre = s.module == ModuleKind::LlamaDecoderLayer ? "self_attn." : "";
     linear(pre + "q_proj", H * D, C, c.attention_bias);

@@ -5,11 +5,12 @@
 // (transformers' own float64 module computes its RMSNorm, rotary angles and softmax in float32);
 // the float32 run is transformers' float32 (its casts are no-ops there). No LibTorch module exists
 // for these: Hugging Face's fixtures verify the decomposition (libtorch64_vs_torch64).
+#include "tparity/harness/llm.hpp"
+
 #include <cmath>
 #include <limits>
 
 #include "internal.hpp"
-#include "tparity/harness/llm.hpp"
 
 namespace tparity::torch_ref {
 
@@ -73,8 +74,8 @@ TT additive_mask(const TT& padding, int64_t B, int64_t L, int64_t S, bool causal
     masked = masked | at::ones({L, S}, ob).triu(past + 1).view({1, 1, L, S});
   }
   if (padding.defined()) masked = masked | padding.slice(1, 0, S).view({B, 1, 1, S});
-  const double lowest = st == at::kFloat ? double(std::numeric_limits<float>::lowest())
-                                          : std::numeric_limits<double>::lowest();
+  const double lowest =
+      st == at::kFloat ? double(std::numeric_limits<float>::lowest()) : std::numeric_limits<double>::lowest();
   return at::zeros({B, 1, L, S}, at::TensorOptions().dtype(st)).masked_fill(masked, lowest);
 }
 
@@ -114,7 +115,8 @@ struct Call {
   }
 
   // LlamaAttention.forward on x (B, T, C), tokens t0.. of the session.
-  TT llama_attention(const TT& x, int64_t t0, const std::string& pre, Cache& cache, bool observe, const Sink& sink) const {
+  TT llama_attention(const TT& x, int64_t t0, const std::string& pre, Cache& cache, bool observe,
+                     const Sink& sink) const {
     const LlamaConfig& c = p.llama;
     const int64_t B = x.size(0), Tn = x.size(1), D = c.head_dim, r = c.rotary_dim();
     auto proj = [&](const char* name) {

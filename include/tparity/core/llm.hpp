@@ -196,8 +196,8 @@ Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& 
 // Components: ln_1, attn.q, attn.k, attn.v (B, H, T, D), attn.scores, attn.attn_weights, attn.context,
 // attn.output (c_proj), attn_residual, ln_2, mlp.fc (c_fc), mlp.act (gelu_new), mlp.proj, output.
 template <class T>
-Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const Tensor<T>& x,
-                             const DecoderMask& mask, KvCache<T>* cache = nullptr, Observer<T>* obs = nullptr);
+Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const Tensor<T>& x, const DecoderMask& mask,
+                             KvCache<T>* cache = nullptr, Observer<T>* obs = nullptr);
 
 // A decode session: prefill the first P tokens of x in one call, then the D = T - P others one token
 // a call, each call appending its k and v to the cache (what generate() does with transformers'

@@ -25,10 +25,9 @@
 #pragma once
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tparity/harness/components.hpp"
 #include "tparity/harness/problem.hpp"
