@@ -136,9 +136,9 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
       {[](nlohmann::json& j) { j["version"] = 3; }, "bad.json: version: expected 1 or 2, got 3"},
       {[](nlohmann::json& j) { j["module"] = "Transformer"; },
        "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
-       "\"TransformerDecoderLayer\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", "
-       "\"MultiHeadAttentionWrapper\", \"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", "
-       "\"GPT2Block\", got \"Transformer\""},
+       "\"TransformerDecoderLayer\", \"ScaledDotProductAttention\", \"TokenEncoder\", \"ViT\", \"Matmul\", \"Softmax\", "
+       "\"LayerNorm\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", \"MultiHeadAttentionWrapper\", "
+       "\"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", \"GPT2Block\", got \"Transformer\""},
       {[](nlohmann::json& j) { j.erase("state_dict"); }, "bad.json: state_dict: missing"},
       {[](nlohmann::json& j) { j["state_dict"].erase("out_proj.weight"); },
        "bad.json: state_dict.out_proj.weight: missing (expected shape [16, 16])"},
@@ -155,11 +155,16 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
        "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"float16\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["dtype"] = "int64"; },
        "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"int64\""},
+      // A problem file (version 2) holds any module; version 1, torch.nn's four.
       {[](nlohmann::json& j) { j["module"] = "ViT"; },
-       "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
-       "\"TransformerDecoderLayer\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", "
-       "\"MultiHeadAttentionWrapper\", \"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", "
-       "\"GPT2Block\", got \"ViT\""},
+       "bad.json: config.add_bias_kv: unexpected field (expected one of: activation, bn_eps, channels, d_model"},
+      {[](nlohmann::json& j) {
+         j["module"] = "ViT";
+         j["version"] = 1;
+         j.erase("reference");
+       },
+       "bad.json: module: \"ViT\" needs fixture format version 2 (version 1 knows \"MultiheadAttention\", "
+       "\"TransformerEncoderLayer\", \"TransformerEncoder\", \"TransformerDecoderLayer\")"},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = "abc"; },
        "bad.json: state_dict.out_proj.bias.data[3]: expected a number or \"inf\", \"-inf\", \"nan\", got \"abc\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["data"][3] = nullptr; },

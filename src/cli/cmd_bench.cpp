@@ -7,7 +7,15 @@
 #include <unistd.h>
 
 #if defined(__x86_64__)
+// GCC 12's _mm512_reduce_add_ps uses the header's own undefined values (GCC bug 105593; as in
+// src/core/simd_avx512.hpp): the warning is about the header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 #include <algorithm>

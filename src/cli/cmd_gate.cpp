@@ -8,6 +8,7 @@
 #include <map>
 
 #include "common.hpp"
+#include "gating.hpp"
 #include "tparity/compare/baseline.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/eval/evaluate.hpp"
@@ -29,17 +30,6 @@ struct GateOptions {
   double factor = 2.0;
 };
 
-// A report and how to re-run only it.
-struct Gated {
-  CaseReport report;
-  std::string seed;  // "4", or "none (fixture data)"
-  std::string rerun;
-  // A fixture's comparison with LibTorch's decomposition exists only under references whose
-  // semantics are the fixture's where it exercises a difference (evaluate.hpp): a baseline recorded
-  // under the other version has no entries for it, and that is not a failure.
-  bool entries_optional = false;
-};
-
 // The fixtures under dir, its subdirectories included (one per torch version that exported a set):
 // every .json file but the baseline itself (and any other baseline*.json).
 std::vector<std::string> fixture_files(const std::string& dir, const std::string& baseline) {
@@ -53,62 +43,6 @@ std::vector<std::string> fixture_files(const std::string& dir, const std::string
   }
   std::sort(files.begin(), files.end());
   return files;
-}
-
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  return out;
-}
-
-// JUnit XML: one testcase per case and component (plus one per case for failures that name no
-// component), failures carrying their one-line message.
-void write_junit(const std::string& path, const std::vector<Gated>& gated,
-                 const std::map<std::string, std::vector<std::string>>& failures_by_test, const ReferenceInfo& ref) {
-  std::string cases;
-  size_t tests = 0, failed = 0;
-  auto testcase = [&](const std::string& cls, const std::string& name) {
-    ++tests;
-    cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\"", xml_escape(cls), xml_escape(name));
-    auto it = failures_by_test.find(cls + "\n" + name);
-    if (it == failures_by_test.end()) {
-      cases += "/>\n";
-      return;
-    }
-    ++failed;
-    std::string all;
-    for (const std::string& f : it->second) all += f + "\n";
-    cases += fmt::format(">\n      <failure message=\"{}\">{}</failure>\n    </testcase>\n",
-                         xml_escape(it->second.front()), xml_escape(all));
-  };
-  for (const Gated& g : gated) {
-    const std::string cls = "tparity." + g.report.name;
-    if (failures_by_test.count(cls + "\n(case)")) testcase(cls, "(case)");
-    for (const ComponentReport& c : g.report.components) testcase(cls, c.name);
-  }
-  const std::string xml = fmt::format(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"tparity gate\" tests=\"{}\" "
-      "failures=\"{}\">\n    <properties>\n      <property name=\"reference\" value=\"{}\"/>\n"
-      "      <property name=\"torch\" value=\"{}\"/>\n      <property name=\"blas\" value=\"{}\"/>\n"
-      "      <property name=\"kernel\" value=\"{}\"/>\n    </properties>\n{}  </testsuite>\n</testsuites>\n",
-      tests, failed, xml_escape(ref.line()), xml_escape(ref.torch), xml_escape(ref.blas), xml_escape(ref.kernel),
-      cases);
-  write_text_file(path, xml);
 }
 
 int gate(const GateOptions& o) {

@@ -18,9 +18,7 @@ namespace tparity::cli {
 namespace {
 
 struct RunOptions {
-  std::vector<std::string> cases;
-  CaseOverrides overrides;
-  int64_t max_elements = int64_t(1) << 28;
+  CaseSelection selection;
   Format format = Format::Table;
 };
 
@@ -30,11 +28,13 @@ bool any_override(const CaseOverrides& o) {
 }
 
 int run(const RunOptions& o) {
-  std::vector<CaseSpec> chosen = o.cases.empty() ? default_cases() : std::vector<CaseSpec>{};
+  const std::vector<std::string>& names = o.selection.cases;
+  const CaseOverrides& overrides = o.selection.overrides;
+  std::vector<CaseSpec> chosen = names.empty() ? default_cases() : std::vector<CaseSpec>{};
   std::vector<const PretrainedCase*> pretrained;
-  for (const std::string& name : o.cases)
+  for (const std::string& name : names)
     if (const PretrainedCase* c = find_pretrained(name)) {
-      if (any_override(o.overrides))
+      if (any_override(overrides))
         throw InputError("case " + name +
                          ": sizes and options are the checkpoint's own; drop the size, mask, seed "
                          "and parameter options, or run it alone");
@@ -49,12 +49,12 @@ int run(const RunOptions& o) {
       }
     }
   // With no --case, the pretrained cases run after the generated ones, unless options reshape the run.
-  if (o.cases.empty() && !any_override(o.overrides))
+  if (names.empty() && !any_override(overrides))
     for (const PretrainedCase& c : pretrained_cases()) pretrained.push_back(&c);
   std::vector<CaseReport> reports;
   for (CaseSpec s : chosen) {
-    apply_overrides(s, o.overrides);
-    check_size(s, o.max_elements);
+    apply_overrides(s, overrides);
+    check_size(s, o.selection.max_elements);
     reports.push_back(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
   }
   nlohmann::json skipped = nlohmann::json::array();
@@ -87,43 +87,9 @@ void register_run(CLI::App& app, Action& action) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand(
       "run", "Run the default cases (or --case NAME ...): every component, hand vs LibTorch, float64 and float32");
-  std::string names;
-  for (const CaseSpec& c : default_cases()) names += (names.empty() ? "" : ", ") + c.name;
-  for (const PretrainedCase& c : pretrained_cases()) names += ", " + c.name + " (" + c.description + ")";
-  cmd->add_option("--case", o->cases, "Cases to run (default: all): " + names);
-  const auto size = CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2);
-  cmd->add_option("--batch", o->overrides.batch,
-                  "Batch size B; 0 = unbatched input (matmul: the leading batch dim, 0 drops it)")
-      ->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max() / 2));
-  cmd->add_option("--seq", o->overrides.seq, "Query sequence length L (T)")->check(size);
-  cmd->add_option("--kv-seq", o->overrides.kv_seq,
-                  "Key/value sequence length S (attention cases; S != L means cross-attention)")
-      ->check(size);
-  cmd->add_option("--dim", o->overrides.dim, "Embedding dimension E (d_model)")->check(size);
-  cmd->add_option("--value-dim", o->overrides.value_dim, "sdpa: value feature size Ev")->check(size);
-  cmd->add_option("--out-dim", o->overrides.out_dim, "the book's attention classes: d_out (--dim is d_in)")
-      ->check(size);
-  cmd->add_option("--heads", o->overrides.heads, "Number of heads")->check(size);
-  cmd->add_option("--kv-heads", o->overrides.kv_heads,
-                  "sdpa: key/value heads, a divisor of --heads (fewer: grouped-query attention, enable_gqa)")
-      ->check(size);
-  cmd->add_option("--scale", o->overrides.scale, "sdpa: the scores' scale (default 1/sqrt(E))");
-  cmd->add_option("--ffn", o->overrides.ffn, "Encoder dim_feedforward")->check(size);
-  cmd->add_option("--bias", o->overrides.bias, "MultiheadAttention bias")->check(CLI::IsMember({"on", "off"}));
-  cmd->add_option("--activation", o->overrides.activation,
-                  "Encoder feed-forward activation (relu, gelu); for vit the head's (also tanh, sigmoid, silu, "
-                  "softplus, leakyrelu)")
-      ->check(CLI::IsMember({"relu", "gelu", "tanh", "sigmoid", "silu", "softplus", "leakyrelu"}));
-  cmd->add_option("--mask", o->overrides.mask,
-                  "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding), "
-                  "is-causal (sdpa: the is_causal flag)")
-      ->check(CLI::IsMember({"none", "causal", "random", "padding", "is-causal"}));
-  add_seed_option(*cmd, o->overrides.seed, "Seed of weights and inputs (default: each case's own)");
-  cmd->add_flag("--random-params", o->overrides.random_params,
-                "Draw biases and LayerNorm affine at random instead of torch's constant init");
-  cmd->add_option("--max-elements", o->max_elements, "Refuse cases whose largest tensor exceeds this many elements")
-      ->check(size)
-      ->capture_default_str();
+  std::string pretrained;
+  for (const PretrainedCase& c : pretrained_cases()) pretrained += ", " + c.name + " (" + c.description + ")";
+  add_case_options(*cmd, o->selection, pretrained);
   add_format_option(*cmd, o->format);
   cmd->callback([o, &action] { action = [o] { return run(*o); }; });
 }

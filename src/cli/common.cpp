@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <limits>
 #include <map>
 
 #include "tparity/api.hpp"
@@ -44,6 +45,51 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
   if (o.mask) s.mask = mask_kind_from_name(*o.mask);
   if (o.seed) s.seed = *o.seed;
   if (o.random_params) s.random_params = true;
+}
+
+void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more_names) {
+  cmd.add_option("--case", sel.cases, "Cases (default: every default case): " + case_names() + more_names);
+  CaseOverrides& o = sel.overrides;
+  const auto size = CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2);
+  cmd.add_option("--batch", o.batch, "Batch size B; 0 = unbatched input (matmul: the leading batch dim, 0 drops it)")
+      ->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max() / 2));
+  cmd.add_option("--seq", o.seq, "Query sequence length L (T)")->check(size);
+  cmd.add_option("--kv-seq", o.kv_seq, "Key/value sequence length S (attention cases; S != L means cross-attention)")
+      ->check(size);
+  cmd.add_option("--dim", o.dim, "Embedding dimension E (d_model)")->check(size);
+  cmd.add_option("--value-dim", o.value_dim, "sdpa: value feature size Ev")->check(size);
+  cmd.add_option("--out-dim", o.out_dim, "the book's attention classes: d_out (--dim is d_in)")->check(size);
+  cmd.add_option("--heads", o.heads, "Number of heads")->check(size);
+  cmd.add_option("--kv-heads", o.kv_heads,
+                 "sdpa and the LLM blocks: key/value heads, a divisor of --heads (fewer: grouped-query attention)")
+      ->check(size);
+  cmd.add_option("--scale", o.scale, "sdpa: the scores' scale (default 1/sqrt(E))");
+  cmd.add_option("--ffn", o.ffn, "Encoder dim_feedforward")->check(size);
+  cmd.add_option("--bias", o.bias, "MultiheadAttention bias")->check(CLI::IsMember({"on", "off"}));
+  cmd.add_option("--activation", o.activation,
+                 "Encoder feed-forward activation (relu, gelu); for vit the head's (also tanh, sigmoid, silu, "
+                 "softplus, leakyrelu)")
+      ->check(CLI::IsMember({"relu", "gelu", "tanh", "sigmoid", "silu", "softplus", "leakyrelu"}));
+  cmd.add_option("--mask", o.mask,
+                 "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding), "
+                 "is-causal (sdpa: the is_causal flag)")
+      ->check(CLI::IsMember({"none", "causal", "random", "padding", "is-causal"}));
+  add_seed_option(cmd, o.seed, "Seed of weights and inputs (default: each case's own)");
+  cmd.add_flag("--random-params", o.random_params,
+               "Draw biases and LayerNorm affine at random instead of torch's constant init");
+  cmd.add_option("--max-elements", sel.max_elements, "Refuse cases whose largest tensor exceeds this many elements")
+      ->check(size)
+      ->capture_default_str();
+}
+
+std::vector<CaseSpec> selected_cases(const CaseSelection& sel) {
+  std::vector<CaseSpec> chosen = sel.cases.empty() ? default_cases() : std::vector<CaseSpec>{};
+  for (const std::string& name : sel.cases) chosen.push_back(find_case(name));
+  for (CaseSpec& s : chosen) {
+    apply_overrides(s, sel.overrides);
+    check_size(s, sel.max_elements);
+  }
+  return chosen;
 }
 
 std::string case_names() {

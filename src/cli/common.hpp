@@ -21,6 +21,8 @@ void register_run(CLI::App& app, Action& action);
 void register_eval(CLI::App& app, Action& action);
 void register_check(CLI::App& app, Action& action);
 void register_gate(CLI::App& app, Action& action);
+void register_export(CLI::App& app, Action& action);
+void register_exec(CLI::App& app, Action& action);  // exec and judge
 void register_sweep(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
 void register_selftest(CLI::App& app, Action& action);
@@ -40,6 +42,19 @@ struct CaseOverrides {
   bool random_params = false;
 };
 void apply_overrides(CaseSpec& s, const CaseOverrides& o);
+
+// The cases a command runs: run's --case and the size and option overrides, as run, export and exec
+// take them.
+struct CaseSelection {
+  std::vector<std::string> cases;  // empty: every default case
+  CaseOverrides overrides;
+  int64_t max_elements = int64_t(1) << 28;
+};
+// Registers --case (help lists the default and stress cases, then `more_names`), the overrides and
+// --max-elements.
+void add_case_options(CLI::App& cmd, CaseSelection& selection, const std::string& more_names = "");
+// The chosen cases with the overrides applied and their size checked (InputError naming the option).
+std::vector<CaseSpec> selected_cases(const CaseSelection& selection);
 
 std::string case_names();                     // "single, batched, ..., softmax_hot, long_keys"
 CaseSpec find_case(const std::string& name);  // InputError naming --case

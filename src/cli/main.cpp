@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   cli::register_eval(app, action);
   cli::register_check(app, action);
   cli::register_gate(app, action);
+  cli::register_export(app, action);
+  cli::register_exec(app, action);
   cli::register_sweep(app, action);
   cli::register_bench(app, action);
   cli::register_selftest(app, action);

@@ -11,7 +11,15 @@
 #include "tparity/core/ops.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12's _mm512_reduce_add_* use the header's own undefined values (GCC bug 105593): as in
+// simd_avx512.hpp, the warning is about the header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #define TPARITY_GEMV_X86 1
 #else
 #define TPARITY_GEMV_X86 0

@@ -102,6 +102,22 @@ void add_samples(Implementations& impls, std::vector<LegSpec>& legs, const Noise
         l.samples.push_back({noise_sample_key("torch32", int(k + 1)), noise_sample_key("torch64", int(k + 1))});
 }
 
+// The implementations every component must be found in: the references, and the implementation under
+// test in the precisions it computes in (a foreign program may give one alone).
+std::vector<std::string> required_of(const Implementation& impl) {
+  std::vector<std::string> r{"torch64", "torch32"};
+  if (impl.float64) r.push_back("hand64");
+  if (impl.float32) r.push_back("hand32");
+  return r;
+}
+
+void note_precisions(CaseReport& r, const Implementation& impl) {
+  if (!impl.float64)
+    r.notes.push_back(impl.name + " gave no float64 run: the semantic legs (hand64_vs_torch64) are not judged");
+  if (!impl.float32)
+    r.notes.push_back(impl.name + " gave no float32 run: the numeric legs (hand32_vs_torch64) are not judged");
+}
+
 // Every component on the propagated legs and, through the implementation teacher-forced with
 // torch64's components (each op fed the reference's own inputs), on the local ones. An
 // implementation without components is compared on its outputs. `noise`: LibTorch's jittered runs,
@@ -114,7 +130,7 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
     if (!noise && needs_samples(names, a, b, policy)) own = run_noise(p, policy, where);
     return noise ? *noise : own;
   };
-  if (h64.components.empty() || h32.components.empty()) {
+  if ((impl.float64 && h64.components.empty()) || (impl.float32 && h32.components.empty())) {
     const Components a64 = outputs_as_components(h64.outputs), a32 = outputs_as_components(h32.outputs),
                      b64 = outputs_as_components(t64.result.outputs), b32 = outputs_as_components(t32.result.outputs);
     std::vector<std::string> names;
@@ -125,7 +141,7 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
     Implementations impls{{"hand64", &a64}, {"hand32", &a32}, {"torch64", &b64}, {"torch32", &b32}};
     std::vector<LegSpec> legs = standard_legs();
     add_samples(impls, legs, ns);
-    compare_components(r, names, impls, legs, policy, {"hand64", "hand32", "torch64", "torch32"});
+    compare_components(r, names, impls, legs, policy, required_of(impl));
     return;
   }
   const std::vector<std::string> names = component_names(p);
@@ -148,8 +164,10 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
                         {"local_hand64", &l64.components},   {"local_hand32", &l32.components}};
   std::vector<LegSpec> legs = legs_with_local();
   add_samples(impls, legs, ns);
-  compare_components(r, names, impls, legs, policy,
-                     {"hand64", "hand32", "torch64", "torch32", "local_hand64", "local_hand32"});
+  std::vector<std::string> required = required_of(impl);
+  if (impl.float64 && !l64.components.empty()) required.push_back("local_hand64");
+  if (impl.float32 && !l32.components.empty()) required.push_back("local_hand32");
+  compare_components(r, names, impls, legs, policy, required);
 }
 
 }  // namespace
@@ -328,10 +346,14 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
                      ": outputs_float32: missing, and tparity was built without LibTorch, so there is no "
                      "float32 error to judge the hand core's float32 run by");
 
-  // The names compared: the stored components in dataflow order, then the outputs.
+  // The names compared: the stored components in dataflow order (when the implementation gives
+  // components), then the outputs.
+  const bool has_components = !h64.components.empty() || !h32.components.empty();
+  if (!has_components && !p.components.empty())
+    r.notes.push_back(impl.name + " returns no components: its outputs are compared");
   std::vector<std::string> names;
   for (const std::string& n : component_names(p))
-    if (!is_output(n) && p.components.count(n)) names.push_back(n);
+    if (!is_output(n) && p.components.count(n) && has_components) names.push_back(n);
   names.push_back("output");
   if (p.module == ModuleKind::MultiheadAttention && p.forward.need_weights) names.push_back("attn_weights");
   const Components hand64 = with_outputs(h64), hand32 = with_outputs(h32);
@@ -341,7 +363,7 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
   // With stored components, every op of the hand side also runs on the producer's own inputs
   // (teacher forcing with the stored float64 components): the local legs and the first divergence.
   Components l64, l32;
-  if (!p.components.empty() && impl.teacher_forcing && !h64.components.empty()) {
+  if (!p.components.empty() && impl.teacher_forcing && !(h64.components.empty() && h32.components.empty())) {
     Components teacher;  // canonical layouts only
     for (const auto& [name, t] : p.components)
       if (!is_output(name)) teacher.push_back({name, to_tensor<double>(t)});
@@ -352,7 +374,8 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
     std::vector<LegSpec> local = legs_with_local();
     legs.insert(legs.begin() + 4, local.begin() + 4, local.end());
   }
-  compare_components(r, names, impls, legs, policy, {"hand64", "hand32", "torch64", "torch32"});
+  compare_components(r, names, impls, legs, policy, required_of(impl));
+  note_precisions(r, impl);
   reports.insert(reports.begin(), std::move(r));
   return reports;
 }

@@ -23,6 +23,9 @@ struct Implementation {
   // replaced by the teacher's value as soon as computed.
   std::function<RunResult(const Problem& p, DType dtype, const Components* teacher)> run;
   bool teacher_forcing = false;
+  // The precisions it computes in (a foreign program may give one alone): the legs of the other are
+  // left out, and the report says so.
+  bool float64 = true, float32 = true;
 };
 
 // The handwritten core of this project, with components and teacher forcing.

@@ -41,10 +41,12 @@ enum class ModuleKind {
   GPT2Block,          // GPT2Block: pre-LN, fused Conv1D c_attn, gelu_new
 };
 
-// The modules fixture format v1 knows (sdpa and the modules after it are run cases only), and their
-// names for messages.
+// The modules Python fixtures are exported for (torch.nn's four, the book's classes, the LLM blocks);
+// fixture format v1 knows torch.nn's four, and their names for messages. Format v2 (a problem file,
+// tparity export) holds any module.
 bool fixture_module(ModuleKind m);
-std::string fixture_module_names();  // "\"MultiheadAttention\", \"TransformerEncoderLayer\", ..."
+bool fixture_v1_module(ModuleKind m);
+std::string fixture_v1_module_names();  // "\"MultiheadAttention\", \"TransformerEncoderLayer\", ..."
 
 // torch's class name; "ScaledDotProductAttention" for sdpa, the seed's class names ("TokenEncoder" for
 // its TransformerEncoder, "ViT"), "Matmul", "Softmax", "LayerNorm" for the op cases.

@@ -1,0 +1,46 @@
+// The any-language protocol (README, "Check your implementation in any language"): a problem file
+// with the reference's results (tparity export), a foreign program run on it once per precision
+// (tparity exec), its outputs file (fixture/outputs.hpp) checked against the problem and judged as the
+// hand core is (tparity exec, tparity judge).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tparity/eval/evaluate.hpp"
+#include "tparity/fixture/outputs.hpp"
+#include "tparity/harness/problem.hpp"
+
+namespace tparity {
+
+// The problem with LibTorch's results stored, as a problem file holds them: outputs (float64) and
+// outputs_float32, every component of the decomposition in both precisions, and the reference block
+// naming the LibTorch, BLAS and kernels that computed them. Requires LibTorch.
+Problem with_reference(const Problem& p, const std::string& where);
+
+// One run of a program: argv with "{problem}", "{out}" and "{dtype}" replaced (anywhere in an
+// argument), its standard output and error passed to tparity's standard error (tparity's own standard
+// output is its report), killed with its process group after `timeout_s` seconds.
+struct ProgramRun {
+  bool ok = false;     // exited with code 0 in time
+  std::string status;  // otherwise one line: "exited with code 3", "was killed by signal 11 (Segmentation
+                       // fault)", "timed out after 5 s and was killed", "could not be started: ..."
+  double seconds = 0;
+};
+ProgramRun run_program(const std::vector<std::string>& argv_template, const std::string& problem,
+                       const std::string& out, const std::string& dtype, double timeout_s);
+
+// An outputs file checked against the problem it answers: its dtype is the one asked for; outputs
+// "output" (and "attn_weights" when the module returns them) with the reference's shapes and no
+// others; components and local components only by the problem's component names, each with the
+// shape of the reference's component. InputError naming the file and the field otherwise.
+void check_outputs_file(const OutputsFile& f, const Problem& p, const std::string& dtype, const std::string& where);
+
+// The implementation under test from a program's outputs files, one per precision (absent: it gave
+// none in that precision). Its plain runs are the outputs and components; with a teacher, its local
+// components (the program computed each op on the reference's inputs itself).
+Implementation foreign_implementation(const std::string& name, const std::optional<OutputsFile>& f64,
+                                      const std::optional<OutputsFile>& f32);
+
+}  // namespace tparity

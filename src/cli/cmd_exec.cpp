@@ -1,0 +1,281 @@
+// tparity exec and tparity judge: a foreign implementation, in any language, judged as the hand core
+// is (README, "Check your implementation in any language"). exec writes a problem file per case, runs
+// the program once per precision, reads what it wrote; judge reads outputs produced elsewhere.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "common.hpp"
+#include "gating.hpp"
+#include "tparity/api.hpp"
+#include "tparity/compare/baseline.hpp"
+#include "tparity/compare/report.hpp"
+#include "tparity/core/gemm.hpp"
+#include "tparity/eval/foreign.hpp"
+#include "tparity/fixture/fixture.hpp"
+#include "tparity/harness/cases.hpp"
+#include "tparity/torch/reference.hpp"
+
+namespace tparity::cli {
+
+std::vector<std::pair<std::string, Problem>> exported_problems(const CaseSelection& selection,
+                                                               const std::vector<std::string>& fixtures);
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Judging {  // what exec and judge share
+  Format format = Format::Table;
+  std::string junit, baseline;
+  bool update = false;
+  double factor = 2.0;
+};
+
+struct ExecOptions {
+  CaseSelection selection;
+  std::vector<std::string> fixtures;
+  std::vector<std::string> dtypes{"float64", "float32"};
+  double timeout = 60;
+  std::string tensors = "inline";
+  std::string keep;
+  std::string name;
+  std::vector<std::string> command;
+  Judging judging;
+};
+
+struct JudgeOptions {
+  std::string problem;
+  std::vector<std::string> outputs;
+  std::string name = "outputs";
+  Judging judging;
+};
+
+// A case the program could not be judged on: one line, and a failed report for the counts and JUnit.
+CaseReport refused(const std::string& name, const std::string& description, const std::string& line) {
+  CaseReport r;
+  r.name = name;
+  r.description = description;
+  r.reference = reference_info();
+  r.fail(line);
+  return r;
+}
+
+// The reports (tables or one JSON document), then the ratchet against --baseline (or a new one
+// recorded), JUnit, and the exit code.
+int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::string, std::string>>& skipped,
+           const Judging& j, const std::string& rerun) {
+  std::vector<std::string> drift_lines;
+  const ReferenceInfo ref = reference_info();
+  if (!j.baseline.empty() && !j.update) {
+    const Baseline b = read_baseline(j.baseline);
+    for (const Drift& d : find_drift(reports, b, j.factor))
+      drift_lines.push_back(
+          d.missing ? fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} has no baseline entry in {}",
+                                  d.case_name, d.component, d.leg, d.value, j.baseline)
+                    : fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} > drift bound {:.3g} ({:g} x "
+                                  "baseline {:.3g}): grew beyond the baseline",
+                                  d.case_name, d.component, d.leg, d.value, d.bound, j.factor, d.baseline));
+    for (const std::string& l : drift_lines)
+      for (CaseReport& r : reports)
+        if (l.rfind("case " + r.name + ": ", 0) == 0) r.fail(l);
+  }
+  if (j.format == Format::Json) {
+    nlohmann::json doc = to_json(reports);
+    nlohmann::json sk = nlohmann::json::array();
+    for (const auto& [n, why] : skipped) sk.push_back({{"name", n}, {"reason", why}});
+    doc["skipped"] = sk;
+    std::fputs((doc.dump(2) + "\n").c_str(), stdout);
+  } else {
+    print_reports(reports, stdout, false);
+    for (const auto& [n, why] : skipped) fmt::print("skipped {}: {}\n", n, why);
+  }
+  const bool failed = exit_code(reports) != 0;
+  if (j.update) {
+    if (failed) {
+      std::fprintf(stderr, "tparity: a baseline is not recorded from a failing run; %s left as it was\n",
+                   j.baseline.c_str());
+      return kFail;
+    }
+    const Baseline b = make_baseline(reports, {{"torch", ref.torch}, {"blas", ref.blas}, {"kernel", ref.kernel},
+                                               {"implementation", rerun}});
+    write_text_file(j.baseline, baseline_to_json(b).dump(2) + "\n");
+    std::fprintf(stderr, "baseline %s: %zu entries\n", j.baseline.c_str(), b.entries.size());
+  }
+  if (!j.junit.empty()) {
+    std::vector<Gated> gated;
+    std::map<std::string, std::vector<std::string>> by_test;
+    for (const CaseReport& r : reports) {
+      gated.push_back({r, "none", rerun});
+      for (const std::string& f : r.failures) {
+        std::string component = "(case)";
+        for (const ComponentReport& c : r.components)
+          if (f.find(": component " + c.name + ": ") != std::string::npos) component = c.name;
+        by_test["tparity." + r.name + "\n" + component].push_back(f);
+      }
+    }
+    write_junit(j.junit, gated, by_test, ref, "tparity exec");
+  }
+  return failed ? kFail : kPass;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+int exec(const ExecOptions& o) {
+  if (!torch_available()) throw InputError("tparity exec: built without LibTorch, there is no reference to judge by");
+  if (o.command.empty()) throw InputError("tparity exec: no program given (expected -- CMD ARGS... after the options)");
+  if (!(o.timeout > 0)) throw InputError(fmt::format("option --timeout: expected seconds > 0, got {}", o.timeout));
+  bool placeholder = false;
+  for (const std::string& a : o.command) placeholder = placeholder || a.find("{problem}") != std::string::npos;
+  if (!placeholder)
+    throw InputError("tparity exec: the command never names {problem}: the program would not know what to compute");
+  // The work directory: --keep DIR, or a temporary one removed at the end.
+  std::string dir = o.keep;
+  bool temporary = false;
+  if (dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "tparity-exec-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw InputError("tparity exec: cannot create a temporary directory");
+    dir = tmpl, temporary = true;
+  } else {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!fs::is_directory(dir)) throw InputError("option --keep: " + dir + ": cannot create the directory");
+  }
+  struct Cleanup {
+    std::string dir;
+    bool on;
+    ~Cleanup() {
+      std::error_code ec;
+      if (on) fs::remove_all(dir, ec);
+    }
+  } cleanup{dir, temporary};
+
+  const std::string who = o.name.empty() ? join(o.command) : o.name;
+  std::vector<CaseReport> reports;
+  std::vector<std::pair<std::string, std::string>> skipped;
+  for (const auto& [name, p] : exported_problems(o.selection, o.fixtures)) {
+    const std::string problem = (fs::path(dir) / (name + ".json")).string();
+    write_problem(problem, p, o.tensors == "safetensors");
+    std::optional<OutputsFile> f64, f32;
+    std::string error, unsupported;
+    for (const std::string& dtype : o.dtypes) {
+      const std::string out = (fs::path(dir) / (name + "." + dtype + ".out.json")).string();
+      std::error_code ec;
+      fs::remove(out, ec);
+      const ProgramRun run = run_program(o.command, problem, out, dtype, o.timeout);
+      const std::string where = fmt::format("case {} ({})", name, dtype);
+      if (!run.ok) {
+        error = fmt::format("{}: the program {}", where, run.status);
+        break;
+      }
+      if (!fs::exists(out)) {
+        error = fmt::format("{}: the program exited 0 but wrote no outputs file ({})", where, out);
+        break;
+      }
+      try {
+        OutputsFile f = read_outputs_file(out);
+        if (!f.unsupported.empty()) {
+          unsupported = f.unsupported;
+          break;
+        }
+        check_outputs_file(f, p, dtype, where + ": " + out);
+        (dtype == "float64" ? f64 : f32) = std::move(f);
+      } catch (const InputError& e) {  // the file named first; the case and precision before it
+        const std::string what = e.what();
+        error = what.rfind("case ", 0) == 0 ? what : where + ": " + what;
+        break;
+      }
+    }
+    if (!unsupported.empty()) {
+      skipped.push_back({name, "the program does not implement it: " + unsupported});
+      std::fprintf(stderr, "case %s: skipped: the program says: %s\n", name.c_str(), unsupported.c_str());
+      continue;
+    }
+    if (!error.empty()) {
+      std::fprintf(stderr, "%s\n", error.c_str());
+      reports.push_back(refused(name, p.description.empty() ? summary(p) : p.description, error));
+      continue;
+    }
+    for (CaseReport& r : check_fixture(p, problem, GatePolicy{}, foreign_implementation(who, f64, f32)))
+      reports.push_back(std::move(r));
+  }
+  return finish(std::move(reports), skipped, o.judging, "tparity exec -- " + join(o.command));
+}
+
+int judge(const JudgeOptions& o) {
+  const Problem p = read_fixture(o.problem);
+  if (p.outputs.empty())
+    throw InputError(o.problem + ": outputs: missing (a problem file from tparity export holds the reference's)");
+  std::optional<OutputsFile> f64, f32;
+  for (const std::string& path : o.outputs) {
+    OutputsFile f = read_outputs_file(path);
+    if (!f.unsupported.empty()) throw InputError(path + ": unsupported: the program declined: " + f.unsupported);
+    check_outputs_file(f, p, f.dtype, path);
+    std::optional<OutputsFile>& slot = f.dtype == "float64" ? f64 : f32;
+    if (slot) throw InputError("option --outputs: two files of dtype " + f.dtype + " (expected one per precision)");
+    slot = std::move(f);
+  }
+  const std::vector<CaseReport> reports =
+      check_fixture(p, o.problem, GatePolicy{}, foreign_implementation(o.name, f64, f32));
+  return finish(reports, {}, o.judging, "tparity judge --problem " + o.problem);
+}
+
+void add_judging_options(CLI::App& cmd, Judging& j) {
+  add_format_option(cmd, j.format);
+  cmd.add_option("--junit", j.junit, "Also write JUnit XML here (one testcase per case and component)");
+  cmd.add_option("--baseline", j.baseline, "Fail when an error grows beyond --factor times this baseline's");
+  cmd.add_flag("--update-baseline", j.update, "Record this run in --baseline (only when every gate passes)");
+  cmd.add_option("--factor", j.factor, "The ratchet's factor")->capture_default_str();
+}
+
+}  // namespace
+
+void register_exec(CLI::App& app, Action& action) {
+  auto o = std::make_shared<ExecOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "exec",
+      "Judge your own program, in any language: run it on each case's problem file, once per precision "
+      "(-- CMD ARGS with {problem}, {out}, {dtype})");
+  add_case_options(*cmd, o->selection);
+  cmd->add_option("--fixture", o->fixtures, "Also (or, with no --case, only) these fixtures");
+  cmd->add_option("--dtype", o->dtypes, "Precisions to run the program in (float64 is the semantic gate)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"float32", "float64"}));
+  cmd->add_option("--timeout", o->timeout, "Seconds per run of the program before it is killed")->capture_default_str();
+  cmd->add_option("--tensors", o->tensors, "Problem files' tensors: inline or safetensors")
+      ->check(CLI::IsMember({"inline", "safetensors"}))
+      ->capture_default_str();
+  cmd->add_option("--keep", o->keep, "Keep the problem and outputs files in this directory");
+  cmd->add_option("--name", o->name, "The implementation's name in the reports (default: the command)");
+  cmd->add_option("command", o->command, "The program and its arguments, after --")->required();
+  add_judging_options(*cmd, o->judging);
+  cmd->callback([o, &action] {
+    if (o->judging.update && o->judging.baseline.empty())
+      throw InputError("option --update-baseline: needs --baseline FILE to write");
+    action = [o] { return exec(*o); };
+  });
+
+  auto j = std::make_shared<JudgeOptions>();
+  CLI::App* jc = app.add_subcommand(
+      "judge", "Judge outputs your program wrote elsewhere against a problem file from tparity export");
+  jc->add_option("--problem", j->problem, "The problem file (tparity export)")->required();
+  jc->add_option("--outputs", j->outputs, "Outputs file(s), one per precision")->required();
+  jc->add_option("--name", j->name, "The implementation's name in the reports")->capture_default_str();
+  add_judging_options(*jc, j->judging);
+  jc->callback([j, &action] {
+    if (j->judging.update && j->judging.baseline.empty())
+      throw InputError("option --update-baseline: needs --baseline FILE to write");
+    action = [j] { return judge(*j); };
+  });
+}
+
+}  // namespace tparity::cli

@@ -1,0 +1,97 @@
+// tparity export: problem files for a foreign implementation (README, "Check your implementation in
+// any language"): the default cases (with run's options) or fixtures, each with the reference's outputs
+// and every reference component in float64 and float32, inline JSON or a safetensors file beside it.
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "common.hpp"
+#include "tparity/eval/foreign.hpp"
+#include "tparity/fixture/fixture.hpp"
+#include "tparity/harness/cases.hpp"
+#include "tparity/torch/reference.hpp"
+
+namespace tparity::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ExportOptions {
+  CaseSelection selection;
+  std::vector<std::string> fixtures;
+  std::string out;
+  std::string tensors = "inline";
+};
+
+// A fixture as a problem file: its stored outputs stay (they are the reference: Python's); LibTorch's
+// components are added where it has none and shares its semantics.
+Problem fixture_problem(const std::string& path) {
+  Problem p = read_fixture(path);
+  if (!p.components.empty()) return p;
+  if (*p.semantics != reference_semantics() && !semantic_differences(p).empty()) return p;
+  const Problem r = with_reference(p, path);
+  p.components = r.components;
+  p.components_float32 = r.components_float32;
+  p.producer["components"] = r.producer.at("name");
+  if (p.producer.find("torch") == p.producer.end()) p.producer["torch"] = "1.13";  // version 1: torch 1.13's
+  return p;
+}
+
+}  // namespace
+
+// The cases chosen as run chooses them, with the reference's results: shared with exec.
+std::vector<std::pair<std::string, Problem>> exported_problems(const CaseSelection& selection,
+                                                               const std::vector<std::string>& fixtures) {
+  std::vector<std::pair<std::string, Problem>> out;
+  if (!selection.cases.empty() || fixtures.empty()) {  // fixtures alone: no default cases
+    for (const CaseSpec& s : selected_cases(selection)) {
+      Problem p = with_reference(make_problem(s), "case " + s.name);
+      p.description = s.describe();
+      p.producer["case"] = fmt::format("tparity run --case {} --seed {}", s.name, s.seed);
+      out.push_back({s.name, std::move(p)});
+    }
+  }
+  for (const std::string& f : fixtures) {
+    Problem p = fixture_problem(f);
+    out.push_back({p.name, std::move(p)});
+  }
+  return out;
+}
+
+namespace {
+
+int export_problems(const ExportOptions& o) {
+  if (!torch_available()) throw InputError("tparity export: built without LibTorch, there is no reference to export");
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  if (!fs::is_directory(o.out)) throw InputError("option --out: " + o.out + ": cannot create the directory");
+  const bool st = o.tensors == "safetensors";
+  for (const auto& [name, p] : exported_problems(o.selection, o.fixtures)) {
+    const std::string path = (fs::path(o.out) / (name + ".json")).string();
+    write_problem(path, p, st);
+    fmt::print("{}{}: {} {} components, reference {}\n", path, st ? " (+ " + name + ".safetensors)" : "",
+               module_name(p.module), p.components.size(), p.producer.count("torch") ? p.producer.at("torch") : "");
+  }
+  return kPass;
+}
+
+}  // namespace
+
+void register_export(CLI::App& app, Action& action) {
+  auto o = std::make_shared<ExportOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "export",
+      "Write problem files for your own implementation: the cases (or fixtures) with the reference's outputs and "
+      "components");
+  add_case_options(*cmd, o->selection);
+  cmd->add_option("--fixture", o->fixtures, "Also (or, with no --case, only) these fixtures, re-written as problem files");
+  cmd->add_option("--out", o->out, "Directory for the problem files (created)")->required();
+  cmd->add_option("--tensors", o->tensors,
+                  "inline: tensors in the JSON; safetensors: in <name>.safetensors beside it (ids stay inline)")
+      ->check(CLI::IsMember({"inline", "safetensors"}))
+      ->capture_default_str();
+  cmd->callback([o, &action] { action = [o] { return export_problems(*o); }; });
+}
+
+}  // namespace tparity::cli

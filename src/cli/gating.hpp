@@ -1,0 +1,31 @@
+// What the gate and exec share: a judged report with how to re-run it, and the JUnit XML of a run.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tparity/compare/report.hpp"
+#include "tparity/harness/reference_info.hpp"
+
+namespace tparity::cli {
+
+// A report and how to re-run only it.
+struct Gated {
+  CaseReport report;
+  std::string seed;  // "4", or "none (fixture data)"
+  std::string rerun;
+  // A fixture's comparison with LibTorch's decomposition exists only under references whose
+  // semantics are the fixture's where it exercises a difference (evaluate.hpp): a baseline recorded
+  // under the other version has no entries for it, and that is not a failure.
+  bool entries_optional = false;
+};
+
+// JUnit XML: one testcase per case and component (plus one per case for failures that name no
+// component, "(case)"), failures carrying their one-line message; the reference in <properties>.
+// failures_by_test: "tparity.<case>\n<component>" -> lines.
+void write_junit(const std::string& path, const std::vector<Gated>& gated,
+                 const std::map<std::string, std::vector<std::string>>& failures_by_test, const ReferenceInfo& ref,
+                 const std::string& suite = "tparity gate");
+
+}  // namespace tparity::cli

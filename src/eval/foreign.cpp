@@ -1,0 +1,225 @@
+// The any-language protocol (eval/foreign.hpp): problem files with the reference's results, a
+// foreign program run with a timeout, its outputs checked against the problem and judged.
+#include "tparity/eval/foreign.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "tparity/harness/hand.hpp"
+#include "tparity/torch/reference.hpp"
+
+namespace tparity {
+
+namespace {
+
+TensorMap as_tensors(const Components& c, DType dtype) {
+  TensorMap m;
+  for (const Component& x : c) {
+    DTensor t;
+    t.dtype = dtype;
+    t.shape = x.value.shape;
+    t.data = x.value.data;
+    m[x.name] = std::move(t);
+  }
+  return m;
+}
+
+Components as_components(const TensorMap& m, const std::vector<std::string>& order) {
+  Components c;
+  for (const std::string& n : order)
+    if (auto it = m.find(n); it != m.end()) c.push_back({n, to_tensor<double>(it->second)});
+  return c;
+}
+
+// A canonical (B, L, E) tensor in the module's output layout `shape`: the same shape, the batch of
+// one dropped (unbatched), or sequence-first (L, B, E). Nothing for any other.
+std::optional<DTensor> module_layout(const DTensor& c, const Shape& shape) {
+  DTensor o = c;
+  o.shape = shape;
+  if (c.shape == shape || (c.shape.size() == shape.size() + 1 && c.shape[0] == 1 &&
+                           Shape(c.shape.begin() + 1, c.shape.end()) == shape))
+    return o;
+  if (c.shape.size() == 3 && shape == Shape{c.shape[1], c.shape[0], c.shape[2]}) {
+    const int64_t B = c.shape[0], L = c.shape[1], E = c.shape[2];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t e = 0; e < E; ++e) o.data[size_t((l * B + b) * E + e)] = c.data[size_t((b * L + l) * E + e)];
+    return o;
+  }
+  return std::nullopt;
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) s.replace(pos, from.size(), to);
+  return s;
+}
+
+}  // namespace
+
+Problem with_reference(const Problem& problem, const std::string& where) {
+  Problem p = problem;
+  p.semantics.reset();
+  resolve_semantics(p, reference_semantics());
+  const TorchRun t64 = run_torch(p, DType::Float64, true, where);
+  const TorchRun t32 = run_torch(p, DType::Float32, true, where);
+  if (!t64.failure.empty()) throw InputError(where + ": the reference failed its own check: " + t64.failure);
+  p.outputs = t64.result.outputs;
+  p.outputs_float32 = t32.result.outputs;
+  // Components in their canonical layouts (MultiheadAttention's per-head attn_weights and the
+  // batch-first output among them), beside the outputs as the module returns them.
+  auto components = [&](const TorchRun& t, DType dtype) {
+    Components c;
+    return as_tensors(t.result.components, dtype);
+  };
+  p.components = components(t64, DType::Float64);
+  p.components_float32 = components(t32, DType::Float32);
+  const ReferenceInfo ref = reference_info();
+  p.producer = {{"name", "LibTorch's decomposition (tparity export): " + ref.line()},
+                {"torch", ref.torch},
+                {"blas", ref.blas},
+                {"kernel", ref.kernel},
+                {"threads", std::to_string(ref.threads)}};
+  for (const std::string& n : t64.notes) p.producer["note"] += (p.producer["note"].empty() ? "" : "; ") + n;
+  return p;
+}
+
+ProgramRun run_program(const std::vector<std::string>& argv_template, const std::string& problem,
+                       const std::string& out, const std::string& dtype, double timeout_s) {
+  std::vector<std::string> args;
+  for (const std::string& a : argv_template)
+    args.push_back(replace_all(replace_all(replace_all(a, "{problem}", problem), "{out}", out), "{dtype}", dtype));
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ProgramRun r;
+  // A pipe closed on exec tells the parent whether execvp failed, and why.
+  int status_pipe[2];
+  if (pipe2(status_pipe, O_CLOEXEC) != 0) {
+    r.status = std::string("could not be started: pipe: ") + std::strerror(errno);
+    return r;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(status_pipe[0]), close(status_pipe[1]);
+    r.status = std::string("could not be started: fork: ") + std::strerror(errno);
+    return r;
+  }
+  if (pid == 0) {
+    setpgid(0, 0);   // its own process group, so that a timeout kills what it started too
+    dup2(2, 1);      // the program's standard output goes to tparity's standard error
+    close(status_pipe[0]);
+    execvp(argv[0], argv.data());
+    const int e = errno;
+    if (write(status_pipe[1], &e, sizeof e) < 0) _exit(127);
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(status_pipe[1]);
+  int exec_errno = 0;
+  const bool exec_failed = read(status_pipe[0], &exec_errno, sizeof exec_errno) == ssize_t(sizeof exec_errno);
+  close(status_pipe[0]);
+  int status = 0;
+  bool timed_out = false;
+  for (;;) {
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) break;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(-pid, SIGKILL);  // whatever the program left running in its group
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (exec_failed)
+    r.status = fmt::format("could not be started: {}: {}", args.empty() ? "" : args[0], std::strerror(exec_errno));
+  else if (timed_out)
+    r.status = fmt::format("timed out after {:g} s and was killed", timeout_s);
+  else if (WIFSIGNALED(status))
+    r.status = fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  else if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+    r.status = fmt::format("exited with code {}", WEXITSTATUS(status));
+  else
+    r.ok = true;
+  return r;
+}
+
+void check_outputs_file(const OutputsFile& f, const Problem& p, const std::string& dtype, const std::string& where) {
+  auto fail = [&](const std::string& field, const std::string& what) {
+    throw InputError(where + ": " + field + ": " + what);
+  };
+  if (f.dtype != dtype) fail("dtype", fmt::format("expected \"{}\" (the precision asked for), got \"{}\"", dtype, f.dtype));
+  const TensorMap& ref_outputs = dtype == "float32" && !p.outputs_float32.empty() ? p.outputs_float32 : p.outputs;
+  for (const auto& [name, want] : ref_outputs) {
+    auto it = f.outputs.find(name);
+    if (it == f.outputs.end()) fail("outputs." + name, "missing (the module returns it)");
+    if (it->second.shape != want.shape)
+      fail("outputs." + name,
+           fmt::format("expected shape {} (the reference's), got {}", to_string(want.shape), to_string(it->second.shape)));
+  }
+  for (const auto& [name, t] : f.outputs)
+    if (!ref_outputs.count(name)) {
+      std::string list;
+      for (const auto& [n, t2] : ref_outputs) list += (list.empty() ? "" : ", ") + n;
+      fail("outputs." + name, "not an output of " + module_name(p.module) + " here (expected " + list + ")");
+    }
+  const std::vector<std::string> names = component_names(p);
+  for (const auto& [section, m] : {std::pair<const char*, const TensorMap*>{"components", &f.components},
+                                   {"local", &f.local}})
+    for (const auto& [name, t] : *m) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) {
+        std::string list;
+        for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+        fail(std::string(section) + "." + name,
+             "not a component of " + module_name(p.module) + " (expected one of: " + list + ")");
+      }
+      if (auto it = p.components.find(name); it != p.components.end() && it->second.shape != t.shape)
+        fail(std::string(section) + "." + name, fmt::format("expected shape {} (the reference's), got {}",
+                                                            to_string(it->second.shape), to_string(t.shape)));
+    }
+}
+
+Implementation foreign_implementation(const std::string& name, const std::optional<OutputsFile>& f64,
+                                      const std::optional<OutputsFile>& f32) {
+  auto files = std::make_shared<std::pair<std::optional<OutputsFile>, std::optional<OutputsFile>>>(f64, f32);
+  Implementation impl;
+  impl.name = name;
+  impl.float64 = f64.has_value();
+  impl.float32 = f32.has_value();
+  impl.teacher_forcing = (f64 && !f64->local.empty()) || (f32 && !f32->local.empty());
+  impl.run = [files](const Problem& p, DType dtype, const Components* teacher) {
+    const std::optional<OutputsFile>& f = dtype == DType::Float64 ? files->first : files->second;
+    RunResult r;
+    if (!f) return r;
+    const std::vector<std::string> order = component_names(p);
+    if (!teacher) {
+      r.outputs = f->outputs;
+      r.components = as_components(f->components, order);
+      return r;
+    }
+    // Teacher forcing is the program's own: its local components, each op on the reference's inputs.
+    // The local "output" stands for the outputs (the last op on the reference's inputs).
+    r.components = as_components(f->local, order);
+    if (auto it = f->local.find("output"); it != f->local.end() && f->outputs.count("output"))
+      if (std::optional<DTensor> o = module_layout(it->second, f->outputs.at("output").shape)) r.outputs["output"] = *o;
+    return r;
+  };
+  return impl;
+}
+
+}  // namespace tparity

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""A stand-in foreign implementation for tparity exec's tests: standard library only.
+
+    program.py MODE PROBLEM OUT DTYPE
+
+echo          writes the reference's own results as its outputs and components (float32: the
+              reference's float32 ones), and the reference's float64 components as its local ones:
+              an implementation as good as the reference
+echo-no-comp  the same outputs, no components
+bad-scores    echo, with every score (and the local scores) times 1.001 in float64 and float32
+crash         exits with code 3 after writing half a file
+segv          kills itself with SIGSEGV
+hang          sleeps for an hour
+silent        exits 0 and writes nothing
+malformed     writes a file that is not JSON
+wrong-shape   echo, with "output" one element short
+wrong-name    echo, with a component named "qq"
+wrong-dtype   echo, its "dtype" the other precision
+unsupported   declines the problem
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+
+def main():
+    mode, problem, out, dtype = sys.argv[1:5]
+    if mode == "crash":
+        with open(out, "w") as f:
+            f.write('{"format": "tparity.outp')
+        sys.exit(3)
+    if mode == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if mode == "hang":
+        time.sleep(3600)
+    if mode == "silent":
+        return
+    if mode == "malformed":
+        with open(out, "w") as f:
+            f.write("this is not JSON\n")
+        return
+    if mode == "unsupported":
+        doc = {"format": "tparity.outputs", "version": 1, "unsupported": "a stand-in implements nothing"}
+        with open(out, "w") as f:
+            json.dump(doc, f)
+        return
+    with open(problem) as f:
+        p = json.load(f)
+    f32 = dtype == "float32"
+    outputs = p["outputs_float32"] if f32 else p["outputs"]
+    comps = p["components_float32"] if f32 else p["components"]
+    local = {k: dict(v, dtype=dtype) for k, v in p["components"].items()}
+    outputs = {k: dict(v, dtype=dtype) for k, v in outputs.items()}
+    comps = {k: dict(v, dtype=dtype) for k, v in comps.items()}
+    doc = {"format": "tparity.outputs", "version": 1, "dtype": dtype, "outputs": outputs}
+    if mode != "echo-no-comp":
+        doc["components"] = comps
+        doc["local"] = local
+    if mode == "bad-scores":
+        for d in (comps, local):
+            s = d["scores"]
+            s["data"] = [x * 1.001 if isinstance(x, float) else x for x in s["data"]]
+    if mode == "wrong-shape":
+        o = outputs["output"]
+        o["data"] = o["data"][:-1]
+        o["shape"] = [len(o["data"])]
+    if mode == "wrong-name":
+        comps["qq"] = comps["q"]
+    if mode == "wrong-dtype":
+        doc["dtype"] = "float64" if f32 else "float32"
+    with open(out, "w") as f:
+        json.dump(doc, f)
+
+
+if __name__ == "__main__":
+    main()
