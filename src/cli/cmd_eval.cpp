@@ -5,6 +5,7 @@
 
 #include "common.hpp"
 #include "tparity/fixture/fixture.hpp"
+#include "tparity/fixture/outputs.hpp"
 #include "tparity/harness/hand.hpp"
 #include "tparity/torch/reference.hpp"
 
@@ -13,12 +14,14 @@ namespace tparity::cli {
 namespace {
 
 struct EvalOptions {
-  std::string fixture, impl = "hand", out;
+  std::string fixture, impl = "hand", out, tensors;
   DType dtype = DType::Float32;
 };
 
 int eval(const EvalOptions& o) {
-  const Problem p = read_fixture(o.fixture);
+  // What the fixture stores as results plays no part here: not read.
+  const Problem p = read_fixture(o.fixture, false);
+  const bool safetensors = o.tensors.empty() ? !p.tensor_file.empty() : o.tensors == "safetensors";
   RunResult r;
   if (o.impl == "hand") {
     r = run_hand(p, o.dtype, false, o.fixture);
@@ -31,9 +34,10 @@ int eval(const EvalOptions& o) {
         std::fprintf(stderr, "tparity: note: %s; outputs from the functional decomposition\n", n.c_str());
     r = std::move(t.result);
   }
-  nlohmann::json outs = nlohmann::json::object();
-  for (const auto& [name, t] : r.outputs) outs[name] = tensor_to_json(t);
-  write_json_file(o.out, {{"outputs", std::move(outs)}});
+  OutputsFile f;
+  f.dtype = dtype_name(o.dtype);
+  f.outputs = std::move(r.outputs);
+  write_outputs_file(o.out, f, safetensors);
   return kPass;
 }
 
@@ -51,7 +55,13 @@ void register_eval(CLI::App& app, Action& action) {
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, DType>{{"float32", DType::Float32}, {"float64", DType::Float64}}))
       ->default_str("float32");
-  cmd->add_option("--out", o->out, "Where to write {\"outputs\": {\"output\": T, \"attn_weights\": T}}")->required();
+  cmd->add_option("--out", o->out,
+                  "Where to write the outputs file: {\"format\": \"tparity.outputs\", \"version\": 1, \"dtype\", "
+                  "\"outputs\": {\"output\": T, \"attn_weights\": T}}")
+      ->required();
+  cmd->add_option("--tensors", o->tensors,
+                  "inline, or safetensors (a .safetensors file beside --out); default: as the fixture holds them")
+      ->check(CLI::IsMember({"inline", "safetensors"}));
   cmd->callback([o, &action] { action = [o] { return eval(*o); }; });
 }
 

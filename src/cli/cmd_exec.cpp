@@ -130,7 +130,13 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+void check_judging(const Judging& j) {
+  if (j.update && j.baseline.empty()) throw InputError("option --update-baseline: needs --baseline FILE to write");
+  if (!(j.factor >= 1.0)) throw InputError(fmt::format("option --factor: expected a number >= 1, got {}", j.factor));
+}
+
 int exec(const ExecOptions& o) {
+  check_judging(o.judging);
   if (!torch_available()) throw InputError("tparity exec: built without LibTorch, there is no reference to judge by");
   if (o.command.empty()) throw InputError("tparity exec: no program given (expected -- CMD ARGS... after the options)");
   if (!(o.timeout > 0)) throw InputError(fmt::format("option --timeout: expected seconds > 0, got {}", o.timeout));
@@ -212,6 +218,7 @@ int exec(const ExecOptions& o) {
 }
 
 int judge(const JudgeOptions& o) {
+  check_judging(o.judging);
   const Problem p = read_fixture(o.problem);
   if (p.outputs.empty())
     throw InputError(o.problem + ": outputs: missing (a problem file from tparity export holds the reference's)");
@@ -258,11 +265,7 @@ void register_exec(CLI::App& app, Action& action) {
   cmd->add_option("--name", o->name, "The implementation's name in the reports (default: the command)");
   cmd->add_option("command", o->command, "The program and its arguments, after --")->required();
   add_judging_options(*cmd, o->judging);
-  cmd->callback([o, &action] {
-    if (o->judging.update && o->judging.baseline.empty())
-      throw InputError("option --update-baseline: needs --baseline FILE to write");
-    action = [o] { return exec(*o); };
-  });
+  cmd->callback([o, &action] { action = [o] { return exec(*o); }; });
 
   auto j = std::make_shared<JudgeOptions>();
   CLI::App* jc = app.add_subcommand(
@@ -271,11 +274,7 @@ void register_exec(CLI::App& app, Action& action) {
   jc->add_option("--outputs", j->outputs, "Outputs file(s), one per precision")->required();
   jc->add_option("--name", j->name, "The implementation's name in the reports")->capture_default_str();
   add_judging_options(*jc, j->judging);
-  jc->callback([j, &action] {
-    if (j->judging.update && j->judging.baseline.empty())
-      throw InputError("option --update-baseline: needs --baseline FILE to write");
-    action = [j] { return judge(*j); };
-  });
+  jc->callback([j, &action] { action = [j] { return judge(*j); }; });
 }
 
 }  // namespace tparity::cli

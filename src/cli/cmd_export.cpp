@@ -22,6 +22,7 @@ struct ExportOptions {
   std::vector<std::string> fixtures;
   std::string out;
   std::string tensors = "inline";
+  bool no_components = false;
 };
 
 // A fixture as a problem file: its stored outputs stay (they are the reference: Python's); LibTorch's
@@ -67,7 +68,8 @@ int export_problems(const ExportOptions& o) {
   fs::create_directories(o.out, ec);
   if (!fs::is_directory(o.out)) throw InputError("option --out: " + o.out + ": cannot create the directory");
   const bool st = o.tensors == "safetensors";
-  for (const auto& [name, p] : exported_problems(o.selection, o.fixtures)) {
+  for (auto& [name, p] : exported_problems(o.selection, o.fixtures)) {
+    if (o.no_components) p.components.clear(), p.components_float32.clear();
     const std::string path = (fs::path(o.out) / (name + ".json")).string();
     write_problem(path, p, st);
     fmt::print("{}{}: {} {} components, reference {}\n", path, st ? " (+ " + name + ".safetensors)" : "",
@@ -91,6 +93,8 @@ void register_export(CLI::App& app, Action& action) {
                   "inline: tensors in the JSON; safetensors: in <name>.safetensors beside it (ids stay inline)")
       ->check(CLI::IsMember({"inline", "safetensors"}))
       ->capture_default_str();
+  cmd->add_flag("--no-components", o->no_components,
+                "Outputs only: leave the reference's components out (smaller files; no per-op judgement)");
   cmd->callback([o, &action] { action = [o] { return export_problems(*o); }; });
 }
 

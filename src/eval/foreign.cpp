@@ -164,6 +164,14 @@ void check_outputs_file(const OutputsFile& f, const Problem& p, const std::strin
     throw InputError(where + ": " + field + ": " + what);
   };
   if (f.dtype != dtype) fail("dtype", fmt::format("expected \"{}\" (the precision asked for), got \"{}\"", dtype, f.dtype));
+  // Every tensor in that precision: a float64 tensor in a float32 run would be judged as float32.
+  for (const auto& [section, m] : {std::pair<const char*, const TensorMap*>{"outputs", &f.outputs},
+                                   {"components", &f.components},
+                                   {"local", &f.local}})
+    for (const auto& [name, t] : *m)
+      if (dtype_name(t.dtype) != dtype)
+        fail(std::string(section) + "." + name + ".dtype",
+             fmt::format("expected \"{}\" (the run's precision), got \"{}\"", dtype, dtype_name(t.dtype)));
   const TensorMap& ref_outputs = dtype == "float32" && !p.outputs_float32.empty() ? p.outputs_float32 : p.outputs;
   for (const auto& [name, want] : ref_outputs) {
     auto it = f.outputs.find(name);

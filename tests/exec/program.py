@@ -67,7 +67,7 @@ def main():
         o["data"] = o["data"][:-1]
         o["shape"] = [len(o["data"])]
     if mode == "wrong-name":
-        comps["qq"] = comps["q"]
+        comps["qq"] = comps["output"]
     if mode == "wrong-dtype":
         doc["dtype"] = "float64" if f32 else "float32"
     with open(out, "w") as f:

@@ -31,7 +31,8 @@ struct ProgramRun {
 ProgramRun run_program(const std::vector<std::string>& argv_template, const std::string& problem,
                        const std::string& out, const std::string& dtype, double timeout_s);
 
-// An outputs file checked against the problem it answers: its dtype is the one asked for; outputs
+// An outputs file checked against the problem it answers: its dtype (and every tensor's) is the one
+// asked for; outputs
 // "output" (and "attn_weights" when the module returns them) with the reference's shapes and no
 // others; components and local components only by the problem's component names, each with the
 // shape of the reference's component. InputError naming the file and the field otherwise.

@@ -89,6 +89,7 @@ struct Problem {
   TensorMap components, components_float32;
   std::map<std::string, std::string> producer;
   int fixture_version = 0;  // 1 or 2 when read from a fixture
+  std::string tensor_file;  // the safetensors file beside it that held its tensors, when one did
   // Whose semantics the problem follows where torch versions differ (core/attention.hpp): a
   // fixture's are its producer's torch (version 1 fixtures: 1.13); a case's are unset until the
   // evaluation resolves them to the reference's (resolve_semantics).

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The any-language protocol end to end (README, "Check your implementation in any language"), as
+# ./scripts/test runs it: tparity exec with the numpy example over every default case (each case it
+# implements passes, the others it declines), its broken copy (scores scaled by 1/sqrt(E)) failing
+# with the first divergence named at scores, and the C example (libc only) on the seeds' attention
+# cases and the committed MultiheadAttention fixtures.
+#   tests/scripts/any_language.sh BUILD_DIR PYTHON
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="$(cd "$1" && pwd)"
+python="$2"
+cd "$root"
+fail() {
+  echo "any_language: $*" >&2
+  exit 1
+}
+summary() { grep -E "^[0-9]+ case\(s\):" | tail -n 1; }
+
+# 1. The numpy example: every default case, problems in safetensors form.
+out=$("$build/tparity" exec --tensors safetensors --name "numpy example" --junit "$build/exec-numpy.xml" \
+  -- "$python" examples/numpy_attention/run.py {problem} {out} {dtype}) || {
+  echo "$out"
+  fail "the numpy example failed a case"
+}
+echo "numpy example: $(echo "$out" | summary); $(echo "$out" | grep -c '^skipped') cases declined"
+
+# 2. Its broken copy must fail, and name the scores as the first divergence.
+if out=$("$build/tparity" exec --case multihead --case block --name "numpy example, broken" \
+  -- "$python" examples/numpy_attention/broken.py {problem} {out} {dtype}); then
+  fail "broken.py passed: the scale by 1/sqrt(E) went unseen"
+fi
+echo "$out" | grep -q "first divergence: component scores" || fail "broken.py: no first divergence at scores: $out"
+echo "$out" | grep -q "first divergence: component sa.scores" || fail "broken.py: no first divergence at sa.scores"
+echo "numpy example, broken: $(echo "$out" | summary), first divergence at scores and sa.scores"
+
+# 3. The C example, compiled here, on inline problems: three seed cases and every MHA fixture.
+cc -std=c11 -O2 -Wall -Wextra -Werror -o "$build/c_attention" examples/c_attention/attention.c -lm
+fixtures=()
+for f in fixtures/torch-2.13/mha_*.json fixtures/torch-1.13/mha_*.json; do fixtures+=(--fixture "$f"); done
+out=$("$build/tparity" exec --case single --case batched --case multihead "${fixtures[@]}" --name "C example" \
+  -- "$build/c_attention" {problem} {out} {dtype}) || {
+  echo "$out"
+  fail "the C example failed a case"
+}
+echo "C example: $(echo "$out" | summary); $(echo "$out" | grep -c '^skipped') declined"

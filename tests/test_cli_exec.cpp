@@ -1,0 +1,125 @@
+// The any-language protocol through the CLI: export, exec and judge, with stand-in programs
+// (tests/exec/program.py, Python's standard library only) that behave well or in every bad way.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli_support.hpp"
+
+using namespace clitest;
+using nlohmann::json;
+
+namespace {
+
+const std::string kProgram = std::string(TPARITY_SOURCE) + "/tests/exec/program.py";
+
+std::string program(const std::string& mode) { return "-- python3 " + kProgram + " " + mode + " {problem} {out} {dtype}"; }
+
+}  // namespace
+
+TEST_CASE("exec: a program as good as the reference passes / one that spoils the scores fails there first",
+          "[cli][torch]") {
+  if (!with_torch()) return;
+  Result r = tparity("exec --case multihead --batch 2 --seq 6 --format json " + program("echo"));
+  CHECK(r.code == 0);
+  const json doc = json::parse(r.out);
+  REQUIRE(doc.at("cases").size() == 2);
+  for (const json& c : doc.at("cases")) CHECK(c.at("pass") == true);
+  // Its own local components (each op on the reference's inputs) are judged too.
+  CHECK(doc.at("cases").at(0).at("components").at(3).at("legs").contains("local_hand64_vs_torch64"));
+  // Every score (and local score) 0.1% off: the float64 gate fails, at scores first, not downstream.
+  r = tparity("exec --case multihead --batch 2 --seq 6 " + program("bad-scores"));
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("first divergence: component scores: leg local_hand64_vs_torch64"));
+  // Outputs alone are judged on the outputs; one precision alone on its own legs, and it is said.
+  r = tparity("exec --case sdpa " + program("echo-no-comp"));
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("returns no components: its outputs are compared"));
+  r = tparity("exec --case sdpa --dtype float32 " + program("echo"));
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("gave no float64 run: the semantic legs (hand64_vs_torch64) are not judged"));
+}
+
+TEST_CASE("exec: a bad program gets one line per case naming what went wrong / and the run goes on", "[cli][torch]") {
+  if (!with_torch()) return;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"crash", "the program exited with code 3"},
+      {"segv", "the program was killed by signal 11"},
+      {"hang", "the program timed out after 2 s and was killed"},
+      {"silent", "the program exited 0 but wrote no outputs file"},
+      {"malformed", "malformed JSON"},
+      {"wrong-shape", "outputs.output: expected shape [2, 5, 4] (the reference's), got"},
+      {"wrong-name", "components.qq: not a component of ScaledDotProductAttention (expected one of: scores, "
+                     "attn_weights, output)"},
+      {"wrong-dtype", "dtype: expected \"float64\" (the precision asked for), got \"float32\""},
+  };
+  for (const auto& [mode, line] : bad) {
+    CAPTURE(mode);
+    const Result r = tparity("exec --case sdpa --case matmul --timeout 2 " + program(mode));
+    CHECK(r.code == 1);
+    // One line per case on stderr, the case and the precision first; both cases reached.
+    CHECK_THAT(r.err, Catch::Contains("case sdpa (float64): ") && Catch::Contains(line));
+    CHECK_THAT(r.err, Catch::Contains("case matmul (float64): "));
+    CHECK_THAT(r.out, Catch::Contains("2 case(s): 0 passed, 2 failed"));
+  }
+  // A module the program declines is skipped, said so, and fails nothing.
+  const Result r = tparity("exec --case sdpa " + program("unsupported"));
+  CHECK(r.code == 0);
+  CHECK_THAT(r.err, Catch::Contains("case sdpa: skipped: the program says: a stand-in implements nothing"));
+}
+
+TEST_CASE("exec: usage errors exit 2 with one line", "[cli]") {
+  for (const auto& [args, mention] : std::vector<std::pair<std::string, std::string>>{
+           {"exec --case sdpa", "command"},
+           {"exec --case sdpa --timeout 0 " + program("echo"), "option --timeout: expected seconds > 0, got 0"},
+           {"exec --case sdpa -- python3 " + kProgram + " echo", "never names {problem}"},
+           {"exec --case nope " + program("echo"), "option --case: expected one of"},
+           {"exec --case sdpa --update-baseline " + program("echo"), "--update-baseline: needs --baseline FILE"},
+           {"judge --problem /nonexistent.json --outputs /nonexistent.out.json", "/nonexistent.json: cannot open"},
+       }) {
+    CAPTURE(args);
+    const Result r = tparity(args);
+    if (!with_torch() && args.rfind("exec", 0) == 0 && r.code == 2 && r.err.find("LibTorch") != std::string::npos)
+      continue;
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains(mention));
+  }
+}
+
+TEST_CASE("export: problem files that check passes / judge reads what a program wrote elsewhere", "[cli][torch]") {
+  if (!with_torch()) return;
+  for (const char* tensors : {"inline", "safetensors"}) {
+    CAPTURE(tensors);
+    const fs::path dir = scratch() / (std::string("export_") + tensors);
+    fs::remove_all(dir);
+    Result r = tparity(std::string("export --case sdpa --case embed --case selfattn_v1 --tensors ") + tensors +
+                       " --out " + dir.string());
+    REQUIRE(r.code == 0);
+    CHECK(fs::exists(dir / "embed.json"));
+    CHECK(fs::exists(dir / "embed.safetensors") == (std::string(tensors) == "safetensors"));
+    // The hand core against the exported reference: every case and component passes.
+    r = tparity("check --fixture " + (dir / "sdpa.json").string() + " --fixture " + (dir / "embed.json").string() +
+                " --fixture " + (dir / "selfattn_v1.json").string());
+    CHECK(r.code == 0);
+    const json doc = json::parse(slurp(dir / "embed.json"));
+    CHECK(doc.at("version") == 2);
+    CHECK(doc.at("components").contains("layers.5.output"));
+    CHECK(doc.at("reference").at("name").get<std::string>().rfind("LibTorch's decomposition", 0) == 0);
+  }
+  // judge: the program's files kept by exec --keep, judged again without running anything.
+  const fs::path keep = scratch() / "keep";
+  fs::remove_all(keep);
+  REQUIRE(tparity("exec --case sdpa --keep " + keep.string() + " " + program("echo")).code == 0);
+  const std::string problem = (keep / "sdpa.json").string();
+  Result r = tparity("judge --problem " + problem + " --outputs " + (keep / "sdpa.float64.out.json").string() +
+                     " --outputs " + (keep / "sdpa.float32.out.json").string() + " --format json");
+  CHECK(r.code == 0);
+  CHECK(json::parse(r.out).at("cases").at(0).at("pass") == true);
+  r = tparity("judge --problem " + problem + " --outputs " + (keep / "sdpa.float64.out.json").string() +
+              " --outputs " + (keep / "sdpa.float64.out.json").string());
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("option --outputs: two files of dtype float64"));
+}
