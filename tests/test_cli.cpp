@@ -102,8 +102,10 @@ TEST_CASE("cli: eval writes the outputs the fixture's module returns", "[cli]") 
     const Result r = tparity("eval --fixture " + fixture + " --dtype float64 --out " + out.string());
     REQUIRE(r.code == 0);
     CHECK(r.err.empty());
-    const json got = json::parse(slurp(out));
-    REQUIRE(got.size() == 1);
+    const json got = json::parse(slurp(out));  // an outputs file of the any-language protocol
+    CHECK(got.at("format") == "tparity.outputs");
+    CHECK(got.at("dtype") == "float64");
+    REQUIRE(got.size() == 4);  // format, version, dtype, outputs
     const json& outs = got.at("outputs");
     CHECK(outs.size() == stored.at("outputs").size());  // attn_weights only when returned
     for (auto it = outs.begin(); it != outs.end(); ++it) {

@@ -15,7 +15,9 @@ namespace {
 
 const std::string kProgram = std::string(TPARITY_SOURCE) + "/tests/exec/program.py";
 
-std::string program(const std::string& mode) { return "-- python3 " + kProgram + " " + mode + " {problem} {out} {dtype}"; }
+std::string program(const std::string& mode) {
+  return "-- python3 " + kProgram + " " + mode + " {problem} {out} {dtype}";
+}
 
 }  // namespace
 
@@ -51,8 +53,9 @@ TEST_CASE("exec: a bad program gets one line per case naming what went wrong / a
       {"silent", "the program exited 0 but wrote no outputs file"},
       {"malformed", "malformed JSON"},
       {"wrong-shape", "outputs.output: expected shape [2, 5, 4] (the reference's), got"},
-      {"wrong-name", "components.qq: not a component of ScaledDotProductAttention (expected one of: scores, "
-                     "attn_weights, output)"},
+      {"wrong-name",
+       "components.qq: not a component of ScaledDotProductAttention (expected one of: scores, "
+       "attn_weights, output)"},
       {"wrong-dtype", "dtype: expected \"float64\" (the precision asked for), got \"float32\""},
   };
   for (const auto& [mode, line] : bad) {
@@ -118,8 +121,8 @@ TEST_CASE("export: problem files that check passes / judge reads what a program 
                      " --outputs " + (keep / "sdpa.float32.out.json").string() + " --format json");
   CHECK(r.code == 0);
   CHECK(json::parse(r.out).at("cases").at(0).at("pass") == true);
-  r = tparity("judge --problem " + problem + " --outputs " + (keep / "sdpa.float64.out.json").string() +
-              " --outputs " + (keep / "sdpa.float64.out.json").string());
+  r = tparity("judge --problem " + problem + " --outputs " + (keep / "sdpa.float64.out.json").string() + " --outputs " +
+              (keep / "sdpa.float64.out.json").string());
   CHECK(r.code == 2);
   CHECK_THAT(r.err, Catch::Contains("option --outputs: two files of dtype float64"));
 }

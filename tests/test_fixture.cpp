@@ -136,7 +136,8 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
       {[](nlohmann::json& j) { j["version"] = 3; }, "bad.json: version: expected 1 or 2, got 3"},
       {[](nlohmann::json& j) { j["module"] = "Transformer"; },
        "bad.json: module: expected one of \"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", "
-       "\"TransformerDecoderLayer\", \"ScaledDotProductAttention\", \"TokenEncoder\", \"ViT\", \"Matmul\", \"Softmax\", "
+       "\"TransformerDecoderLayer\", \"ScaledDotProductAttention\", \"TokenEncoder\", \"ViT\", \"Matmul\", "
+       "\"Softmax\", "
        "\"LayerNorm\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", \"MultiHeadAttentionWrapper\", "
        "\"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", \"GPT2Block\", got \"Transformer\""},
       {[](nlohmann::json& j) { j.erase("state_dict"); }, "bad.json: state_dict: missing"},

@@ -102,8 +102,8 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
                    j.baseline.c_str());
       return kFail;
     }
-    const Baseline b = make_baseline(reports, {{"torch", ref.torch}, {"blas", ref.blas}, {"kernel", ref.kernel},
-                                               {"implementation", rerun}});
+    const Baseline b = make_baseline(
+        reports, {{"torch", ref.torch}, {"blas", ref.blas}, {"kernel", ref.kernel}, {"implementation", rerun}});
     write_text_file(j.baseline, baseline_to_json(b).dump(2) + "\n");
     std::fprintf(stderr, "baseline %s: %zu entries\n", j.baseline.c_str(), b.entries.size());
   }

@@ -87,7 +87,8 @@ void register_export(CLI::App& app, Action& action) {
       "Write problem files for your own implementation: the cases (or fixtures) with the reference's outputs and "
       "components");
   add_case_options(*cmd, o->selection);
-  cmd->add_option("--fixture", o->fixtures, "Also (or, with no --case, only) these fixtures, re-written as problem files");
+  cmd->add_option("--fixture", o->fixtures,
+                  "Also (or, with no --case, only) these fixtures, re-written as problem files");
   cmd->add_option("--out", o->out, "Directory for the problem files (created)")->required();
   cmd->add_option("--tensors", o->tensors,
                   "inline: tensors in the JSON; safetensors: in <name>.safetensors beside it (ids stay inline)")

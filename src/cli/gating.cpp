@@ -61,8 +61,8 @@ void write_junit(const std::string& path, const std::vector<Gated>& gated,
       "failures=\"{}\">\n    <properties>\n      <property name=\"reference\" value=\"{}\"/>\n"
       "      <property name=\"torch\" value=\"{}\"/>\n      <property name=\"blas\" value=\"{}\"/>\n"
       "      <property name=\"kernel\" value=\"{}\"/>\n    </properties>\n{}  </testsuite>\n</testsuites>\n",
-      xml_escape(suite), tests, failed, xml_escape(ref.line()), xml_escape(ref.torch), xml_escape(ref.blas), xml_escape(ref.kernel),
-      cases);
+      xml_escape(suite), tests, failed, xml_escape(ref.line()), xml_escape(ref.torch), xml_escape(ref.blas),
+      xml_escape(ref.kernel), cases);
   write_text_file(path, xml);
 }
 

@@ -47,8 +47,8 @@ Components as_components(const TensorMap& m, const std::vector<std::string>& ord
 std::optional<DTensor> module_layout(const DTensor& c, const Shape& shape) {
   DTensor o = c;
   o.shape = shape;
-  if (c.shape == shape || (c.shape.size() == shape.size() + 1 && c.shape[0] == 1 &&
-                           Shape(c.shape.begin() + 1, c.shape.end()) == shape))
+  if (c.shape == shape ||
+      (c.shape.size() == shape.size() + 1 && c.shape[0] == 1 && Shape(c.shape.begin() + 1, c.shape.end()) == shape))
     return o;
   if (c.shape.size() == 3 && shape == Shape{c.shape[1], c.shape[0], c.shape[2]}) {
     const int64_t B = c.shape[0], L = c.shape[1], E = c.shape[2];
@@ -61,7 +61,8 @@ std::optional<DTensor> module_layout(const DTensor& c, const Shape& shape) {
 }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) s.replace(pos, from.size(), to);
+  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size())
+    s.replace(pos, from.size(), to);
   return s;
 }
 
@@ -117,8 +118,8 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
     return r;
   }
   if (pid == 0) {
-    setpgid(0, 0);   // its own process group, so that a timeout kills what it started too
-    dup2(2, 1);      // the program's standard output goes to tparity's standard error
+    setpgid(0, 0);  // its own process group, so that a timeout kills what it started too
+    dup2(2, 1);     // the program's standard output goes to tparity's standard error
     close(status_pipe[0]);
     execvp(argv[0], argv.data());
     const int e = errno;
@@ -163,7 +164,8 @@ void check_outputs_file(const OutputsFile& f, const Problem& p, const std::strin
   auto fail = [&](const std::string& field, const std::string& what) {
     throw InputError(where + ": " + field + ": " + what);
   };
-  if (f.dtype != dtype) fail("dtype", fmt::format("expected \"{}\" (the precision asked for), got \"{}\"", dtype, f.dtype));
+  if (f.dtype != dtype)
+    fail("dtype", fmt::format("expected \"{}\" (the precision asked for), got \"{}\"", dtype, f.dtype));
   // Every tensor in that precision: a float64 tensor in a float32 run would be judged as float32.
   for (const auto& [section, m] : {std::pair<const char*, const TensorMap*>{"outputs", &f.outputs},
                                    {"components", &f.components},
@@ -177,8 +179,8 @@ void check_outputs_file(const OutputsFile& f, const Problem& p, const std::strin
     auto it = f.outputs.find(name);
     if (it == f.outputs.end()) fail("outputs." + name, "missing (the module returns it)");
     if (it->second.shape != want.shape)
-      fail("outputs." + name,
-           fmt::format("expected shape {} (the reference's), got {}", to_string(want.shape), to_string(it->second.shape)));
+      fail("outputs." + name, fmt::format("expected shape {} (the reference's), got {}", to_string(want.shape),
+                                          to_string(it->second.shape)));
   }
   for (const auto& [name, t] : f.outputs)
     if (!ref_outputs.count(name)) {
@@ -187,8 +189,8 @@ void check_outputs_file(const OutputsFile& f, const Problem& p, const std::strin
       fail("outputs." + name, "not an output of " + module_name(p.module) + " here (expected " + list + ")");
     }
   const std::vector<std::string> names = component_names(p);
-  for (const auto& [section, m] : {std::pair<const char*, const TensorMap*>{"components", &f.components},
-                                   {"local", &f.local}})
+  for (const auto& [section, m] :
+       {std::pair<const char*, const TensorMap*>{"components", &f.components}, {"local", &f.local}})
     for (const auto& [name, t] : *m) {
       if (std::find(names.begin(), names.end(), name) == names.end()) {
         std::string list;
