@@ -372,6 +372,156 @@ def transformer_decoder_layer(config, forward, sd, inputs, torch2, tape):
     return {"output": from_batch_first(tape("output", x), batched, batch_first)}
 
 
+# ---- seed 004's models: its TransformerEncoder front and its ViT -----------------------------------
+
+def tanh(x):
+    # mirrors torch.tanh
+    return np.tanh(x)
+
+
+def sigmoid(x):
+    # mirrors torch.sigmoid: 1 / (1 + exp(-x)) (exp(-x) overflowing to inf gives 0, as torch's)
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-x))
+
+
+def silu(x):
+    # mirrors torch.nn.functional.silu: x / (1 + exp(-x)), the division torch's kernel does
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-x))
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    # mirrors torch.nn.functional.softplus: x where x * beta > threshold (strictly), else
+    # log1p(exp(x * beta)) / beta; nn.Softplus's defaults beta 1, threshold 20
+    with np.errstate(over="ignore"):
+        return np.where(x * beta > threshold, x, np.log1p(np.exp(x * beta)) / beta)
+
+
+def leaky_relu(x, negative_slope=0.01):
+    # mirrors torch.nn.functional.leaky_relu: x > 0 ? x : x * negative_slope (nn.LeakyReLU's 0.01)
+    return np.where(x > 0, x, x * negative_slope)
+
+
+# the activations by the names tparity's configs use, with nn's default options (gelu exact)
+ACTIVATIONS = {"relu": relu, "gelu": gelu, "tanh": tanh, "sigmoid": sigmoid, "silu": silu, "softplus": softplus,
+               "leakyrelu": leaky_relu}
+
+
+def embedding(ids, weight):
+    # mirrors torch.nn.functional.embedding: ids is (...) int64 in [0, V), weight is (V, C); out will be (..., C)
+    V = weight.shape[0]
+    if ids.size and (ids.min() < 0 or ids.max() >= V):
+        bad = np.argwhere((ids < 0) | (ids >= V))[0]
+        raise ValueError(f"inputs.tokens: id {ids[tuple(bad)]} at {list(bad)} is out of range for an embedding "
+                         f"of {V} rows (expected 0 <= id < {V})")
+    return weight[ids]
+
+
+def rounded(f, x):
+    # f (np.power's partial, np.sin, np.cos) of dtype values, taken in double and rounded once to x's dtype:
+    # the value a correctly rounded float32 libm gives (glibc's powf, sinf, cosf nearly always do; numpy's
+    # own float32 loops are off by an ulp in about one case in six, which shows as error torch does not have)
+    return f(x.astype(np.float64)).astype(x.dtype)
+
+
+def positional_encoding(T, C, dtype):
+    # seed 004's PositionalEncoding table P[:T], computed in dtype as the seed's torch code computes it,
+    # every op's result a dtype value (the transcendental ones through rounded()):
+    # X = arange(T)[:, None] / pow(10000, arange(0, C, 2) / C); P[:, 0::2] = sin(X); P[:, 1::2] = cos(X)
+    # out will be (T, C); C even
+    if C <= 0 or C % 2:
+        raise ValueError(f"config: d_model must be positive and even for the positional encoding, got {C}")
+    exponent = np.arange(0, C, 2).astype(dtype) / np.dtype(dtype).type(C)  # (C/2)
+    inv_freq = rounded(lambda e: np.power(10000.0, e), exponent)  # (C/2)
+    X = np.arange(T).astype(dtype)[:, None] / inv_freq  # (T, C/2)
+    P = np.empty((T, C), dtype=dtype)
+    P[:, 0::2], P[:, 1::2] = rounded(np.sin, X), rounded(np.cos, X)
+    return P
+
+
+def patcher(image, p):
+    # mirrors seed 004's Patcher: image.unfold(-2, p, p).unfold(-2, p, p).reshape(B, C, -1, p * p)
+    # .transpose(1, 2).reshape(B, -1, C * p * p)
+    # image is (B, C, H, W), H and W multiples of p; out will be (B, n, C*p*p), n = (H/p)(W/p): patch (r, c)
+    # is row r * (W/p) + c, its features ordered [channel][row in patch][column in patch]
+    B, C, H, W = image.shape
+    if p <= 0 or H % p or W % p:
+        raise ValueError(f"inputs.image: expected H and W multiples of the patch size {p}, "
+                         f"got shape {list(image.shape)}")
+    x = image.reshape(B, C, H // p, p, W // p, p)  # [b, ch, r, i, c, j]
+    return x.transpose(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), C * p * p)  # [b, (r, c), (ch, i, j)]
+
+
+def batch_norm_eval(x, running_mean, running_var, weight, bias, eps):
+    # mirrors torch.nn.functional.batch_norm(training=False) on (N, C), rounded in the order of torch's CPU
+    # kernel: invstd = 1 / sqrt(var + eps), alpha = invstd * weight, beta = bias - mean * alpha, x * alpha + beta
+    # x is (N, C); running_mean, running_var, weight, bias are (C); out will be (N, C)
+    alpha = 1 / np.sqrt(running_var + eps) * weight
+    beta = bias - running_mean * alpha
+    return x * alpha + beta
+
+
+def seed004_layers(x, sd, config, torch2, tape):
+    # the encoder layers in turn (torch.nn.TransformerEncoderLayer, post-norm, batch_first, no mask)
+    # x is (B, T, d); state_dict layers.N.*; out will be (B, T, d); components layers.N.<the layer's>
+    if config.get("norm_first", False) or not config.get("batch_first", True):
+        raise Unsupported("seed 004's models run post-norm, batch-first layers")
+    for i in range(config["num_layers"]):
+        x = encoder_layer(x, sub_dict(sd, f"layers.{i}."), config, None, None, torch2, tape, f"layers.{i}.")
+    return x
+
+
+def token_encoder(config, forward, sd, inputs, torch2, tape):
+    # mirrors seed 004's TransformerEncoder.forward (eval): X = embedding(tokens); X = X + P[:T]; the
+    # encoder layers in turn, batch-first, no mask
+    # tokens is (B, T) int64 in [0, num_embeddings); embedding.weight is (num_embeddings, d)
+    # out will be (B, T, d); components: embedding, pos_encoding (after the addition), layers.N.*, output
+    tokens, weight = inputs["tokens"], sd["embedding.weight"]
+    if tokens.ndim != 2:
+        raise ValueError(f"inputs.tokens: expected 2 dims (B, T), got shape {list(tokens.shape)}")
+    V, d = config["num_embeddings"], config["d_model"]
+    if weight.shape != (V, d):
+        raise ValueError(f"state_dict.embedding.weight: expected shape {[V, d]}, got {list(weight.shape)}")
+    T = tokens.shape[1]
+    x = tape("embedding", embedding(tokens, weight))  # (B, T, d)
+    x = tape("pos_encoding", x + positional_encoding(T, d, x.dtype))
+    return {"output": tape("output", seed004_layers(x, sd, config, torch2, tape))}
+
+
+def vit(config, forward, sd, inputs, torch2, tape):
+    # mirrors seed 004's ViT.forward in eval mode (dropout 0, BatchNorm1d on its running statistics):
+    # X = patcher(image); X = X + P[:n]; the encoder layers, batch-first; X.view(B, -1) (B, n*d);
+    # per hidden width of head_neurons: Linear, BatchNorm1d, activation; then the output Linear
+    # image is (B, C, H, W); out will be the logits (B, head_neurons[-1])
+    # state_dict: layers.N.*; head.<i>.linear.{weight,bias}, head.<i>.bn.{weight,bias,running_mean,running_var}
+    #   per hidden width; head.out.{weight,bias}
+    # components: patches (B, n, d), pos_encoding (B, n, d), layers.N.*, head.<i>.linear, head.<i>.bn,
+    #   head.<i>.act (B, w_i), output (B, out)
+    image, p, C = inputs["image"], config["patch_size"], config["channels"]
+    H, W = config["image_size"]
+    d, act = config["d_model"], ACTIVATIONS.get(config["head_activation"])
+    if act is None:
+        raise Unsupported(f"head activation {config['head_activation']!r} "
+                          f"(implemented: {', '.join(ACTIVATIONS)})")
+    if d != C * p * p:
+        raise ValueError(f"config.d_model: expected channels x patch_size^2 = {C * p * p}, got {d}")
+    if image.ndim != 4 or image.shape[1:] != (C, H, W):
+        raise ValueError(f"inputs.image: expected shape (B, {C}, {H}, {W}), got {list(image.shape)}")
+    B = image.shape[0]
+    x = tape("patches", patcher(image, p))  # (B, n, d)
+    x = tape("pos_encoding", x + positional_encoding(x.shape[1], d, x.dtype))
+    x = seed004_layers(x, sd, config, torch2, tape).reshape(B, -1)  # X.view(B, -1): (B, n*d)
+    eps = config.get("bn_eps", 1e-5)
+    for i in range(len(config["head_neurons"]) - 1):
+        pre = f"head.{i}."
+        x = tape(pre + "linear", linear(x, sd[pre + "linear.weight"], sd[pre + "linear.bias"]))  # (B, w_i)
+        x = tape(pre + "bn", batch_norm_eval(x, sd[pre + "bn.running_mean"], sd[pre + "bn.running_var"],
+                                             sd[pre + "bn.weight"], sd[pre + "bn.bias"], eps))
+        x = tape(pre + "act", act(x))
+    return {"output": tape("output", linear(x, sd["head.out.weight"], sd["head.out.bias"]))}
+
+
 # ---- scaled dot-product attention ------------------------------------------------------------------
 
 def scaled_dot_product_attention(config, forward, sd, inputs, torch2, tape):
@@ -406,6 +556,256 @@ def scaled_dot_product_attention(config, forward, sd, inputs, torch2, tape):
     scores = tape("scores", scaled_scores(q, k, scale, mask))
     weights = tape("attn_weights", (safe_softmax if torch2 else softmax)(scores))
     return {"output": tape("output", weighted_sum(weights, v))}
+
+
+# ---- the LLM blocks: transformers' LlamaDecoderLayer, LlamaAttention, GPT2Block -------------------
+# Hugging Face transformers 5.23's semantics (README "The LLM blocks"), in the run's dtype throughout:
+# the float64 run is the mathematics in float64 (transformers' own float64 modules compute their RMSNorm,
+# rotary angles and softmax in float32; the float64 truth does not). A call sees a KV cache (B, Hkv, S, D)
+# of the session's earlier calls; the masks are transformers' additive ones, the dtype's lowest value
+# where a key is causal-masked or padding, which give the same weights as -inf wherever a query sees a
+# key, and uniform weights over all S keys where it sees none.
+
+def rms_norm(x, weight, eps):
+    # mirrors LlamaRMSNorm.forward (in x's dtype, not float32): weight * (x * rsqrt(mean(x^2) + eps))
+    # x is (..., C), weight is (C); out will be (..., C)
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    return weight * (x * (1 / np.sqrt(variance + eps)))
+
+
+def rope_tables(positions, r, theta, dtype):
+    # mirrors LlamaRotaryEmbedding.forward (default rope, attention_scaling 1): inv_freq[i] = 1 / theta^(2i/r),
+    # angle = position * inv_freq[i]; computed in float64 and rounded once to dtype, as tparity's core does
+    # (the float64 run is then the mathematics; the float32 run's table is the nearest float32 to it)
+    # positions is (B, T) int64; out will be cos, sin (B, T, r/2) (transformers' cat(freqs, freqs) repeats
+    # these for the two halves; GPT-J's table holds them once and repeat_interleaves)
+    inv_freq = 1.0 / theta ** (np.arange(0, r, 2, dtype=np.float64) / r)  # (r/2)
+    angle = positions.astype(np.float64)[..., None] * inv_freq  # (B, T, r/2)
+    return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
+
+
+def rotary(x, cos, sin, r, convention):
+    # mirrors apply_rotary_pos_emb: x * cos + rotate(x) * sin on the first r dims of each head, the rest
+    # passing through (GPT-NeoX's partial rotary, GPT-J's rotary_dim)
+    #   "half" (rotate_half): dims (i, i + r/2) rotate together; "interleaved" (rotate_every_two): (2i, 2i+1)
+    # x is (B, H, T, D), cos and sin are (B, T, r/2); out will be (B, H, T, D)
+    if r == 0:
+        return x
+    c, s = cos[:, None], sin[:, None]  # (B, 1, T, r/2): one row per token, every head
+    if convention == "half":
+        x1, x2 = x[..., :r // 2], x[..., r // 2:r]
+        rot = np.concatenate([x1 * c + -x2 * s, x2 * c + x1 * s], axis=-1)
+    else:
+        x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
+        rot = np.stack([x1 * c + -x2 * s, x2 * c + x1 * s], axis=-1).reshape(x.shape[:-1] + (r,))
+    return np.concatenate([rot, x[..., r:]], axis=-1)
+
+
+def gelu_new(x):
+    # mirrors transformers' NewGELUActivation (GPT-2's gelu_new): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
+
+
+def conv1d(x, weight, bias):
+    # mirrors transformers' Conv1D.forward: torch.addmm(bias, x, weight), the weight stored (in, out)
+    # x is (..., IN), weight is (IN, OUT), bias is (OUT); out will be (..., OUT)
+    return x @ weight + bias
+
+
+def repeat_kv(x, groups):
+    # mirrors transformers' repeat_kv: (B, Hkv, S, D) -> (B, Hkv * groups, S, D), query head h reading kv
+    # head h // groups (each kv head repeated for consecutive query heads: expand, then reshape)
+    return x if groups == 1 else np.repeat(x, groups, axis=1)
+
+
+def visible_keys(key_padding_mask, B, L, S, causal):
+    # which key j each query i of a call sees: query i is token past + i of the session (past = S - L keys
+    # were in the cache before the call); causal: j <= past + i; key_padding_mask is (B, T_total) bool, True
+    # at a padding token, over every token of the session (key j is column j), or None
+    # out will be (B, 1, L, S) bool, True where the key takes part
+    past = S - L
+    seen = np.ones((B, 1, L, S), dtype=bool)
+    if causal:
+        seen &= np.arange(S)[None, :] <= past + np.arange(L)[:, None]
+    if key_padding_mask is not None:
+        seen &= ~key_padding_mask[:, None, None, :S]
+    return seen
+
+
+def cached_attention(q, k, v, seen, tape, prefix):
+    # mirrors transformers' eager_attention_forward (dropout 0) over the cache:
+    # scores = matmul(q, repeat_kv(k)^T) * head_dim^-0.5 + mask, softmax, matmul(weights, repeat_kv(v))
+    # q is (B, H, L, D); k, v are (B, Hkv, S, D), the cache with this call's keys last; seen (B, 1, L, S)
+    # out will be the context (B, L, H*D)
+    # components: scores (B, H, L, S), -inf where a key is masked (canonical whatever the dtype), attn_weights
+    # (B, H, L, S): uniform 1/S on a row that sees no key (transformers' scores all equal there), context
+    groups = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    S = k.shape[2]
+    raw = (q @ np.swapaxes(k, -1, -2)) * q.shape[-1] ** -0.5  # (B, H, L, S)
+    scores = tape(prefix + "scores", np.where(seen, raw, -np.inf))
+    dead = ~np.any(seen, axis=-1, keepdims=True)  # (B, 1, L, 1): a query row that sees no key
+    weights = tape(prefix + "attn_weights", np.where(dead, q.dtype.type(1 / S), softmax(scores)))
+    return tape(prefix + "context", merge_heads(weighted_sum(weights, v)))
+
+
+def cache_update(cache, k, v, session, tape, prefix):
+    # mirrors DynamicLayer.update: torch.cat of the cache's keys and values and this call's along the sequence
+    # cache is (k, v), each (B, Hkv, S0, D), or None; k, v are (B, Hkv, L, D)
+    # out will be (k, v), each (B, Hkv, S0 + L, D)
+    # components, in a decode session (a lone call's cache is no component): cache.k, cache.v after the update
+    if cache is not None:
+        k, v = np.concatenate([cache[0], k], axis=2), np.concatenate([cache[1], v], axis=2)
+    return (tape(prefix + "cache.k", k), tape(prefix + "cache.v", v)) if session else (k, v)
+
+
+def llama_attention(x, sd, c, positions, key_padding_mask, cache, tape, prefix=""):
+    # mirrors LlamaAttention.forward (eager attention; transformers' DynamicCache when in a decode session)
+    # x is (B, L, hidden); positions (B, L) int64, the rotary position of each token; cache (k, v) or None
+    # (None and no session: a lone call, its cache not a component); sd: q_proj, k_proj, v_proj (weight,
+    # bias with attention_bias), o_proj
+    # out will be output (B, L, hidden) and the cache (k, v), each (B, Hkv, S, D), S = its keys so far
+    # components: q (B, H, L, D), k, v (B, Hkv, L, D) projected; q_rot, k_rot after rotary; cache.k, cache.v
+    # (in a session); scores, attn_weights (B, H, L, S); context (B, L, H*D); output (B, L, hidden)
+    H, Hkv, D = c["heads"], c["kv_heads"], c["head_dim"]
+    B, L, _ = x.shape
+    if H % Hkv:
+        raise ValueError(f"config.num_key_value_heads: expected a divisor of num_attention_heads {H}, got {Hkv}")
+    for name, shape in (("q_proj", (H * D, c["hidden"])), ("k_proj", (Hkv * D, c["hidden"])),
+                        ("v_proj", (Hkv * D, c["hidden"])), ("o_proj", (c["hidden"], H * D))):
+        if sd[name + ".weight"].shape != shape:
+            raise ValueError(f"state_dict.{c['sd_prefix']}{name}.weight: expected shape {list(shape)}, "
+                             f"got {list(sd[name + '.weight'].shape)}")
+    if positions.size and (positions.min() < 0 or positions.max() >= c["max_positions"]):
+        raise ValueError(f"inputs.position_ids: expected positions in [0, max_position_embeddings = "
+                         f"{c['max_positions']}), got {int(positions.min())} .. {int(positions.max())}")
+    q = tape(prefix + "q", split_heads(linear(x, sd["q_proj.weight"], sd.get("q_proj.bias")), H))
+    k = tape(prefix + "k", split_heads(linear(x, sd["k_proj.weight"], sd.get("k_proj.bias")), Hkv))
+    v = tape(prefix + "v", split_heads(linear(x, sd["v_proj.weight"], sd.get("v_proj.bias")), Hkv))
+    cos, sin = rope_tables(positions, c["rotary_dim"], c["rope_theta"], x.dtype)
+    q = tape(prefix + "q_rot", rotary(q, cos, sin, c["rotary_dim"], c["rope_convention"]))
+    k = tape(prefix + "k_rot", rotary(k, cos, sin, c["rotary_dim"], c["rope_convention"]))
+    # past_key_values.update(key_states, value_states): the cache holds k after rotary
+    ks, vs = cache_update(cache, k, v, c["session"], tape, prefix)
+    seen = visible_keys(key_padding_mask, B, L, ks.shape[2], c["causal"])
+    context = cached_attention(q, ks, vs, seen, tape, prefix)
+    return tape(prefix + "output", linear(context, sd["o_proj.weight"], sd.get("o_proj.bias"))), (ks, vs)
+
+
+def llama_mlp(x, sd, tape, prefix):
+    # mirrors LlamaMLP: down_proj(silu(gate_proj(x)) * up_proj(x))
+    # x is (B, L, hidden); out will be (B, L, hidden)
+    # components: mlp.gate, mlp.up (B, L, I), mlp.act (B, L, I) silu(gate) * up, mlp.down (B, L, hidden)
+    gate = tape(prefix + "mlp.gate", linear(x, sd["mlp.gate_proj.weight"], sd.get("mlp.gate_proj.bias")))
+    up = tape(prefix + "mlp.up", linear(x, sd["mlp.up_proj.weight"], sd.get("mlp.up_proj.bias")))
+    act = tape(prefix + "mlp.act", silu(gate) * up)
+    return tape(prefix + "mlp.down", linear(act, sd["mlp.down_proj.weight"], sd.get("mlp.down_proj.bias")))
+
+
+def llama_layer(x, sd, c, positions, key_padding_mask, cache, tape, prefix=""):
+    # mirrors LlamaDecoderLayer.forward: h = x + attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h))
+    # x is (B, L, hidden); out will be output (B, L, hidden) and the cache
+    # components: input_layernorm, attn.<the attention's>, attn_residual, post_attention_layernorm, mlp.*, output
+    eps = c["rms_norm_eps"]
+    h = tape(prefix + "input_layernorm", rms_norm(x, sd["input_layernorm.weight"], eps))
+    a, cache = llama_attention(h, sub_dict(sd, "self_attn."), c, positions, key_padding_mask, cache, tape,
+                               prefix + "attn.")
+    x = tape(prefix + "attn_residual", x + a)
+    h = tape(prefix + "post_attention_layernorm", rms_norm(x, sd["post_attention_layernorm.weight"], eps))
+    return tape(prefix + "output", x + llama_mlp(h, sd, tape, prefix)), cache
+
+
+def gpt2_block(x, sd, c, positions, key_padding_mask, cache, tape, prefix=""):
+    # mirrors GPT2Block.forward (eager attention, no cross-attention; positions are the model's wpe, outside):
+    # h = x + c_proj(attn(ln_1(x))); h + mlp.c_proj(gelu_new(mlp.c_fc(ln_2(h)))); Conv1D weights (in, out),
+    # c_attn's output split into q, k, v by columns
+    # x is (B, L, hidden); out will be output (B, L, hidden) and the cache (k, v), each (B, H, S, D)
+    # components: ln_1, attn.q, attn.k, attn.v (B, H, L, D), attn.cache.k, attn.cache.v (in a session),
+    # attn.scores, attn.attn_weights, attn.context, attn.output, attn_residual, ln_2, mlp.fc, mlp.act,
+    # mlp.proj, output
+    C, H, eps = c["hidden"], c["heads"], c["layer_norm_epsilon"]
+    B, L, _ = x.shape
+    h = tape(prefix + "ln_1", layer_norm(x, sd["ln_1.weight"], sd["ln_1.bias"], eps))
+    qkv = conv1d(h, sd["attn.c_attn.weight"], sd["attn.c_attn.bias"])  # (B, L, 3C)
+    q, k, v = (tape(prefix + "attn." + n, split_heads(qkv[..., i * C:(i + 1) * C], H))  # (B, H, L, D) each
+               for i, n in enumerate("qkv"))
+    ks, vs = cache_update(cache, k, v, c["session"], tape, prefix + "attn.")
+    seen = visible_keys(key_padding_mask, B, L, ks.shape[2], c["causal"])
+    context = cached_attention(q, ks, vs, seen, tape, prefix + "attn.")
+    a = tape(prefix + "attn.output", conv1d(context, sd["attn.c_proj.weight"], sd["attn.c_proj.bias"]))
+    x = tape(prefix + "attn_residual", a + x)
+    h = tape(prefix + "ln_2", layer_norm(x, sd["ln_2.weight"], sd["ln_2.bias"], eps))
+    fc = tape(prefix + "mlp.fc", conv1d(h, sd["mlp.c_fc.weight"], sd["mlp.c_fc.bias"]))
+    act = tape(prefix + "mlp.act", gelu_new(fc))
+    m = tape(prefix + "mlp.proj", conv1d(act, sd["mlp.c_proj.weight"], sd["mlp.c_proj.bias"]))
+    return tape(prefix + "output", x + m), (ks, vs)
+
+
+def llm_config(module, config):
+    # the config by transformers' names, with their defaults (LlamaConfig, GPT2Config), as one dict
+    c = {"hidden": config["hidden_size"], "heads": config["num_attention_heads"],
+         "causal": config.get("causal", True), "decode_steps": config.get("decode_steps", 0)}
+    if module == "GPT2Block":
+        c.update(layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
+                 max_positions=config.get("max_position_embeddings", 1024))
+        if c["hidden"] % c["heads"]:
+            raise ValueError(f"config.num_attention_heads: expected a divisor of hidden_size {c['hidden']}, "
+                             f"got {c['heads']}")
+        c.update(kv_heads=c["heads"], head_dim=c["hidden"] // c["heads"])
+        return c
+    c.update(kv_heads=config.get("num_key_value_heads", c["heads"]),
+             head_dim=config.get("head_dim", c["hidden"] // c["heads"]),
+             rope_theta=config.get("rope_theta", 10000.0), rope_convention=config.get("rope_convention", "half"),
+             max_positions=config.get("max_position_embeddings", 2048),
+             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+             sd_prefix="self_attn." if module == "LlamaDecoderLayer" else "")
+    # GPT-NeoX's rotary_ndims = int(head_dim * partial_rotary_factor): the first r dims of a head rotate
+    c["rotary_dim"] = int(c["head_dim"] * config.get("partial_rotary_factor", 1.0))
+    if c["rope_convention"] not in ("half", "interleaved"):
+        raise ValueError(f"config.rope_convention: expected \"half\" or \"interleaved\", "
+                         f"got {c['rope_convention']!r}")
+    if c["rotary_dim"] % 2:
+        raise ValueError(f"config.partial_rotary_factor: head_dim x factor = {c['rotary_dim']} rotary dims, "
+                         f"expected an even number")
+    return c
+
+
+def llm_module(module):
+    # forward(config, forward, sd, inputs, torch2, tape) of LlamaDecoderLayer, LlamaAttention or GPT2Block:
+    # one call over hidden_states (B, T, hidden), or a decode session (config decode_steps D > 0): the first
+    # T - D tokens prefilled in one call, then one call per token over the cache (transformers' generate()
+    # with a DynamicCache), each call's components under prefill. and step.N.; output is the calls' outputs
+    # in order (B, T, hidden)
+    # inputs: position_ids (B, T) int64 (default: the cache's length + arange), key_padding_mask (B, T) bool
+    # (True at a padding token: transformers' attention_mask negated)
+    call = {"LlamaDecoderLayer": llama_layer, "LlamaAttention": llama_attention, "GPT2Block": gpt2_block}[module]
+
+    def forward(config, _forward, sd, inputs, torch2, tape):
+        c = llm_config(module, config)
+        x, kpm = inputs["hidden_states"], inputs.get("key_padding_mask")
+        if x.ndim != 3 or x.shape[2] != c["hidden"]:
+            raise ValueError(f"inputs.hidden_states: expected (B, T, {c['hidden']}), got shape {list(x.shape)}")
+        B, T, _ = x.shape
+        positions = inputs.get("position_ids", np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)))
+        for name, m in (("position_ids", positions), ("key_padding_mask", kpm)):
+            if m is not None and m.shape != (B, T):
+                raise ValueError(f"inputs.{name}: expected shape {[B, T]} (B, T), got {list(m.shape)}")
+        if kpm is not None and kpm.dtype != np.bool_:
+            raise ValueError(f"inputs.key_padding_mask: expected a bool mask (True at a padding token), "
+                             f"got {kpm.dtype}")
+        D = c["decode_steps"]
+        if not 0 <= D < T:
+            raise ValueError(f"config.decode_steps: expected 0 <= decode_steps < the {T} tokens, got {D}")
+        c["session"] = D > 0
+        if D == 0:
+            return {"output": call(x, sd, c, positions, kpm, None, tape)[0]}
+        P = T - D  # tokens prefilled
+        cache, outs = None, []
+        for t0, t1, prefix in [(0, P, "prefill.")] + [(t, t + 1, f"step.{t - P}.") for t in range(P, T)]:
+            out, cache = call(x[:, t0:t1], sd, c, positions[:, t0:t1], kpm, cache, tape, prefix)
+            outs.append(out)
+        return {"output": tape("output", np.concatenate(outs, axis=1))}
+    return forward
 
 
 # ---- the book's attention classes (LLMs-from-scratch, chapter 3) ----------------------------------
@@ -506,5 +906,8 @@ MODULES = {
     "Matmul": matmul,
     "Softmax": softmax_module,
     "LayerNorm": layer_norm_module,
+    "TokenEncoder": token_encoder,
+    "ViT": vit,
+    **{name: llm_module(name) for name in ("LlamaDecoderLayer", "LlamaAttention", "GPT2Block")},
     **{name: book_module(name) for name in BOOK_CLASSES},
 }

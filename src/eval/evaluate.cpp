@@ -165,8 +165,8 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
   std::vector<LegSpec> legs = legs_with_local();
   add_samples(impls, legs, ns);
   std::vector<std::string> required = required_of(impl);
-  if (impl.float64 && !l64.components.empty()) required.push_back("local_hand64");
-  if (impl.float32 && !l32.components.empty()) required.push_back("local_hand32");
+  if (impl.local_complete && impl.float64 && !l64.components.empty()) required.push_back("local_hand64");
+  if (impl.local_complete && impl.float32 && !l32.components.empty()) required.push_back("local_hand32");
   compare_components(r, names, impls, legs, policy, required);
 }
 

@@ -212,6 +212,7 @@ Implementation foreign_implementation(const std::string& name, const std::option
   impl.float64 = f64.has_value();
   impl.float32 = f32.has_value();
   impl.teacher_forcing = (f64 && !f64->local.empty()) || (f32 && !f32->local.empty());
+  impl.local_complete = false;
   impl.run = [files](const Problem& p, DType dtype, const Components* teacher) {
     const std::optional<OutputsFile>& f = dtype == DType::Float64 ? files->first : files->second;
     RunResult r;

@@ -26,6 +26,10 @@ struct Implementation {
   // The precisions it computes in (a foreign program may give one alone): the legs of the other are
   // left out, and the report says so.
   bool float64 = true, float32 = true;
+  // Whether its teacher-forced runs give every component (the hand core's do). A foreign program's
+  // local components are its own choice: the local legs of those it gives are judged, and a missing
+  // one is no failure.
+  bool local_complete = true;
 };
 
 // The handwritten core of this project, with components and teacher forcing.
