@@ -2,7 +2,8 @@
 
 `tparity exec -- CMD ARGS` runs CMD once per case and precision with a problem file (tparity's fixture
 format, versions 1 and 2: README "Fixture format"), the path of the outputs file to write and the
-dtype ("float32" or "float64"). Standard library and numpy only.
+dtype ("float32" or "float64"; "bfloat16" or "float16" when asked for with --dtype). Standard library
+and numpy only.
 
     import sys
     import numpy as np
@@ -243,15 +244,31 @@ def load_problem(path):
     return p
 
 
-def _tensor_json(a, where):
-    """T inline, in the array's own dtype; floats as Python floats (repr is exact, float32 values too)."""
+def round_bfloat16(a):
+    """a rounded to the nearest bfloat16 (ties to even), as a float32 array: numpy has no bfloat16, and
+    a bfloat16 is a float32 whose low 16 bits are zero."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    out = np.where(np.isnan(a), bits, rounded).astype(np.uint32).view(np.float32)
+    return out.reshape(np.shape(a))
+
+
+def _tensor_json(a, where, bfloat16=False):
+    """T inline, in the array's own dtype (float32 arrays as "bfloat16" in a bfloat16 run, where each
+    value must be one); floats as Python floats (repr is exact, float32 and float16 values too)."""
     a = np.asarray(a)
-    if a.dtype not in (np.float32, np.float64):
-        raise ValueError(f"{where}: expected a float32 or float64 array, got {a.dtype}")
-    data = a.ravel().tolist()
+    if a.dtype not in (np.float16, np.float32, np.float64):
+        raise ValueError(f"{where}: expected a float16, float32 or float64 array, got {a.dtype}")
+    name = a.dtype.name
+    if bfloat16 and a.dtype == np.float32:
+        if not np.array_equal(a, round_bfloat16(a), equal_nan=True):
+            raise ValueError(f"{where}: a bfloat16 run's float32 array holds values that are not bfloat16 "
+                             f"(round them with tparity_io.round_bfloat16)")
+        name = "bfloat16"
+    data = a.astype(np.float64).ravel().tolist()
     if not np.isfinite(a).all():
         data = [x if math.isfinite(x) else "nan" if x != x else "inf" if x > 0 else "-inf" for x in data]
-    return {"dtype": a.dtype.name, "shape": list(a.shape), "data": data}
+    return {"dtype": name, "shape": list(a.shape), "data": data}
 
 
 def _write_json(path, doc):
@@ -270,15 +287,16 @@ def _write_json(path, doc):
 def write_outputs(path, dtype, outputs, components=None, local=None):
     """Write {"format": "tparity.outputs", "version": 1, "dtype", "outputs", "components"?, "local"?}.
     Each map is name -> float array. Every tensor is written in its own dtype: a float64 array of a
-    float32 run is written as float64, for tparity to see, not rounded here."""
-    if dtype not in ("float32", "float64"):
-        raise ValueError(f"dtype: expected \"float32\" or \"float64\", got {dtype!r}")
+    float32 run is written as float64, for tparity to see, not rounded here. A bfloat16 run's tensors
+    are float32 arrays of bfloat16 values (round_bfloat16), a float16 run's numpy float16 arrays."""
+    if dtype not in ("float32", "float64", "bfloat16", "float16"):
+        raise ValueError(f"dtype: expected \"float32\", \"float64\", \"bfloat16\" or \"float16\", got {dtype!r}")
     if "output" not in outputs:
         raise ValueError("outputs: expected an \"output\" entry")
     doc = {"format": "tparity.outputs", "version": 1, "dtype": dtype}
     for key, tensors in (("outputs", outputs), ("components", components), ("local", local)):
         if tensors is not None:
-            doc[key] = {name: _tensor_json(a, f"{key}.{name}") for name, a in tensors.items()}
+            doc[key] = {name: _tensor_json(a, f"{key}.{name}", dtype == "bfloat16") for name, a in tensors.items()}
     _write_json(path, doc)
 
 

@@ -44,6 +44,42 @@ TEST_CASE("exec: a program as good as the reference passes / one that spoils the
   CHECK_THAT(r.out, Catch::Contains("gave no float64 run: the semantic legs (hand64_vs_torch64) are not judged"));
 }
 
+TEST_CASE("exec: bfloat16 and float16 runs are judged against LibTorch's own error in them / 1.13 has no float16",
+          "[cli][torch]") {
+  if (!with_torch()) return;
+  const bool torch113 = tparity("--version").out.find("LibTorch 1.") != std::string::npos;
+  // The stand-in writes the reference's float64 results as bfloat16: read rounded to bfloat16, one
+  // rounding of the result, well inside LibTorch's own bfloat16 error (its weights and inputs rounded).
+  const fs::path keep = scratch() / "keep-lowp";
+  fs::remove_all(keep);
+  Result r = tparity("exec --case multihead --batch 2 --seq 6 --dtype bfloat16 --format json --keep " + keep.string() +
+                     " " + program("echo"));
+  CHECK(r.code == 0);
+  json doc = json::parse(r.out);
+  REQUIRE(doc.at("cases").size() == 1);
+  const json& c = doc.at("cases").at(0);
+  CHECK(c.at("name") == "multihead/bfloat16");
+  CHECK(c.at("pass") == true);
+  CHECK(c.at("components").at(0).at("legs").contains("handbf16_vs_torch64"));
+  CHECK(c.at("components").at(0).at("legs").contains("torchbf16_vs_torch64"));
+  // judge reads the same file.
+  r = tparity("judge --problem " + (keep / "multihead.json").string() + " --outputs " +
+              (keep / "multihead.bfloat16.out.json").string());
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("case multihead/bfloat16: "));
+  // float16: LibTorch 2.x computes it on the CPU; 1.13 has no float16 matmul there, and says so.
+  r = tparity("exec --case multihead --batch 2 --seq 6 --dtype float16 " + program("echo"));
+  if (torch113) {
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains("case multihead: option --dtype float16: LibTorch 1.13"));
+    CHECK_THAT(r.err, Catch::Contains("cannot compute MultiheadAttention in float16 on the CPU"));
+  } else {
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("case multihead/float16: "));
+  }
+}
+
 TEST_CASE("exec: a bad program gets one line per case naming what went wrong / and the run goes on", "[cli][torch]") {
   if (!with_torch()) return;
   const std::vector<std::pair<std::string, std::string>> bad = {

@@ -1,7 +1,7 @@
 // The comparator: metrics on worked examples, non-finite handling, and gates that pass and fail.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -89,10 +89,43 @@ TEST_CASE("gates: float64 semantic bound / float32 judged by torch32's own error
   const CaseReport r = judge(1e-15, 1e-6, 2e-7);
   REQUIRE(r.failures.size() == 1);
   // A failure names the case, component, leg, figure and bound, and what the bound was built from.
-  CHECK_THAT(r.failures[0],
-             Catch::StartsWith("case demo: component x: leg hand32_vs_torch64: rel_l2 1e-06 > bound " +
-                               fmt::format("{:.3g}", bound)));
+  CHECK_THAT(r.failures[0], Catch::StartsWith("case demo: component x: leg hand32_vs_torch64: rel_l2 1e-06 > bound " +
+                                              fmt::format("{:.3g}", bound)));
   CHECK_THAT(r.failures[0], Catch::Contains("torch32_vs_torch64 noise 2e-07 (1 sample, n_eff 100) + floor 2.38e-07"));
+}
+
+TEST_CASE("gates: a low precision is judged by LibTorch's own error in it, with the floor u", "[compare]") {
+  // "x" of 100 elements, errors spread as in judge(): torchf16 with rel_l2 t, handf16 with h, float16's
+  // u = 2^-11. n_eff 100, one sample: the bound is 2 q t + u, q = sqrt(F_{1-1e-6}(100, 100)).
+  const double u = 0x1p-11, q = noise_quantile(100, 1);
+  auto lowp = [&](double h, double t) {
+    auto make = [](double err) {
+      Tensor<double> x({100}, 1.0);
+      const double a = 10 * err / std::sqrt(103.0);
+      for (size_t i = 0; i < 100; ++i) x.data[i] += (i == 7 ? 2 * a : a) * (i % 2 ? -1 : 1);
+      return Components{{"x", x}};
+    };
+    const Components hand = make(h), torch = make(t), exact = make(0);
+    CaseReport r;
+    r.name = "demo";
+    const std::vector<LegSpec> legs = low_precision_legs("f16", u);
+    REQUIRE(legs.size() == 3);
+    CHECK(legs[0].name == "handf16_vs_torch64");
+    CHECK(legs[0].noise == "torchf16_vs_torch64");
+    compare_components(r, {"x"}, {{"handf16", &hand}, {"torch64", &exact}, {"torchf16", &torch}}, legs, GatePolicy{},
+                       {"handf16", "torch64", "torchf16"});
+    return r;
+  };
+  const double t = 4e-4, bound = 2 * q * t + u;
+  CHECK(lowp(0.99 * bound, t).pass);
+  const CaseReport r = lowp(1.01 * bound, t);
+  CHECK_FALSE(r.pass);
+  REQUIRE(r.failures.size() == 1);
+  CHECK_THAT(r.failures[0], Catch::StartsWith("case demo: component x: leg handf16_vs_torch64: rel_l2 "));
+  CHECK_THAT(r.failures[0], Catch::Contains("torchf16_vs_torch64 noise 0.0004 (1 sample, n_eff 100) + floor 0.000488"));
+  // LibTorch exact: the floor alone, one rounding of float16, not float32's 4u.
+  CHECK(lowp(0.99 * u, 0).pass);
+  CHECK_FALSE(lowp(1.01 * u, 0).pass);
 }
 
 TEST_CASE("gates: a component missing from an implementation fails the case", "[compare]") {
@@ -134,7 +167,8 @@ TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
   noise.insert("noise");
   CHECK(keys(legs.at("hand32_vs_torch64")) == numeric);
   CHECK(keys(legs.at("torch32_vs_torch64")) == noise);
-  CHECK(keys(legs.at("torch32_vs_torch64").at("noise")) == std::set<std::string>{"samples", "rms", "n_eff", "quantile"});
+  CHECK(keys(legs.at("torch32_vs_torch64").at("noise")) ==
+        std::set<std::string>{"samples", "rms", "n_eff", "quantile"});
   CHECK(keys(legs.at("hand32_vs_torch32")) == common);
   CHECK(legs.at("hand32_vs_torch64").at("max_abs_index") == std::vector<int64_t>{7});
   CHECK(legs.at("hand32_vs_torch64").at("rel_l2").get<double>() == Approx(3e-7));

@@ -12,6 +12,7 @@
 
 #include "tparity/compare/legs.hpp"
 #include "tparity/fixture/fixture.hpp"
+#include "tparity/fixture/outputs.hpp"
 #include "tparity/harness/hand.hpp"
 
 using namespace tparity;
@@ -154,6 +155,8 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
        "bad.json: state_dict.out_proj.bias.data: expected 16 values (the product of shape [16]), got 15"},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["dtype"] = "float16"; },
        "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"float16\""},
+      {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["dtype"] = "bfloat16"; },  // outputs files' alone
+       "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"bfloat16\""},
       {[](nlohmann::json& j) { j["state_dict"]["out_proj.bias"]["dtype"] = "int64"; },
        "bad.json: state_dict.out_proj.bias.dtype: expected \"float32\", \"float64\" or \"bool\", got \"int64\""},
       // A problem file (version 2) holds any module; version 1, torch.nn's four.
@@ -412,4 +415,36 @@ TEST_CASE("fixtures: a row whose every key is masked is NaN, as Python PyTorch 1
       }
     }
   }
+}
+
+TEST_CASE("outputs files: a bfloat16 or float16 run's tensors, inline values rounded to the run's precision",
+          "[fixture]") {
+  auto doc = [](const std::string& dtype, const std::string& tensor_dtype) {
+    return R"({"format": "tparity.outputs", "version": 1, "dtype": ")" + dtype +
+           R"(", "outputs": {"output": {"dtype": ")" + tensor_dtype +
+           R"(", "shape": [4], "data": [1.00390625, 1.005859375, 65519, "inf"]}}})";
+  };
+  // 1 + 2^-8 is a tie between bfloat16's 1 and 1 + 2^-7: to even, 1; 1 + 1.5 x 2^-8 rounds up.
+  const OutputsFile bf = parse_outputs(doc("bfloat16", "bfloat16"), "o.json");
+  CHECK(bf.dtype == "bfloat16");
+  const DTensor& b = bf.outputs.at("output");
+  CHECK(b.dtype == DType::BFloat16);
+  CHECK(b.data == std::vector<double>{1.0, 1.0078125, 65536.0, INFINITY});
+  // binary16 holds both first values (spacing 2^-10 near 1); 65519 is its largest finite, 65504.
+  const DTensor& h = parse_outputs(doc("float16", "float16"), "o.json").outputs.at("output");
+  CHECK(h.dtype == DType::Float16);
+  CHECK(h.data == std::vector<double>{1.00390625, 1.005859375, 65504.0, INFINITY});
+  auto refusal = [](const std::string& text) {
+    try {
+      parse_outputs(text, "o.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refusal(doc("float8", "float32")) ==
+        "o.json: dtype: expected \"float32\", \"float64\", \"bfloat16\" or \"float16\", got \"float8\"");
+  CHECK(refusal(doc("bfloat16", "int8")) ==
+        "o.json: outputs.output.dtype: expected \"float32\", \"float64\", \"bfloat16\", \"float16\" or \"bool\", "
+        "got \"int8\"");
 }

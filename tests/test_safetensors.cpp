@@ -575,3 +575,53 @@ TEST_CASE("safetensors: the writer refuses what the format cannot hold and leave
   CHECK_THROWS_AS(write_safetensors((dir.path / "no" / "such" / "dir.safetensors").string(), {{"a", &ok}}), InputError);
   CHECK(dir.listing() == std::vector<std::string>{"taken"});
 }
+
+TEST_CASE("rounding to bfloat16 and binary16: to nearest, ties to even, every pattern", "[safetensors]") {
+  // For each pair of neighbouring finite values lo < hi of the format: the midpoint goes to the even
+  // one, a float32 step either side of it to the nearer; lo and hi stay. Through float32, as documented.
+  auto check = [](auto widen, auto round, uint32_t last, const char* what) {
+    int64_t bad = 0;
+    for (uint32_t h = 0; h < last; ++h) {
+      const float lo = widen(uint16_t(h)), hi = widen(uint16_t(h + 1));
+      const float mid = float((double(lo) + double(hi)) / 2);  // exact: float has the bits
+      const double even = (h % 2 == 0) ? lo : hi;
+      const bool ok = round(double(lo)) == lo && round(double(hi)) == hi && round(double(mid)) == even &&
+                      round(double(std::nextafter(mid, 0.0f))) == lo &&
+                      round(double(std::nextafter(mid, INFINITY))) == hi && round(-double(mid)) == -even;
+      if (!ok && bad++ < 5) FAIL_CHECK(what << " pattern " << h << ": lo " << lo << ", hi " << hi);
+    }
+    CHECK(bad == 0);
+  };
+  check(half_to_float, round_to_half, 0x7bff, "binary16");
+  check(bfloat16_to_float, round_to_bfloat16, 0x7f7f, "bfloat16");
+  // Overflow: half's largest finite is 65504; from 65520 (half an ulp above) on, infinity.
+  CHECK(round_to_half(65519.0) == 65504.0);
+  CHECK(std::isinf(round_to_half(65520.0)));
+  CHECK(std::isinf(round_to_bfloat16(3.4028234663852886e38)));  // float's largest rounds past bfloat16's
+  CHECK(std::isnan(round_to_half(kNaN)));
+  CHECK(std::isnan(round_to_bfloat16(kNaN)));
+  CHECK(std::signbit(round_to_half(-0.0)));
+}
+
+TEST_CASE("safetensors: every finite bfloat16 and binary16 value survives write_safetensors + open", "[safetensors]") {
+  DTensor bf{DType::BFloat16, {}, {}}, h{DType::Float16, {}, {}};
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float x = bfloat16_to_float(uint16_t(b)), y = half_to_float(uint16_t(b));
+    if (!std::isnan(x)) bf.data.push_back(x);
+    if (!std::isnan(y)) h.data.push_back(y);
+  }
+  bf.data.push_back(kNaN), h.data.push_back(kNaN);
+  bf.shape = {int64_t(bf.data.size())}, h.shape = {int64_t(h.data.size())};
+  const SafetensorsFile f = SafetensorsFile::from_bytes(safetensors_bytes({{"bf", &bf}, {"h", &h}}), "low.safetensors");
+  CHECK(st_dtype_name(f.find("bf")->dtype) == "BF16");
+  CHECK(st_dtype_name(f.find("h")->dtype) == "F16");
+  for (const auto& [name, want] : {std::pair<const char*, const DTensor*>{"bf", &bf}, {"h", &h}}) {
+    const DTensor got = f.tensor(name);
+    REQUIRE(got.data.size() == want->data.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i + 1 < got.data.size(); ++i)
+      differ += !(got.data[i] == want->data[i]) || std::signbit(got.data[i]) != std::signbit(want->data[i]);
+    CHECK(differ == 0);
+    CHECK(std::isnan(got.data.back()));
+  }
+}

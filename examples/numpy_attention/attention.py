@@ -33,11 +33,14 @@ class Tape:
     so that the next op reads the reference's input. The values recorded then are each op's local result
     on the reference's own inputs."""
 
-    def __init__(self, forced=None):
+    def __init__(self, forced=None, store=None):
         self.forced = forced
+        self.store = store  # a low precision's rounding: each component is stored in it (run.py)
         self.values = {}
 
     def __call__(self, name, value):
+        if self.store is not None and value.dtype.kind == "f":
+            value = self.store(value)
         self.values[name] = value
         if self.forced is None or name not in self.forced:
             return value
@@ -45,7 +48,8 @@ class Tape:
         if ref.shape != value.shape:
             raise ValueError(f"components.{name}: the reference's shape {list(ref.shape)} is not the "
                              f"computed {list(value.shape)}")
-        return ref.astype(value.dtype)
+        ref = ref.astype(value.dtype)
+        return ref if self.store is None else self.store(ref)
 
 
 # ---- ops -------------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
     tparity exec -- python3 examples/numpy_attention/run.py {problem} {out} {dtype}
 
 reads the problem file, computes the module in dtype (float32 or float64 throughout) and writes the
-outputs file: the module's outputs, its own components and, when the problem holds the reference's
+outputs file. In bfloat16 or float16 (tparity exec --dtype bfloat16,float16) it computes as CPU kernels
+of those precisions do: the weights and inputs rounded to it, arithmetic in float32, every component
+stored in it (rounded as it goes through the Tape), the outputs too. The outputs file holds: the module's outputs, its own components and, when the problem holds the reference's
 float64 components, the local ones (each op on the reference's inputs: attention.Tape). A module or an
 option it does not implement is written as "unsupported" (exit 0). Exit codes: 0 written, 1 the problem
 could not be computed (one line on stderr), 2 bad usage.
@@ -21,7 +23,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import attention  # noqa: E402
 import tparity_io  # noqa: E402
 
-USAGE = "usage: run.py PROBLEM OUT DTYPE   (DTYPE: float32 or float64)"
+import numpy as np  # noqa: E402
+
+USAGE = "usage: run.py PROBLEM OUT DTYPE   (DTYPE: float32, float64, bfloat16 or float16)"
+
+# A low precision: stored in it, computed in float32.
+STORE = {
+    "bfloat16": tparity_io.round_bfloat16,
+    "float16": lambda a: a.astype(np.float16).astype(np.float32),
+}
 
 
 def is_torch2(problem):
@@ -35,14 +45,20 @@ def compute(problem, dtype):
     if forward is None:
         raise attention.Unsupported(f"module {problem.module} is not implemented by examples/numpy_attention")
 
+    store = STORE.get(dtype)
+    compute_dtype = "float32" if store else dtype
+
     def cast(tensors):  # floats into the run's dtype; bool masks and int64 ids as they are
-        return {k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in tensors.items()}
+        return {k: (store or (lambda a: a))(v.astype(compute_dtype)) if v.dtype.kind == "f" else v
+                for k, v in tensors.items()}
 
     args = (problem.config, problem.forward, cast(problem.state_dict), cast(problem.inputs), is_torch2(problem))
-    own = attention.Tape()
+    own = attention.Tape(store=store)
     outputs = forward(*args, own)
+    if store:
+        outputs = {k: store(v) for k, v in outputs.items()}
     local = None
-    if problem.components:  # again, teacher-forced by the reference's float64 components
+    if problem.components and not store:  # again, teacher-forced by the reference's float64 components
         forced = attention.Tape(problem.components)
         forward(*args, forced)
         # the components the reference holds, and "output" always: the last op on the reference's inputs,
@@ -51,13 +67,16 @@ def compute(problem, dtype):
         local = {k: v for k, v in forced.values.items() if k in problem.components or k == "output"}
     for group, tensors in (("outputs", outputs), ("components", own.values), ("local", local or {})):
         for name, a in tensors.items():  # a float64 intermediate in a float32 run is this program's bug
-            if a.dtype != dtype:
-                raise AssertionError(f"{group}.{name}: computed in {a.dtype}, the run is {dtype}")
+            if a.dtype != compute_dtype:
+                raise AssertionError(f"{group}.{name}: computed in {a.dtype}, the run is {compute_dtype}")
+    if dtype == "float16":  # written as float16 arrays; the values are float16's already
+        outputs, components = ({k: v.astype(np.float16) for k, v in m.items()} for m in (outputs, own.values))
+        return outputs, components, local
     return outputs, own.values, local
 
 
 def main(argv):
-    if len(argv) != 3 or argv[2] not in ("float32", "float64"):
+    if len(argv) != 3 or argv[2] not in ("float32", "float64", "bfloat16", "float16"):
         print(USAGE, file=sys.stderr)
         return 2
     problem_path, out_path, dtype = argv

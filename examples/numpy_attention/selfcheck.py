@@ -249,6 +249,34 @@ def check_io(tmp):
     good = back.dtype == np.float32 and np.array_equal(back, x, equal_nan=True) and np.signbit(back[4])
     ok &= good
     lines.append(f"{'PASS' if good else 'FAIL'} write_outputs round-trips float32 1/3, inf, -inf, nan, -0.0 exactly")
+
+    # round_bfloat16 on every pair of neighbouring finite bfloat16 values lo < hi: both stay, their
+    # midpoint goes to the even one, a float32 step either side of it to the nearer.
+    h = np.arange(0, 0x7F7F, dtype=np.uint32)
+    lo, hi = (h << np.uint32(16)).view(np.float32), ((h + np.uint32(1)) << np.uint32(16)).view(np.float32)
+    mid = ((lo.astype(np.float64) + hi) / 2).astype(np.float32)
+    even = np.where(h % 2 == 0, lo, hi)
+    r = tparity_io.round_bfloat16
+    good = (np.array_equal(r(lo), lo) and np.array_equal(r(hi), hi) and np.array_equal(r(mid), even)
+            and np.array_equal(r(np.nextafter(mid, np.float32(0))), lo)
+            and np.array_equal(r(np.nextafter(mid, np.float32(np.inf))), hi) and np.array_equal(r(-mid), -even))
+    ok &= good
+    lines.append(f"{'PASS' if good else 'FAIL'} round_bfloat16: every finite bfloat16 kept, ties to even, the rest "
+                 f"to the nearer")
+    good, msg = True, ""
+    try:
+        tparity_io.write_outputs(out, "bfloat16", {"output": np.array([1 / 3], dtype=np.float32)})
+        good = False
+    except ValueError as e:
+        msg = str(e)
+        good = "not bfloat16" in msg
+    tparity_io.write_outputs(out, "bfloat16", {"output": r(np.array([1 / 3], dtype=np.float32))})
+    with open(out) as f:
+        doc = json.load(f)
+    good = good and doc["dtype"] == "bfloat16" and doc["outputs"]["output"]["dtype"] == "bfloat16"
+    ok &= good
+    lines.append(f"{'PASS' if good else 'FAIL'} write_outputs writes a bfloat16 run's rounded float32 arrays as "
+                 f"bfloat16 and refuses unrounded ones: {msg}")
     return ok, lines
 
 

@@ -172,6 +172,7 @@ int exec(const ExecOptions& o) {
     const std::string problem = (fs::path(dir) / (name + ".json")).string();
     write_problem(problem, p, o.tensors == "safetensors");
     std::optional<OutputsFile> f64, f32;
+    std::vector<OutputsFile> low;  // bfloat16, float16
     std::string error, unsupported;
     for (const std::string& dtype : o.dtypes) {
       const std::string out = (fs::path(dir) / (name + "." + dtype + ".out.json")).string();
@@ -194,7 +195,10 @@ int exec(const ExecOptions& o) {
           break;
         }
         check_outputs_file(f, p, dtype, where + ": " + out);
-        (dtype == "float64" ? f64 : f32) = std::move(f);
+        if (dtype == "bfloat16" || dtype == "float16")
+          low.push_back(std::move(f));
+        else
+          (dtype == "float64" ? f64 : f32) = std::move(f);
       } catch (const InputError& e) {  // the file named first; the case and precision before it
         const std::string what = e.what();
         error = what.rfind("case ", 0) == 0 ? what : where + ": " + what;
@@ -211,8 +215,10 @@ int exec(const ExecOptions& o) {
       reports.push_back(refused(name, p.description.empty() ? summary(p) : p.description, error));
       continue;
     }
-    for (CaseReport& r : check_fixture(p, problem, GatePolicy{}, foreign_implementation(who, f64, f32)))
-      reports.push_back(std::move(r));
+    if (f64 || f32)
+      for (CaseReport& r : check_fixture(p, problem, GatePolicy{}, foreign_implementation(who, f64, f32)))
+        reports.push_back(std::move(r));
+    for (const OutputsFile& f : low) reports.push_back(judge_low_precision(p, "case " + name, f, who));
   }
   return finish(std::move(reports), skipped, o.judging, "tparity exec -- " + join(o.command));
 }
@@ -222,17 +228,27 @@ int judge(const JudgeOptions& o) {
   const Problem p = read_fixture(o.problem);
   if (p.outputs.empty())
     throw InputError(o.problem + ": outputs: missing (a problem file from tparity export holds the reference's)");
-  std::optional<OutputsFile> f64, f32;
+  std::map<std::string, OutputsFile> files;  // by dtype
   for (const std::string& path : o.outputs) {
     OutputsFile f = read_outputs_file(path);
     if (!f.unsupported.empty()) throw InputError(path + ": unsupported: the program declined: " + f.unsupported);
     check_outputs_file(f, p, f.dtype, path);
-    std::optional<OutputsFile>& slot = f.dtype == "float64" ? f64 : f32;
-    if (slot) throw InputError("option --outputs: two files of dtype " + f.dtype + " (expected one per precision)");
-    slot = std::move(f);
+    if ((f.dtype == "bfloat16" || f.dtype == "float16") && !torch_available())
+      throw InputError(path + ": dtype: " + f.dtype +
+                       " is judged against LibTorch's own error in it, and tparity was built without LibTorch");
+    if (files.count(f.dtype))
+      throw InputError("option --outputs: two files of dtype " + f.dtype + " (expected one per precision)");
+    files[f.dtype] = std::move(f);
   }
-  const std::vector<CaseReport> reports =
-      check_fixture(p, o.problem, GatePolicy{}, foreign_implementation(o.name, f64, f32));
+  auto take = [&](const char* dtype) {
+    auto it = files.find(dtype);
+    return it == files.end() ? std::optional<OutputsFile>() : std::optional<OutputsFile>(it->second);
+  };
+  const std::optional<OutputsFile> f64 = take("float64"), f32 = take("float32");
+  std::vector<CaseReport> reports;
+  if (f64 || f32) reports = check_fixture(p, o.problem, GatePolicy{}, foreign_implementation(o.name, f64, f32));
+  for (const char* dtype : {"bfloat16", "float16"})
+    if (auto f = take(dtype)) reports.push_back(judge_low_precision(p, o.problem, *f, o.name));
   return finish(reports, {}, o.judging, "tparity judge --problem " + o.problem);
 }
 
@@ -254,9 +270,11 @@ void register_exec(CLI::App& app, Action& action) {
       "(-- CMD ARGS with {problem}, {out}, {dtype})");
   add_case_options(*cmd, o->selection);
   cmd->add_option("--fixture", o->fixtures, "Also (or, with no --case, only) these fixtures");
-  cmd->add_option("--dtype", o->dtypes, "Precisions to run the program in (float64 is the semantic gate)")
+  cmd->add_option("--dtype", o->dtypes,
+                  "Precisions to run the program in (float64 is the semantic gate; bfloat16 and float16 are judged "
+                  "against LibTorch's own error in them)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"float32", "float64"}));
+      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
   cmd->add_option("--timeout", o->timeout, "Seconds per run of the program before it is killed")->capture_default_str();
   cmd->add_option("--tensors", o->tensors, "Problem files' tensors: inline or safetensors")
       ->check(CLI::IsMember({"inline", "safetensors"}))

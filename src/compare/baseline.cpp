@@ -98,7 +98,9 @@ std::vector<Drift> find_drift(const std::vector<CaseReport>& reports, const Base
         d.baseline = it->second;
         // A float32 error of few effective elements scatters from run to run (another CPU, another
         // instruction set of the hand core): allow the scatter of two samples of it (noise.hpp).
-        const Leg* noise = l.name.find("hand32") != std::string::npos ? c.leg("torch32_vs_torch64") : nullptr;
+        // (hand32's by torch32_vs_torch64, a low precision's handbf16 by torchbf16_vs_torch64.)
+        const std::string prec = l.name.substr(4, l.name.find("_vs_") - 4);
+        const Leg* noise = prec == "64" ? nullptr : c.leg("torch" + prec + "_vs_torch64");
         const double q = noise && noise->noise.samples > 0 ? noise_quantile(noise->noise.n_eff, 1) : 1.0;
         d.bound = factor * q * std::max(d.baseline, drift_floor(l.name));
         if (!(d.value <= d.bound)) out.push_back(d);

@@ -23,6 +23,15 @@ std::vector<LegSpec> legs_with_local() {
   return legs;
 }
 
+std::vector<LegSpec> low_precision_legs(const std::string& tag, double unit_roundoff) {
+  const std::string hand = "hand" + tag, torch = "torch" + tag;
+  LegSpec numeric{hand + "_vs_torch64", hand, "torch64", LegRole::Numeric, torch + "_vs_torch64"};
+  numeric.floor = unit_roundoff;
+  return {numeric,
+          {torch + "_vs_torch64", torch, "torch64", LegRole::Noise, ""},
+          {hand + "_vs_" + torch, hand, torch, LegRole::Report, ""}};
+}
+
 std::string noise_sample_key(const std::string& impl, int k) { return impl + "~" + std::to_string(k); }
 
 const Leg* ComponentReport::leg(const std::string& n) const {
@@ -64,7 +73,7 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
       if (spec.role == LegRole::Noise && leg.m.comparable()) {
         std::vector<std::pair<const Tensor<double>*, const Tensor<double>*>> samples{{a, b}};
         for (const auto& [sa, sb] : spec.samples)
-          if (const Tensor<double>*x = get(sa, name), *y = get(sb, name); x && y) samples.push_back({x, y});
+          if (const Tensor<double>* x = get(sa, name), *y = get(sb, name); x && y) samples.push_back({x, y});
         leg.noise = estimate_noise(samples);
       }
       cr.legs.push_back(std::move(leg));
@@ -74,6 +83,7 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
       Leg& leg = cr.legs[i];
       const LegSpec& spec = *specs[i];
       const std::string where = fmt::format("case {}: component {}: leg {}", report.name, name, spec.name);
+      const double floor = spec.floor >= 0 ? spec.floor : policy.numeric_floor;
       // A breach fails the case, or, for a diagnostic leg, is only kept with the leg.
       auto breach = [&](const std::string& what) {
         leg.pass = false;
@@ -90,7 +100,7 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
           breach("no " + spec.noise + " leg to judge it by");
         } else {
           leg.noise = noise->noise;
-          leg.bound = policy.numeric_factor * leg.noise.quantile * leg.noise.rms + policy.numeric_floor;
+          leg.bound = policy.numeric_factor * leg.noise.quantile * leg.noise.rms + floor;
         }
         if (leg.m.nonfinite_mismatch) {
           breach(fmt::format("{} non-finite value(s) differ, first at {}", leg.m.nonfinite_mismatch,
@@ -100,9 +110,8 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
               spec.role == LegRole::Semantic
                   ? "semantic bound"
                   : fmt::format("{:g} x {:.3g} x {} noise {:.3g} ({} sample{}, n_eff {:.3g}) + floor {:.3g}",
-                                policy.numeric_factor, leg.noise.quantile, spec.noise, leg.noise.rms,
-                                leg.noise.samples, leg.noise.samples == 1 ? "" : "s", leg.noise.n_eff,
-                                policy.numeric_floor);
+                                policy.numeric_factor, leg.noise.quantile, spec.noise, leg.noise.rms, leg.noise.samples,
+                                leg.noise.samples == 1 ? "" : "s", leg.noise.n_eff, floor);
           breach(fmt::format("rel_l2 {:.3g} > bound {:.3g} ({}); max_abs {:.3g} at {}", leg.m.rel_l2, leg.bound, how,
                              leg.m.max_abs, index_str(leg.m.max_abs_index)));
         }

@@ -380,4 +380,68 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
   return reports;
 }
 
+CaseReport evaluate_low_precision(const Problem& problem, const std::string& where, DType dtype,
+                                  const RunResult& candidate, const std::string& name, const GatePolicy& policy) {
+  const std::string tag = dtype == DType::BFloat16 ? "bf16" : "f16";
+  Problem p = problem;  // on the reference's semantics, as its runs
+  p.semantics.reset();
+  resolve_semantics(p, reference_semantics());
+  CaseReport r;
+  r.name = p.name + "/" + dtype_name(dtype);
+  r.description =
+      fmt::format("{} in {}, against LibTorch's own {} error", summary(p), dtype_name(dtype), dtype_name(dtype));
+  r.config = config_json(p);
+  r.reference = reference_info();
+  const TorchRun t64 = run_torch(p, DType::Float64, true, where);
+  TorchRun tl;
+  try {
+    tl = run_torch(p, dtype, true, where);
+  } catch (const InputError& e) {
+    std::string why = e.what();
+    const std::string said = "LibTorch rejected the problem: ";
+    if (auto at = why.find(said); at != std::string::npos) why = why.substr(at + said.size());
+    throw InputError(fmt::format("{}: option --dtype {}: LibTorch {} cannot compute {} in {} on the CPU ({})", where,
+                                 dtype_name(dtype), torch_version(), module_name(p.module), dtype_name(dtype), why));
+  }
+  add_reference_notes(r, t64, "torch64");
+  // In a low precision a module's fused kernel (scaled_dot_product_attention's flash path) rounds once
+  // where the decomposition's separate ops round each: their difference is said, not failed. The float64
+  // run is the decomposition's proof.
+  if (!tl.failure.empty()) {
+    r.notes.push_back(
+        fmt::format("torch{}: {} (rounding: the outputs judged are the module's, the components the "
+                    "decomposition's; torch64 verifies the decomposition)",
+                    tag, tl.failure));
+    tl.failure.clear();
+  }
+  add_reference_notes(r, tl, ("torch" + tag).c_str());
+  r.notes.push_back("implementation under test (\"hand\" in the legs): " + name);
+  r.notes.push_back(
+      fmt::format("torch{} is LibTorch {} computing in {} on the CPU; its error is one sample, the plain "
+                  "run's (jittered copies move float32 roundings, which {} erases)",
+                  tag, torch_version(), dtype_name(dtype), dtype_name(dtype)));
+  // The candidate's components, in dataflow order, then the outputs in the module's layout.
+  auto is_output = [&](const std::string& n) {
+    return n == "output" || (n == "attn_weights" && p.module == ModuleKind::MultiheadAttention);
+  };
+  auto with_outputs = [&](const RunResult& run) {
+    Components c;
+    for (const Component& x : run.components)
+      if (!is_output(x.name)) c.push_back(x);
+    for (const Component& o : outputs_as_components(run.outputs)) c.push_back(o);
+    return c;
+  };
+  const Components hand = with_outputs(candidate), torch64 = with_outputs(t64.result), torchl = with_outputs(tl.result);
+  std::vector<std::string> names;
+  for (const std::string& n : component_names(p))
+    if (!is_output(n) && find(hand, n)) names.push_back(n);
+  if (names.empty())
+    r.notes.push_back(name + " gave no components in " + dtype_name(dtype) + ": its outputs are compared");
+  for (const Component& o : outputs_as_components(t64.result.outputs)) names.push_back(o.name);
+  const Implementations impls{{"hand" + tag, &hand}, {"torch64", &torch64}, {"torch" + tag, &torchl}};
+  compare_components(r, names, impls, low_precision_legs(tag, unit_roundoff(dtype)), policy,
+                     {"hand" + tag, "torch64", "torch" + tag});
+  return r;
+}
+
 }  // namespace tparity

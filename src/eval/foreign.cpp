@@ -233,4 +233,16 @@ Implementation foreign_implementation(const std::string& name, const std::option
   return impl;
 }
 
+CaseReport judge_low_precision(const Problem& p, const std::string& where, const OutputsFile& f,
+                               const std::string& name) {
+  RunResult run;
+  run.outputs = f.outputs;
+  run.components = as_components(f.components, component_names(p));
+  CaseReport r = evaluate_low_precision(p, where, dtype_from_name(f.dtype), run, name, GatePolicy{});
+  if (!f.local.empty())
+    r.notes.push_back("its local components are not judged in " + f.dtype +
+                      " (the local legs, and the first divergence, are float64's and float32's)");
+  return r;
+}
+
 }  // namespace tparity

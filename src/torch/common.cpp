@@ -6,7 +6,18 @@
 
 namespace tparity::torch_ref {
 
-at::ScalarType scalar_type(DType d) { return d == DType::Float32 ? at::kFloat : at::kDouble; }
+at::ScalarType scalar_type(DType d) {
+  switch (d) {
+    case DType::Float32:
+      return at::kFloat;
+    case DType::BFloat16:
+      return at::kBFloat16;
+    case DType::Float16:
+      return at::kHalf;
+    default:
+      return at::kDouble;
+  }
+}
 
 TT to_torch(const DTensor& t, DType dtype) {
   TT x = at::empty(t.shape, at::TensorOptions().dtype(at::kDouble));

@@ -74,8 +74,10 @@ TT additive_mask(const TT& padding, int64_t B, int64_t L, int64_t S, bool causal
     masked = masked | at::ones({L, S}, ob).triu(past + 1).view({1, 1, L, S});
   }
   if (padding.defined()) masked = masked | padding.slice(1, 0, S).view({B, 1, 1, S});
-  const double lowest =
-      st == at::kFloat ? double(std::numeric_limits<float>::lowest()) : std::numeric_limits<double>::lowest();
+  double lowest = std::numeric_limits<double>::lowest();
+  if (st == at::kFloat) lowest = double(std::numeric_limits<float>::lowest());
+  if (st == at::kBFloat16) lowest = double(float(std::numeric_limits<c10::BFloat16>::lowest()));
+  if (st == at::kHalf) lowest = double(float(std::numeric_limits<c10::Half>::lowest()));
   return at::zeros({B, 1, L, S}, at::TensorOptions().dtype(st)).masked_fill(masked, lowest);
 }
 

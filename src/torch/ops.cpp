@@ -38,7 +38,7 @@ TorchRun run_matmul(const Problem& p, DType dtype, bool collect) {
   if (at::equal(out, ref)) {
     run.notes.push_back(what + " bit for bit (" + dtype_name(dtype) + ")");
   } else {
-    const double u = dtype == DType::Float32 ? 0x1p-24 : 0x1p-53;
+    const double u = unit_roundoff(dtype);
     const double bound =
         2.0 * double(K) * u * at::matmul(a.to(at::kDouble).abs(), b.to(at::kDouble).abs()).norm().item<double>();
     char buf[240];

@@ -152,6 +152,8 @@ TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const
     rethrow_as_input_error(e, where);
   } catch (const InputError& e) {
     throw InputError(where + ": " + e.what());
+  } catch (const std::runtime_error& e) {  // c10's checked_convert: a value beyond the dtype's range
+    throw InputError(where + ": LibTorch rejected the problem: " + e.what());
   }
   return {};
 }

@@ -17,6 +17,9 @@ wrong-shape   echo, with "output" one element short
 wrong-name    echo, with a component named "qq"
 wrong-dtype   echo, its "dtype" the other precision
 unsupported   declines the problem
+
+In a bfloat16 or float16 run, echo writes the reference's float64 results under that dtype (tparity reads
+them rounded to it).
 """
 import json
 import os

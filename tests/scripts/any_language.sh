@@ -2,7 +2,8 @@
 # The any-language protocol end to end (README, "Check your implementation in any language"), as
 # ./scripts/test runs it: tparity exec with the numpy example over every default case (each passes,
 # none declined), its broken copy (scores scaled by 1/sqrt(E)) failing
-# with the first divergence named at scores, and the C example (libc only) on the seeds' attention
+# with the first divergence named at scores, the example in bfloat16 and float16 passing and its copy
+# with float16 accumulators failing, and the C example (libc only) on the seeds' attention
 # cases and the committed MultiheadAttention fixtures.
 #   tests/scripts/any_language.sh BUILD_DIR PYTHON
 set -euo pipefail
@@ -34,7 +35,29 @@ echo "$out" | grep -q "first divergence: component scores" || fail "broken.py: n
 echo "$out" | grep -q "first divergence: component sa.scores" || fail "broken.py: no first divergence at sa.scores"
 echo "numpy example, broken: $(echo "$out" | summary), first divergence at scores and sa.scores"
 
-# 3. The C example, compiled here, on inline problems: three seed cases and every MHA fixture.
+# 3. Low precision, against LibTorch's own error in it: the numpy example in bfloat16 and float16 (weights
+# and inputs rounded, float32 arithmetic, every component stored rounded) passes at the seeds' width
+# E = 512; its copy with float16 accumulators in the linear layers fails in float16, from the first
+# projection on.
+wide=(--case multihead --case block --batch 4 --dim 512 --ffn 2048)
+out=$("$build/tparity" exec "${wide[@]}" --dtype bfloat16,float16 --name "numpy example, low precision" \
+  -- "$python" examples/numpy_attention/run.py {problem} {out} {dtype}) || {
+  echo "$out"
+  fail "the numpy example failed in bfloat16 or float16"
+}
+[ "$(echo "$out" | grep -c '^case [a-z]*/\(bfloat16\|float16\):')" = 4 ] || fail "expected 4 low-precision reports: $out"
+echo "numpy example in bfloat16 and float16: $(echo "$out" | summary)"
+if out=$("$build/tparity" exec "${wide[@]}" --dtype float16 --name "numpy example, float16 accumulators" \
+  -- "$python" examples/numpy_attention/half_accumulate.py {problem} {out} {dtype}); then
+  fail "half_accumulate.py passed: float16 accumulation went unseen"
+fi
+echo "$out" | grep -q "FAIL case multihead/float16: component q: leg handf16_vs_torch64" ||
+  fail "half_accumulate.py: q (the first projection) did not fail: $out"
+echo "$out" | grep -q "FAIL case block/float16: component sa.q: leg handf16_vs_torch64" ||
+  fail "half_accumulate.py: sa.q did not fail"
+echo "numpy example with float16 accumulators: $(echo "$out" | summary), failing from q and sa.q"
+
+# 4. The C example, compiled here, on inline problems: three seed cases and every MHA fixture.
 cc -std=c11 -O2 -Wall -Wextra -Werror -o "$build/c_attention" examples/c_attention/attention.c -lm
 fixtures=()
 for f in fixtures/torch-2.13/mha_*.json fixtures/torch-1.13/mha_*.json; do fixtures+=(--fixture "$f"); done

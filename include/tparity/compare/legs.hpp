@@ -56,6 +56,8 @@ struct LegSpec {
   // For Noise: more samples of the same error, (float32 result, float64 reference) implementation
   // keys; those missing are skipped.
   std::vector<std::pair<std::string, std::string>> samples;
+  // For Numeric: the floor in place of policy.numeric_floor (a low precision's 4u), when >= 0.
+  double floor = -1;
 };
 
 // hand64_vs_torch64 (semantic), hand32_vs_torch64 (numeric), torch32_vs_torch64 (noise),
@@ -67,6 +69,15 @@ std::vector<LegSpec> standard_legs();
 // computed from the reference's own inputs. local_hand64_vs_torch64 (semantic) and
 // local_hand32_vs_torch64 (numeric, judged by the same torch32 noise) are diagnostic.
 std::vector<LegSpec> legs_with_local();
+
+// A low precision's legs, `tag` "bf16" or "f16" for a foreign implementation's bfloat16 or float16
+// run: hand<tag>_vs_torch64 (numeric), judged by torch<tag>_vs_torch64 (noise: LibTorch's own error in
+// that precision), and hand<tag>_vs_torch<tag> (report). The numeric floor is u of that precision, not
+// 4u: float32's floor is for components LibTorch computes exactly, but in a low precision every result
+// is stored rounded, so LibTorch's own error is rarely below u / 2 and already carries the roundings
+// another order would make; a larger floor would let through what the gate is for (a float16
+// accumulator's error, growing with the reduction, is a few times LibTorch's at K = 64).
+std::vector<LegSpec> low_precision_legs(const std::string& tag, double unit_roundoff);
 
 // The keys of the k-th jittered sample of the reference (k from 1): "torch32~k", "torch64~k".
 std::string noise_sample_key(const std::string& impl, int k);

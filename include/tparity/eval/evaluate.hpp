@@ -48,4 +48,14 @@ CaseReport evaluate_problem(const Problem& p, const std::string& description, st
 std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where, const GatePolicy& policy,
                                       const Implementation& impl = hand_core());
 
+// A candidate's run in a low precision (DType::BFloat16 or Float16: a foreign program's, tparity exec
+// --dtype) judged against LibTorch's own error in that precision: LibTorch runs the problem in it
+// (every weight and input rounded to it, each op's result too) and in float64; the report
+// "<case>/<dtype>" has, on the outputs and on every component the candidate gives, the legs
+// low_precision_legs (compare/legs.hpp). Its noise is the plain run's alone (jittering moves float32
+// roundings, which rounding to 8 or 11 bits erases). InputError when LibTorch cannot compute the
+// problem in that precision on the CPU (1.13 has no float16 matmul there), naming the option.
+CaseReport evaluate_low_precision(const Problem& p, const std::string& where, DType dtype, const RunResult& candidate,
+                                  const std::string& name, const GatePolicy& policy);
+
 }  // namespace tparity

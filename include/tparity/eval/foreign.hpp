@@ -44,4 +44,9 @@ void check_outputs_file(const OutputsFile& f, const Problem& p, const std::strin
 Implementation foreign_implementation(const std::string& name, const std::optional<OutputsFile>& f64,
                                       const std::optional<OutputsFile>& f32);
 
+// A bfloat16 or float16 outputs file (checked by check_outputs_file) judged against LibTorch's own
+// error in that precision (evaluate_low_precision): the report "<case>/<dtype>".
+CaseReport judge_low_precision(const Problem& p, const std::string& where, const OutputsFile& f,
+                               const std::string& name);
+
 }  // namespace tparity

@@ -12,10 +12,16 @@
 
 namespace tparity {
 
-enum class DType { Float32, Float64, Bool, Int64 };
+// BFloat16 and Float16 are the low precisions a foreign implementation may compute in (tparity exec
+// --dtype): their values, held as double, are bfloat16's or binary16's. Fixtures and the hand core
+// never carry them.
+enum class DType { Float32, Float64, Bool, Int64, BFloat16, Float16 };
 
-std::string dtype_name(DType d);                 // "float32" | "float64" | "bool" | "int64"
+std::string dtype_name(DType d);                 // "float32" | "float64" | "bool" | "int64" | "bfloat16" | "float16"
 DType dtype_from_name(const std::string& name);  // throws std::invalid_argument
+bool is_low_precision(DType d);                  // BFloat16 or Float16
+// Its unit roundoff: 2^-8 (bfloat16), 2^-11 (float16), 2^-24 (float32), 2^-53 (float64); 0 otherwise.
+double unit_roundoff(DType d);
 
 struct DTensor {
   DType dtype = DType::Float64;
@@ -61,5 +67,8 @@ Mask<T> to_mask(const DTensor* t) {
 
 // Round every value to float32 (for weights and inputs that both precisions must share).
 double round_to_float(double x);
+// Round to the nearest bfloat16 or binary16 (ties to even; overflow to infinity), through float32.
+double round_to_bfloat16(double x);
+double round_to_half(double x);
 
 }  // namespace tparity
