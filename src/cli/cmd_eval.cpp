@@ -20,11 +20,11 @@ struct EvalOptions {
 
 int eval(const EvalOptions& o) {
   // What the fixture stores as results plays no part here: not read.
-  const Problem p = read_fixture(o.fixture, false);
+  Problem p = read_fixture(o.fixture, false);
   const bool safetensors = o.tensors.empty() ? !p.tensor_file.empty() : o.tensors == "safetensors";
   RunResult r;
   if (o.impl == "hand") {
-    r = run_hand(p, o.dtype, false, o.fixture);
+    r = run_hand(std::move(p), o.dtype, o.fixture);  // its weights released as converted
   } else {
     check_inputs(p, o.fixture);  // so that a tensor at odds with the config is named, not LibTorch's matmul
     TorchRun t = run_torch(p, o.dtype, false, o.fixture);

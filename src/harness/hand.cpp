@@ -39,10 +39,24 @@ class Collect final : public Observer<T> {
   const Components* teacher_;
 };
 
+// Set while run_hand(Problem&&) runs: each weight and input is released as soon as it is converted.
+thread_local bool t_release = false;
+
+// t in the core's type; released (under t_release) once converted. A tensor read twice in a released
+// run is this file's bug, and said so rather than computed on an empty vector.
+template <class T>
+Tensor<T> converted(const DTensor& t, const std::string& name) {
+  if (t_release && t.data.empty() && numel(t.shape) > 0)
+    throw std::logic_error("run_hand(Problem&&): " + name + " read after it was released");
+  Tensor<T> out = to_tensor<T>(t);
+  if (t_release) std::vector<double>().swap(const_cast<DTensor&>(t).data);  // the caller's Problem is not const
+  return out;
+}
+
 template <class T>
 Tensor<T> param(const Problem& p, const std::string& name) {
   auto it = p.state_dict.find(name);
-  return it == p.state_dict.end() ? Tensor<T>() : to_tensor<T>(it->second);
+  return it == p.state_dict.end() ? Tensor<T>() : converted<T>(it->second, "state_dict." + name);
 }
 
 template <class T>
@@ -78,7 +92,7 @@ EncoderWeights<T> encoder_weights(const Problem& p, const std::string& prefix) {
 template <class T>
 Tensor<T> input(const Problem& p, const std::string& name) {
   const DTensor* t = p.input(name);
-  return t ? to_tensor<T>(*t) : Tensor<T>();
+  return t ? converted<T>(*t, "inputs." + name) : Tensor<T>();
 }
 
 template <class T>
@@ -295,6 +309,14 @@ RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const
   } catch (const std::invalid_argument& e) {
     throw InputError(where + ": inputs." + e.what());
   }
+}
+
+RunResult run_hand(Problem&& p, DType dtype, const std::string& where) {
+  struct Release {
+    Release() { t_release = true; }
+    ~Release() { t_release = false; }
+  } release;
+  return run_hand(p, dtype, false, where);
 }
 
 namespace {

@@ -18,6 +18,11 @@ namespace tparity {
 RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where,
                    const Components* teacher = nullptr);
 
+// The same without components, for a problem used once (tparity eval): each weight and input is
+// released as soon as the core has its own copy, so that a large layer's weights are never held as
+// double and as the core's type at once. The problem's tensors are left empty.
+RunResult run_hand(Problem&& p, DType dtype, const std::string& where);
+
 // The hand core's checks of the problem's tensors against its config (torch 1.13's own shape and
 // mask checks), run before anything else sees the problem: InputError naming the tensor, prefixed
 // with `where`. (It runs the core once in float64 and drops the result.)
