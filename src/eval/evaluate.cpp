@@ -20,6 +20,21 @@ Components outputs_as_components(const TensorMap& outs) {
   return c;
 }
 
+// "output" (and MultiheadAttention's "attn_weights") are the module's, in its layout, not the
+// components of those names; another module's attn_weights is a component like any other.
+bool is_output(const Problem& p, const std::string& n) {
+  return n == "output" || (n == "attn_weights" && p.module == ModuleKind::MultiheadAttention);
+}
+
+// A run's components other than the outputs, then its outputs in the module's layout.
+Components with_outputs(const Problem& p, const RunResult& run) {
+  Components c;
+  for (const Component& x : run.components)
+    if (!is_output(p, x.name)) c.push_back(x);
+  for (const Component& o : outputs_as_components(run.outputs)) c.push_back(o);
+  return c;
+}
+
 // NaN and infinities in the weights and inputs are allowed (the comparator classifies them before
 // any norm), but never silently: one note per tensor that holds them. A -inf in a float mask is the
 // mask's ordinary "masked out" and is not reported.
@@ -236,23 +251,11 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
 
   // The stored results: the outputs as the module returns them, and the producer's components in
   // their canonical layout (format v2), "output" being the module's own.
-  // "output" (and MultiheadAttention's "attn_weights") are the module's, in its layout, not the
-  // components of those names; another module's attn_weights is a component like any other.
-  auto is_output = [&](const std::string& n) {
-    return n == "output" || (n == "attn_weights" && p.module == ModuleKind::MultiheadAttention);
-  };
   auto stored = [&](const TensorMap& outs, const TensorMap& comps) {
     Components c;
     for (const auto& [name, t] : comps)
-      if (!is_output(name)) c.push_back({name, to_tensor<double>(t)});
+      if (!is_output(p, name)) c.push_back({name, to_tensor<double>(t)});
     for (const Component& o : outputs_as_components(outs)) c.push_back(o);
-    return c;
-  };
-  auto with_outputs = [&](const RunResult& run) {
-    Components c;
-    for (const Component& x : run.components)
-      if (!is_output(x.name)) c.push_back(x);
-    for (const Component& o : outputs_as_components(run.outputs)) c.push_back(o);
     return c;
   };
   Components torch64, torch32, lt64, lt32;
@@ -277,8 +280,8 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
     const TorchRun t32 = run_torch(q, DType::Float32, true, where);
     add_reference_notes(r, t64, "libtorch64");
     add_reference_notes(r, t32, "libtorch32");
-    lt64 = with_outputs(t64.result);
-    lt32 = with_outputs(t32.result);
+    lt64 = with_outputs(p, t64.result);
+    lt32 = with_outputs(p, t32.result);
     // The stored float32 result is one sample of the producer's float32 error; LibTorch's, on
     // jittered copies, stand beside it (the producer cannot be run again here). One set of runs
     // serves this report and the components' one.
@@ -290,7 +293,7 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
                         policy) ||
           needs_samples(judged, lt32, lt64, policy))
         noise_runs = run_noise(q, policy, where);
-      noise = view(noise_runs, [&](const TorchRun& t) { return with_outputs(t.result); });
+      noise = view(noise_runs, [&](const TorchRun& t) { return with_outputs(p, t.result); });
     }
     if (torch64.empty()) {
       torch64 = outputs_as_components(t64.result.outputs);
@@ -353,10 +356,10 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
     r.notes.push_back(impl.name + " returns no components: its outputs are compared");
   std::vector<std::string> names;
   for (const std::string& n : component_names(p))
-    if (!is_output(n) && p.components.count(n) && has_components) names.push_back(n);
+    if (!is_output(p, n) && p.components.count(n) && has_components) names.push_back(n);
   names.push_back("output");
   if (p.module == ModuleKind::MultiheadAttention && p.forward.need_weights) names.push_back("attn_weights");
-  const Components hand64 = with_outputs(h64), hand32 = with_outputs(h32);
+  const Components hand64 = with_outputs(p, h64), hand32 = with_outputs(p, h32);
   Implementations impls{{"hand64", &hand64},   {"hand32", &hand32},   {"torch64", &torch64},
                         {"torch32", &torch32}, {"libtorch64", &lt64}, {"libtorch32", &lt32}};
   add_samples(impls, legs, noise);
@@ -366,9 +369,9 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
   if (!p.components.empty() && impl.teacher_forcing && !(h64.components.empty() && h32.components.empty())) {
     Components teacher;  // canonical layouts only
     for (const auto& [name, t] : p.components)
-      if (!is_output(name)) teacher.push_back({name, to_tensor<double>(t)});
-    l64 = with_outputs(impl.run(p, DType::Float64, &teacher));
-    l32 = with_outputs(impl.run(p, DType::Float32, &teacher));
+      if (!is_output(p, name)) teacher.push_back({name, to_tensor<double>(t)});
+    l64 = with_outputs(p, impl.run(p, DType::Float64, &teacher));
+    l32 = with_outputs(p, impl.run(p, DType::Float32, &teacher));
     impls["local_hand64"] = &l64;
     impls["local_hand32"] = &l32;
     std::vector<LegSpec> local = legs_with_local();
@@ -421,20 +424,11 @@ CaseReport evaluate_low_precision(const Problem& problem, const std::string& whe
                   "run's (jittered copies move float32 roundings, which {} erases)",
                   tag, torch_version(), dtype_name(dtype), dtype_name(dtype)));
   // The candidate's components, in dataflow order, then the outputs in the module's layout.
-  auto is_output = [&](const std::string& n) {
-    return n == "output" || (n == "attn_weights" && p.module == ModuleKind::MultiheadAttention);
-  };
-  auto with_outputs = [&](const RunResult& run) {
-    Components c;
-    for (const Component& x : run.components)
-      if (!is_output(x.name)) c.push_back(x);
-    for (const Component& o : outputs_as_components(run.outputs)) c.push_back(o);
-    return c;
-  };
-  const Components hand = with_outputs(candidate), torch64 = with_outputs(t64.result), torchl = with_outputs(tl.result);
+  const Components hand = with_outputs(p, candidate), torch64 = with_outputs(p, t64.result),
+                   torchl = with_outputs(p, tl.result);
   std::vector<std::string> names;
   for (const std::string& n : component_names(p))
-    if (!is_output(n) && find(hand, n)) names.push_back(n);
+    if (!is_output(p, n) && find(hand, n)) names.push_back(n);
   if (names.empty())
     r.notes.push_back(name + " gave no components in " + dtype_name(dtype) + ": its outputs are compared");
   for (const Component& o : outputs_as_components(t64.result.outputs)) names.push_back(o.name);
