@@ -111,13 +111,15 @@ TEST_CASE("determinism: run_hand(Problem&&) gives run_hand's outputs bit for bit
       Problem q = p;
       const RunResult released = run_hand(std::move(q), dtype, "case " + spec.name);
       CHECK(same_bits(kept.outputs, released.outputs));
-      // The module kinds whose weights the harness converts itself release them (the LLM and book
-      // blocks convert theirs elsewhere and keep them).
+      // The torch.nn modules' weights are released (the LLM blocks convert theirs elsewhere and keep
+      // them), and so are their inputs.
       if (p.module == ModuleKind::MultiheadAttention || p.module == ModuleKind::TransformerEncoderLayer ||
           p.module == ModuleKind::TransformerDecoderLayer) {
         size_t held = 0;
         for (const auto& [name, t] : q.state_dict) held += t.data.size();
         CHECK(held == 0);
+        for (const char* in : {"query", "src", "tgt"})
+          if (const DTensor* t = q.input(in)) CHECK(t->data.empty());
       }
     }
   }

@@ -130,6 +130,17 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// A bfloat16 or float16 run is judged by LibTorch's own error in it: refused up front where LibTorch
+// cannot compute in it on the CPU (1.13 has no float16 matmul), before any program runs.
+void check_low_precision(const std::string& dtype, const std::string& option) {
+  if (dtype != "bfloat16" && dtype != "float16") return;
+  if (const std::string why = low_precision_limitation(dtype_from_name(dtype)); !why.empty())
+    throw InputError(
+        fmt::format("{}: LibTorch {} cannot compute {} on the CPU, so there is no error of its own to "
+                    "judge by ({})",
+                    option, torch_version(), dtype, why));
+}
+
 void check_judging(const Judging& j) {
   if (j.update && j.baseline.empty()) throw InputError("option --update-baseline: needs --baseline FILE to write");
   if (!(j.factor >= 1.0)) throw InputError(fmt::format("option --factor: expected a number >= 1, got {}", j.factor));
@@ -140,6 +151,7 @@ int exec(const ExecOptions& o) {
   if (!torch_available()) throw InputError("tparity exec: built without LibTorch, there is no reference to judge by");
   if (o.command.empty()) throw InputError("tparity exec: no program given (expected -- CMD ARGS... after the options)");
   if (!(o.timeout > 0)) throw InputError(fmt::format("option --timeout: expected seconds > 0, got {}", o.timeout));
+  for (const std::string& d : o.dtypes) check_low_precision(d, "option --dtype " + d);
   bool placeholder = false;
   for (const std::string& a : o.command) placeholder = placeholder || a.find("{problem}") != std::string::npos;
   if (!placeholder)
@@ -233,9 +245,7 @@ int judge(const JudgeOptions& o) {
     OutputsFile f = read_outputs_file(path);
     if (!f.unsupported.empty()) throw InputError(path + ": unsupported: the program declined: " + f.unsupported);
     check_outputs_file(f, p, f.dtype, path);
-    if ((f.dtype == "bfloat16" || f.dtype == "float16") && !torch_available())
-      throw InputError(path + ": dtype: " + f.dtype +
-                       " is judged against LibTorch's own error in it, and tparity was built without LibTorch");
+    check_low_precision(f.dtype, path + ": dtype: " + f.dtype);
     if (files.count(f.dtype))
       throw InputError("option --outputs: two files of dtype " + f.dtype + " (expected one per precision)");
     files[f.dtype] = std::move(f);

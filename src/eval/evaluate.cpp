@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <regex>
 #include <utility>
 
 #include "tparity/harness/hand.hpp"
@@ -401,6 +402,7 @@ CaseReport evaluate_low_precision(const Problem& problem, const std::string& whe
     tl = run_torch(p, dtype, true, where);
   } catch (const InputError& e) {
     std::string why = e.what();
+    if (why.find("not implemented for") == std::string::npos) throw;  // the problem's, not the precision's
     const std::string said = "LibTorch rejected the problem: ";
     if (auto at = why.find(said); at != std::string::npos) why = why.substr(at + said.size());
     throw InputError(fmt::format("{}: option --dtype {}: LibTorch {} cannot compute {} in {} on the CPU ({})", where,
@@ -408,14 +410,22 @@ CaseReport evaluate_low_precision(const Problem& problem, const std::string& whe
   }
   add_reference_notes(r, t64, "torch64");
   // In a low precision a module's fused kernel (scaled_dot_product_attention's flash path) rounds once
-  // where the decomposition's separate ops round each: their difference is said, not failed. The float64
-  // run is the decomposition's proof.
+  // where the decomposition's separate ops round each: a difference of a few roundings (every rel_l2
+  // the check names <= 4u) is said, not failed; the float64 run is the decomposition's proof. More
+  // than that fails the case as in float32 and float64.
   if (!tl.failure.empty()) {
-    r.notes.push_back(
-        fmt::format("torch{}: {} (rounding: the outputs judged are the module's, the components the "
-                    "decomposition's; torch64 verifies the decomposition)",
-                    tag, tl.failure));
-    tl.failure.clear();
+    bool rounding = true;
+    static const std::regex figure("rel_l2 ([0-9.eE+-]+)");
+    for (auto it = std::sregex_iterator(tl.failure.begin(), tl.failure.end(), figure); it != std::sregex_iterator();
+         ++it)
+      rounding = rounding && std::stod((*it)[1].str()) <= 4 * unit_roundoff(dtype);
+    if (rounding && tl.failure.find("rel_l2 ") != std::string::npos) {
+      r.notes.push_back(
+          fmt::format("torch{}: {} (within 4u of {}: rounding; the outputs judged are the module's, "
+                      "the components the decomposition's; torch64 verifies the decomposition)",
+                      tag, tl.failure, dtype_name(dtype)));
+      tl.failure.clear();
+    }
   }
   add_reference_notes(r, tl, ("torch" + tag).c_str());
   r.notes.push_back("implementation under test (\"hand\" in the legs): " + name);

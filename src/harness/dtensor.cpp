@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace tparity {
 
@@ -56,6 +57,7 @@ double unit_roundoff(DType d) {
 double round_to_float(double x) { return double(float(x)); }
 
 double round_to_bfloat16(double x) {
+  if (std::fabs(x) > double(std::numeric_limits<float>::max())) return std::copysign(INFINITY, x);
   const float f = float(x);
   if (std::isnan(f)) return x;
   uint32_t bits;
@@ -68,6 +70,7 @@ double round_to_bfloat16(double x) {
 }
 
 double round_to_half(double x) {
+  if (std::fabs(x) > double(std::numeric_limits<float>::max())) return std::copysign(INFINITY, x);
   const float f = float(x);
   if (!std::isfinite(f)) return f;
   const float a = std::fabs(f);

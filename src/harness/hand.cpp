@@ -298,6 +298,8 @@ std::function<void()> prepare_hand(const Problem& p, DType dtype, const std::str
 
 RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const std::string& where,
                    const Components* teacher) {
+  if (dtype != DType::Float32 && dtype != DType::Float64)
+    throw std::logic_error("run_hand: the hand core computes in float32 or float64, not " + dtype_name(dtype));
   try {
     return dtype == DType::Float32 ? run<float>(p, collect_components || teacher, teacher)
                                    : run<double>(p, collect_components || teacher, teacher);
@@ -313,8 +315,9 @@ RunResult run_hand(const Problem& p, DType dtype, bool collect_components, const
 
 RunResult run_hand(Problem&& p, DType dtype, const std::string& where) {
   struct Release {
+    bool before = t_release;
     Release() { t_release = true; }
-    ~Release() { t_release = false; }
+    ~Release() { t_release = before; }
   } release;
   return run_hand(p, dtype, false, where);
 }

@@ -20,6 +20,20 @@ TorchSemantics reference_semantics() {
   return TORCH_VERSION_MAJOR >= 2 ? TorchSemantics::Torch2 : TorchSemantics::Torch113;
 }
 
+std::string low_precision_limitation(DType dtype) {
+  c10::NoGradGuard no_grad;
+  try {
+    const at::Tensor x = at::ones({2, 2}, at::TensorOptions().dtype(torch_ref::scalar_type(dtype)));
+    (void)at::matmul(x, x);
+    (void)at::softmax(x, -1);
+    (void)at::layer_norm(x, {2});
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    return msg.substr(0, msg.find('\n'));
+  }
+  return "";
+}
+
 namespace {
 
 // What the C++ modules cannot run (they are sequence-first and batched only, but those are exact
@@ -153,6 +167,7 @@ TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const
   } catch (const InputError& e) {
     throw InputError(where + ": " + e.what());
   } catch (const std::runtime_error& e) {  // c10's checked_convert: a value beyond the dtype's range
+    if (std::string(e.what()).rfind("value cannot be converted to type", 0) != 0) throw;
     throw InputError(where + ": LibTorch rejected the problem: " + e.what());
   }
   return {};

@@ -11,6 +11,7 @@ std::string torch_blas() { return "none"; }
 ReferenceInfo reference_info() { return {}; }
 TorchSemantics reference_semantics() { return TorchSemantics::Torch2; }
 int torch_threads() { return 0; }
+std::string low_precision_limitation(DType) { return "tparity was built without LibTorch (-DTPARITY_TORCH=off)"; }
 std::string module_limitation(const Problem&) { return "tparity was built without LibTorch (-DTPARITY_TORCH=off)"; }
 std::function<void()> prepare_torch(const Problem&, DType, const std::string& where, bool) {
   throw std::runtime_error(where + ": tparity was built without LibTorch (-DTPARITY_TORCH=off)");

@@ -17,11 +17,13 @@ wrong-shape   echo, with "output" one element short
 wrong-name    echo, with a component named "qq"
 wrong-dtype   echo, its "dtype" the other precision
 unsupported   declines the problem
+coarse        echo, every output and component value kept to 4 significant bits (rel. error ~ 2^-5)
 
 In a bfloat16 or float16 run, echo writes the reference's float64 results under that dtype (tparity reads
 them rounded to it).
 """
 import json
+import math
 import os
 import signal
 import sys
@@ -65,6 +67,15 @@ def main():
         for d in (comps, local):
             s = d["scores"]
             s["data"] = [x * 1.001 if isinstance(x, float) else x for x in s["data"]]
+    if mode == "coarse":
+        def coarse(x):
+            if not isinstance(x, float) or not math.isfinite(x) or x == 0:
+                return x
+            m, e = math.frexp(x)
+            return math.ldexp(round(m * 16) / 16, e)
+        for d in (outputs, comps):
+            for t in d.values():
+                t["data"] = [coarse(x) for x in t["data"]]
     if mode == "wrong-shape":
         o = outputs["output"]
         o["data"] = o["data"][:-1]

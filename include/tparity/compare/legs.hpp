@@ -56,7 +56,7 @@ struct LegSpec {
   // For Noise: more samples of the same error, (float32 result, float64 reference) implementation
   // keys; those missing are skipped.
   std::vector<std::pair<std::string, std::string>> samples;
-  // For Numeric: the floor in place of policy.numeric_floor (a low precision's 4u), when >= 0.
+  // For Numeric: the floor in place of policy.numeric_floor (a low precision's u), when >= 0.
   double floor = -1;
 };
 

@@ -33,6 +33,10 @@ ReferenceInfo reference_info();
 // The semantics the reference's decomposition follows (core/attention.hpp): Python's of its version.
 TorchSemantics reference_semantics();
 
+// Empty when LibTorch computes matmul, softmax and layer norm in this precision on the CPU (tried on
+// a 2 x 2 tensor); otherwise LibTorch's own one line (1.13: no float16 matmul).
+std::string low_precision_limitation(DType dtype);
+
 // Empty when torch::nn's C++ module can run this problem; otherwise why not.
 std::string module_limitation(const Problem& p);
 
