@@ -431,7 +431,8 @@ TEST_CASE("outputs files: a bfloat16 or float16 run's tensors, inline values rou
   CHECK(b.dtype == DType::BFloat16);
   CHECK(b.data == std::vector<double>{1.0, 1.0078125, 65536.0, INFINITY});
   // binary16 holds both first values (spacing 2^-10 near 1); 65519 is its largest finite, 65504.
-  const DTensor& h = parse_outputs(doc("float16", "float16"), "o.json").outputs.at("output");
+  const OutputsFile hf = parse_outputs(doc("float16", "float16"), "o.json");
+  const DTensor& h = hf.outputs.at("output");
   CHECK(h.dtype == DType::Float16);
   CHECK(h.data == std::vector<double>{1.00390625, 1.005859375, 65504.0, INFINITY});
   auto refusal = [](const std::string& text) {
