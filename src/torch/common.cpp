@@ -1,5 +1,6 @@
 #include "common.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -121,6 +122,7 @@ void verify(TorchRun& run, const std::string& what, const TT& module_out, const 
     std::ostringstream o;
     o << "shape " << decomposed.sizes() << " against the module's " << module_out.sizes();
     why = o.str();
+    run.mismatch = std::numeric_limits<double>::infinity();
   } else {
     const TT a = decomposed.detach().to(at::kDouble), b = module_out.detach().to(at::kDouble);
     const TT nan_a = a.isnan(), nan_b = b.isnan();
@@ -135,6 +137,9 @@ void verify(TorchRun& run, const std::string& what, const TT& module_out, const 
       std::snprintf(buf, sizeof buf, "rel_l2 %.3g, max_abs %.3g, non-finite mismatches %lld", ref > 0 ? l2 / ref : l2,
                     d.abs().max().item<double>(), static_cast<long long>(nonfinite));
       why = buf;
+      run.mismatch = std::max(run.mismatch, nonfinite ? std::numeric_limits<double>::infinity()
+                                            : ref > 0 ? l2 / ref
+                                                      : l2);
     }
   }
   if (!why.empty())

@@ -47,6 +47,7 @@ struct TorchRun {
   bool verified = false;           // the decomposition reproduced the module's outputs
   std::vector<std::string> notes;  // adaptations made and what was verified, one line each
   std::string failure;             // non-empty when the decomposition disagrees with the module
+  double mismatch = 0;  // the largest rel_l2 between the two over the checks (infinity: shapes or non-finite differ)
 };
 
 // LibTorch's module (MultiheadAttention or TransformerEncoderLayer, expressible configs) loaded and
