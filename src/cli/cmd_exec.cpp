@@ -250,9 +250,10 @@ int judge(const JudgeOptions& o) {
       throw InputError("option --outputs: two files of dtype " + f.dtype + " (expected one per precision)");
     files[f.dtype] = std::move(f);
   }
-  auto take = [&](const char* dtype) {
-    auto it = files.find(dtype);
-    return it == files.end() ? std::optional<OutputsFile>() : std::optional<OutputsFile>(it->second);
+  auto take = [&](const char* dtype) {  // moved out: a layer's tensors are not copied
+    std::optional<OutputsFile> f;
+    if (auto it = files.find(dtype); it != files.end()) f = std::move(it->second);
+    return f;
   };
   const std::optional<OutputsFile> f64 = take("float64"), f32 = take("float32");
   std::vector<CaseReport> reports;
