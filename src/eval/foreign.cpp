@@ -79,12 +79,8 @@ Problem with_reference(const Problem& problem, const std::string& where) {
   p.outputs_float32 = t32.result.outputs;
   // Components in their canonical layouts (MultiheadAttention's per-head attn_weights and the
   // batch-first output among them), beside the outputs as the module returns them.
-  auto components = [&](const TorchRun& t, DType dtype) {
-    Components c;
-    return as_tensors(t.result.components, dtype);
-  };
-  p.components = components(t64, DType::Float64);
-  p.components_float32 = components(t32, DType::Float32);
+  p.components = as_tensors(t64.result.components, DType::Float64);
+  p.components_float32 = as_tensors(t32.result.components, DType::Float32);
   const ReferenceInfo ref = reference_info();
   p.producer = {{"name", "LibTorch's decomposition (tparity export): " + ref.line()},
                 {"torch", ref.torch},
