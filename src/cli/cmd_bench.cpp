@@ -19,6 +19,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,7 @@
 #include "tparity/compare/report.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
+#include "tparity/core/profile.hpp"
 #include "tparity/torch/reference.hpp"
 
 namespace tparity::cli {
@@ -289,6 +291,7 @@ struct BenchOptions {
   int reps = 11;
   bool quick = false;
   bool check = true;
+  bool profile = false;
   Format format = Format::Table;
   std::string child_side;
 };
@@ -301,7 +304,26 @@ struct Result {
   double hand_bytes_s = 0, torch_bytes_s = 0;  // memory-bound cases: bytes moved / median time
   int64_t hand_peak = -1, torch_peak = -1;
   std::string parity = "not checked";
+  // --profile: the hand core's time per op, ms per call on one thread, and the profiled call's time
+  std::array<double, profile::kOps> op_ms{};
+  double profiled_ms = 0;
 };
+
+// The hand core on one thread, profiled (profile.hpp): `reps` calls, each op's time per call. The
+// profiled calls are timed too, to show what the profile's own clock reads cost.
+void profile_hand(const std::function<void()>& hand, int reps, Result& r) {
+  set_num_threads(1);
+  hand();  // warm at one thread
+  profile::set_enabled(true);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) hand();
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const profile::Totals t = profile::totals();
+  profile::set_enabled(false);
+  const double total = double(t.total());
+  for (int i = 0; i < profile::kOps; ++i) r.op_ms[size_t(i)] = total > 0 ? ms / reps * double(t.ticks[size_t(i)]) / total : 0;
+  r.profiled_ms = ms / reps;
+}
 
 // The fast path as an implementation under test: outputs only, no observer, so every fast kernel
 // runs as it does when timed (the fused attention among them).
@@ -353,7 +375,8 @@ int bench(const BenchOptions& o) {
   for (const BenchCase& c : chosen) {
     if (o.format == Format::Table && isatty(2)) std::fprintf(stderr, "bench %s ...\n", c.name.c_str());
     const Problem p = make_problem(c.spec);
-    Result r{c, {}, {}, {}, {}, 0, 0, 0, 0, -1, -1, "not checked"};
+    Result r;
+    r.c = c;
     set_num_threads(c.threads);
     set_torch_threads(c.threads);
     const std::function<void()> hand = prepare_hand(p, DType::Float32, "bench " + c.name);
@@ -386,6 +409,7 @@ int bench(const BenchOptions& o) {
       r.hand_bytes_s = bytes_moved(c.spec) / (r.hand.median * 1e-3);
       r.torch_bytes_s = bytes_moved(c.spec) / (r.torch.median * 1e-3);
     }
+    if (o.profile) profile_hand(hand, std::max(3, o.reps / 3), r);
     r.hand_peak = peak_in_child("hand", c, o.quick);
     r.torch_peak = peak_in_child("torch", c, o.quick);
     if (o.check) {
@@ -417,6 +441,14 @@ int bench(const BenchOptions& o) {
                         {"unset", dropped ? dropped : ""},
                         {"quick", o.quick},
                         {"reps", o.reps}};
+  auto profile_json = [&](const Result& r) -> nlohmann::json {
+    if (!o.profile) return nullptr;
+    nlohmann::json ops = nlohmann::json::object();
+    for (int i = 0; i < profile::kOps; ++i)
+      ops[profile::name(profile::Op(i))] = {{"ms", r.op_ms[size_t(i)]},
+                                            {"share", r.profiled_ms > 0 ? r.op_ms[size_t(i)] / r.profiled_ms : 0.0}};
+    return {{"threads", 1}, {"profiled_ms", r.profiled_ms}, {"ops", ops}};
+  };
   bool parity_ok = true;
   for (const Result& r : results) parity_ok = parity_ok && (r.parity == "PASS" || r.parity == "not checked");
   if (o.format == Format::Json) {
@@ -446,6 +478,7 @@ int bench(const BenchOptions& o) {
                        {"scaling_one_thread_ms", r.hand_one.median},
                        {"scaling_threads_ms", r.hand_many.median},
                        {"target", r.c.target},
+                       {"profile", profile_json(r)},
                        {"reference", ref.short_name()},
                        {"parity", r.parity}});
     std::fputs((nlohmann::json{{"environment", env}, {"cases", cases}}.dump(2) + "\n").c_str(), stdout);
@@ -485,6 +518,28 @@ int bench(const BenchOptions& o) {
           r.c.name, bytes_moved(r.c.spec) / 1e9, r.hand_bytes_s / 1e9,
           bandwidth > 0 ? 100 * r.hand_bytes_s / bandwidth : 0.0, r.torch_bytes_s / 1e9,
           bandwidth > 0 ? 100 * r.torch_bytes_s / bandwidth : 0.0);
+  if (o.profile) {
+    fmt::print(
+        "\nwhere the hand core's time goes (--profile: one thread, {} calls per case after the timed runs; each op's "
+        "share of the profiled call, and the profiled call's time over the timed one-thread median: the cost of the "
+        "profile's clock reads)\n",
+        std::max(3, o.reps / 3));
+    fmt::print("{:<30}", "op");
+    for (const Result& r : results) fmt::print(" {:>19}", r.c.name);
+    fmt::print("\n");
+    for (int i = 0; i < profile::kOps; ++i) {
+      fmt::print("{:<30}", profile::name(profile::Op(i)));
+      for (const Result& r : results)
+        fmt::print(" {:>19}", r.profiled_ms > 0 ? fmt::format("{:.1f}%", 100 * r.op_ms[size_t(i)] / r.profiled_ms) : "-");
+      fmt::print("\n");
+    }
+    fmt::print("{:<30}", "profiled ms per call");
+    for (const Result& r : results) {
+      const double timed = r.c.threads > 1 ? r.hand_one.median : r.hand.median;
+      fmt::print(" {:>19}", fmt::format("{:.2f} ({:.2f}x)", r.profiled_ms, timed > 0 ? r.profiled_ms / timed : 0.0));
+    }
+    fmt::print("\n\n");
+  }
   for (const Result& r : results) {
     const double s = scaling(r);
     fmt::print("target {}: {}{}\n", r.c.name, r.c.target,
@@ -509,6 +564,9 @@ void register_bench(CLI::App& app, Action& action) {
       ->check(CLI::Range(1, 256));
   cmd->add_option("--reps", o->reps, "Timed runs per side")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_flag("--quick", o->quick, "Small shapes and few runs: a smoke run for CI");
+  cmd->add_flag("--profile", o->profile,
+                "Also time the hand core op by op (projections, score blocks, softmax, context, out_proj, norms, "
+                "FFN, copies and zero-fills) on one thread, as shares");
   cmd->add_flag("!--no-check", o->check, "Skip the parity check of the fast path at each shape");
   add_format_option(*cmd, o->format);
   cmd->add_option("--child", o->child_side, "(internal) measure one side's peak memory")

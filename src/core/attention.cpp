@@ -38,6 +38,7 @@ void copy_rows(int64_t rows, int64_t row_elems, const F& f) {
 // x (B, L, H*D) with row stride ld -> (B, H, L, D)
 template <class T>
 Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
+  profile::Scope scope(profile::Op::Copies);
   Tensor<T> y({B, H, L, D});
   const bool interleaved = injected_defect() == Defect::WrongHeadInterleave;
   copy_rows(B * L, H * D, [&](int64_t r0, int64_t r1) {
@@ -59,6 +60,7 @@ Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, i
 // (B, H, L, D) -> (B, L, H*D)
 template <class T>
 Tensor<T> merge_heads(const Tensor<T>& x) {
+  profile::Scope scope(profile::Op::Copies);
   const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
   Tensor<T> y({B, L, H * D});
   const bool interleaved = injected_defect() == Defect::WrongHeadInterleave;
@@ -237,6 +239,7 @@ class RowMask {
 // else after the observer has seen it.
 template <class T>
 Tensor<T> out_proj(const Tensor<T>& context, const MhaWeights<T>& w, bool bias, const T* residual, Observer<T>* obs) {
+  profile::Scope scope(profile::Op::OutProj);
   const int64_t B = context.size(0), L = context.size(1), E = context.size(2);
   const Defect defect = injected_defect();
   Tensor<T> wt;  // the selftest's defect OutProjTransposed: W^T
@@ -529,16 +532,22 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
                     !cfg.add_bias_kv && defect != Defect::SwapQK;  // swapped weights are not one product
   if (self) {
     Tensor<T> qkv({B, L, 3 * E});
-    linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
+    {
+      profile::Scope scope(profile::Op::Projections);
+      linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
+    }
     query.release(), key.release(), value.release();
     qh = split_heads(qkv.ptr(), 3 * E, B, L, H, D);
     kh = split_heads(qkv.ptr() + E, 3 * E, B, L, H, D);
     vh = split_heads(qkv.ptr() + 2 * E, 3 * E, B, L, H, D);
   } else {
     Tensor<T> q({B, L, E}), k({B, S0, E}), v({B, S0, E});
-    linear_forward(q.ptr(), query.ptr(), Wq, bq, B * L, E, E);
-    linear_forward(k.ptr(), key.ptr(), Wk, bk, B * S0, KD, E);
-    linear_forward(v.ptr(), value.ptr(), Wv, bv, B * S0, VD, E);
+    {
+      profile::Scope scope(profile::Op::Projections);
+      linear_forward(q.ptr(), query.ptr(), Wq, bq, B * L, E, E);
+      linear_forward(k.ptr(), key.ptr(), Wk, bk, B * S0, KD, E);
+      linear_forward(v.ptr(), value.ptr(), Wv, bv, B * S0, VD, E);
+    }
     query.release(), key.release(), value.release();
     if (cfg.add_bias_kv) {
       k = append_row(k, w.bias_k);
@@ -567,7 +576,10 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
 
   // ---- scores (B, H, L, S) = q / sqrt(D) . k + mask ----------------------------------------------
   const T root = std::sqrt(T(defect == Defect::ScaleByFullDim ? E : D));
-  for (T& x : qh.data) x = x / root;  // torch 1.13: q_scaled = q / math.sqrt(E)
+  {
+    profile::Scope scope(profile::Op::Scores);
+    for (T& x : qh.data) x = x / root;  // torch 1.13: q_scaled = q / math.sqrt(E)
+  }
   const Mask<T> none;
   const Mask<T>& attn_mask = defect == Defect::IgnoreMask ? none : in.attn_mask;
   const Mask<T>& key_padding_mask = defect == Defect::IgnoreMask ? none : in.key_padding_mask;
@@ -597,6 +609,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   }
 
   Tensor<T> scores({B, H, L, S});
+  std::optional<profile::Scope> phase(std::in_place, profile::Op::Scores);
   qdotk(scores.ptr(), qh.ptr(), kh.ptr(), B * H, L, S, D);
   if (mask.any() && core_path() == CorePath::Reference) {
     for (int64_t b = 0; b < B; ++b)
@@ -616,12 +629,15 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
 
   // ---- weights, context, output ------------------------------------------------------------------
   Tensor<T>& weights = scores;  // softmax in place
+  phase.reset(), phase.emplace(profile::Op::Softmax);
   const std::vector<uint8_t> dead = zero_dead ? dead_rows(scores.ptr(), B * H * L, S) : std::vector<uint8_t>();
   attention_softmax(weights.ptr(), B * H, L, S);
   zero_rows(weights.ptr(), dead, S);
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> ctx_heads({B, H, L, D});
+  phase.reset(), phase.emplace(profile::Op::Context);
   weighted_sum_v(ctx_heads.ptr(), weights.ptr(), vh.ptr(), B * H, L, S, D);
+  phase.reset();
   Tensor<T> context = merge_heads(ctx_heads);
   if (obs) obs->on("context", context);
   Tensor<T> out = out_proj(context, w, cfg.bias, residual, obs);

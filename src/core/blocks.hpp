@@ -35,6 +35,7 @@ Mask<T> batch_key_padding(Mask<T> m, bool batched, int64_t S, const std::string&
 // mirrors torch.nn.LayerNorm over the last dim
 template <class T>
 Tensor<T> layer_norm(const Tensor<T>& x, const Tensor<T>& g, const Tensor<T>& b, double eps) {
+  profile::Scope scope(profile::Op::Norms);
   Tensor<T> out(x.shape);
   const int64_t C = x.size(-1);
   layernorm_forward(out.ptr(), x.ptr(), g.ptr(), b.ptr(), T(eps), x.numel() / C, C);
@@ -55,6 +56,7 @@ Tensor<T> add(const Tensor<T>& a, const Tensor<T>& b) {
 template <class T>
 Tensor<T> feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1, const Tensor<T>& w2,
                        const Tensor<T>& b2, const Tensor<T>& x, const Tensor<T>& residual, Observer<T>* obs) {
+  profile::Scope scope(profile::Op::FFN);
   const int64_t d = x.size(-1), F = w1.size(0), N = x.numel() / d;
   Shape hs = x.shape;
   hs.back() = F;

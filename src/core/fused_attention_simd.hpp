@@ -18,10 +18,28 @@
 #include <utility>
 
 #include "fused_attention_kernels.hpp"
+#include "tparity/core/profile.hpp"
 #include "vmath_simd.hpp"
 
 namespace tparity::fused_impl {
 namespace {
+
+// The profile's phases of a block (`tparity bench --profile`), through out-of-line calls only (see
+// profile::enabled_here): on, when `on`, the time from here to the next switch is charged to op.
+struct Phases {
+  bool on = profile::enabled_here();
+  bool open = false;
+  profile::Op saved = profile::Op::Other;
+  void to(profile::Op op) {
+    if (!on) return;
+    if (open) profile::detail::leave(saved);
+    profile::detail::enter(op, saved);
+    open = true;
+  }
+  void end() {
+    if (on && open) profile::detail::leave(saved), open = false;
+  }
+};
 
 template <class L, int NV, int MR, int BC>
 struct FusedKernel {
@@ -278,6 +296,8 @@ struct FusedKernel {
 
   // One block of queries against every key block, BC keys at a time.
   static void run(const QueryBlock<T>& b, const BlockScratch<T>& s) {
+    Phases phase;
+    phase.to(profile::Op::Scores);
     pack_queries(b.q, b.nq, b.D, s.qt);
 #pragma GCC unroll 8
     for (int u = 0; u < NV; ++u) L::store(s.m + u * W, L::set1(-INFINITY)), L::store(s.l + u * W, L::zero());
@@ -293,6 +313,7 @@ struct FusedKernel {
         if (q_finite && ks.finite && no_overflow(b.scale, b.D, qmax, ks.kmax, bmax)) continue;
       }
       // S^T = K Q^T (* scale, + bias), MR keys at a time
+      phase.to(profile::Op::Scores);
       const T* bias = b.bias ? b.bias + j0 : nullptr;
       int64_t j = 0;
       for (; j + MR <= nk; j += MR)
@@ -300,7 +321,9 @@ struct FusedKernel {
       if (j < nk)
         ByRows::qk[nk - j - 1](b.D, b.k + (j0 + j) * b.D, s.qt, s.st + j * BR, b.scale, bias ? bias + j : nullptr);
       if (b.mask) add_mask(b.mask + j0, b.S, b.nq, nk, s.st);
+      phase.to(profile::Op::Softmax);
       softmax_block(s.st, nk, s.m, s.l, s.alpha);
+      phase.to(profile::Op::Context);
       // O^T = O^T * alpha + V^T P^T, MR value columns at a time
       const T* vb = b.v + j0 * b.Dv;
       int64_t e = 0;
@@ -312,7 +335,9 @@ struct FusedKernel {
     if (b.zero_dead_rows)
       for (int64_t i = 0; i < BR; ++i)
         if (s.l[i] == T(0)) s.l[i] = T(1);
+    phase.to(profile::Op::Context);
     finish(s.ot, s.l, b.nq, b.Dv, b.out);
+    phase.end();
   }
 
   static void key_stats(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, KeyBlockStats<T>* stats) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "tparity/core/defects.hpp"
@@ -41,6 +42,7 @@ const T* bias_or_null(const Tensor<T>& b) {
 // (B * T, H * D) rows -> (B, H, T, D) heads.
 template <class T>
 Tensor<T> split_heads(const T* x, int64_t B, int64_t Tn, int64_t H, int64_t D, int64_t row_stride) {
+  profile::Scope scope(profile::Op::Copies);
   Tensor<T> out({B, H, Tn, D});
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tn; ++t)
@@ -53,6 +55,7 @@ Tensor<T> split_heads(const T* x, int64_t B, int64_t Tn, int64_t H, int64_t D, i
 // (B, H, L, D) -> (B, L, H * D)
 template <class T>
 Tensor<T> merge_heads(const T* x, int64_t B, int64_t H, int64_t L, int64_t D) {
+  profile::Scope scope(profile::Op::Copies);
   Tensor<T> out({B, L, H * D});
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -308,7 +311,10 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
   // q_proj, k_proj, v_proj, then .view(B, T, -1, D).transpose(1, 2)
   auto project = [&](const Tensor<T>& wt, const Tensor<T>& bias, int64_t heads) {
     std::vector<T> y(static_cast<size_t>(N * heads * D));
-    llm_linear(y.data(), x.ptr(), wt.ptr(), bias_or_null(bias), N, C, heads * D);
+    {
+      profile::Scope scope(profile::Op::Projections);
+      llm_linear(y.data(), x.ptr(), wt.ptr(), bias_or_null(bias), N, C, heads * D);
+    }
     return split_heads(y.data(), B, Tn, heads, D, heads * D);
   };
   Tensor<T> q = project(w.q_proj_weight, w.q_proj_bias, H);
@@ -327,6 +333,7 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
                          std::to_string(c.max_position_embeddings) + "), got " + std::to_string(p));
       pos[size_t(b * Tn + t)] = p + (off_by_one ? 1 : 0);
     }
+  std::optional<profile::Scope> phase(std::in_place, profile::Op::Rope);
   std::vector<T> cos(static_cast<size_t>(N * (r / 2))), sin(cos.size());
   rope_tables(cos.data(), sin.data(), pos.data(), N, r, c.rope_theta);
   Tensor<T> q_rot = q, k_rot = k;
@@ -338,9 +345,11 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
   cache_append(kv.k, past, injected_defect() == Defect::CacheBeforeRotary ? k : k_rot);
   cache_append(kv.v, past, v);
   kv.length = past + Tn;
+  phase.reset();
   if (cache) observe_cache(obs, kv);
   Tensor<T> ctx = cached_attention(q_rot, kv, c.groups(), T(std::pow(double(D), -0.5)), mask, obs);
   if (obs) obs->on("context", ctx);
+  profile::Scope o_proj(profile::Op::OutProj);
   Tensor<T> out({B, Tn, C});
   llm_linear(out.ptr(), ctx.ptr(), w.o_proj_weight.ptr(), bias_or_null(w.o_proj_bias), N, H * D, C);
   if (obs) obs->on("output", out);
@@ -361,16 +370,22 @@ Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& 
   need_shape(w.down_proj_weight, "mlp.down_proj.weight", {C, I});
   const int64_t N = x.size(0) * x.size(1);
   const T eps = T(c.rms_norm_eps);
+  std::optional<profile::Scope> phase(std::in_place, profile::Op::Norms);
   Tensor<T> h(x.shape);
   rms_norm_forward(h.ptr(), x.ptr(), w.input_layernorm.ptr(), eps, N, C);
+  phase.reset();
   if (obs) obs->on("input_layernorm", h);
   PrefixObserver<T> sub(obs, "attn.");
   const Tensor<T> a = llama_attention_forward(c, w.self_attn, h, mask, cache, PrefixObserver<T>::wrap(obs, sub));
+  phase.emplace(profile::Op::OutProj);
   Tensor<T> x1(x.shape);
   add_forward(x1.ptr(), x.ptr(), a.ptr(), N * C);  // residual + hidden_states
+  phase.reset();
   if (obs) obs->on("attn_residual", x1);
+  phase.emplace(profile::Op::Norms);
   Tensor<T> h2(x.shape);
   rms_norm_forward(h2.ptr(), x1.ptr(), w.post_attention_layernorm.ptr(), eps, N, C);
+  phase.reset();
   if (obs) obs->on("post_attention_layernorm", h2);
   // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn silu
   const bool swap = injected_defect() == Defect::GateUpSwapped;
@@ -378,6 +393,7 @@ Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& 
   const Tensor<T>& bg = swap ? w.up_proj_bias : w.gate_proj_bias;
   const Tensor<T>& wu = swap ? w.gate_proj_weight : w.up_proj_weight;
   const Tensor<T>& bu = swap ? w.gate_proj_bias : w.up_proj_bias;
+  profile::Scope mlp(profile::Op::FFN);
   Tensor<T> gate({x.size(0), x.size(1), I}), up(gate.shape);
   llm_linear(gate.ptr(), h2.ptr(), wg.ptr(), bias_or_null(bg), N, C, I);
   llm_linear(up.ptr(), h2.ptr(), wu.ptr(), bias_or_null(bu), N, C, I);

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "tparity/core/profile.hpp"
+
 namespace tparity {
 
 using Shape = std::vector<int64_t>;
@@ -42,7 +44,10 @@ struct Tensor {
   std::vector<T> data;
 
   Tensor() = default;
-  explicit Tensor(Shape s, T fill = T(0)) : shape(std::move(s)), data(size_t(tparity::numel(shape)), fill) {}
+  explicit Tensor(Shape s, T fill = T(0)) : shape(std::move(s)) {
+    profile::Scope scope(profile::Op::Copies);  // the zero-fill
+    data.assign(size_t(tparity::numel(shape)), fill);
+  }
   Tensor(Shape s, std::vector<T> d) : shape(std::move(s)), data(std::move(d)) {
     assert(int64_t(data.size()) == tparity::numel(shape));
   }
