@@ -278,6 +278,60 @@ TEMPLATE_TEST_CASE("fused attention over many groups equals one call per group b
   }
 }
 
+TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give the wide path's bits", "[fused]",
+                   float, double) {
+  // One query per head, heads sharing kv groups (KvLayout.repeat 4): the heads of a group are computed
+  // as the rows of one narrow block. Each head alone (its own call, its kv group's keys) must give
+  // the same bits, with every mask kind a decoding step can have; and a wide block's rows (L past
+  // the narrow block's width) the same bits as each row's own one-query call.
+  using T = TestType;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  Rng rng(911);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    for (MaskKind kind : {MaskKind::None, MaskKind::Shared2d, MaskKind::KeyBias, MaskKind::Shared2dAndKeyBias}) {
+      for (int64_t heads : {4, 8, 2}) {  // 2: a batch element's heads split a kv group, so not stacked
+        CAPTURE(to_string(isa), name(kind), heads);
+        const int64_t rep = 4, G = 8, S = 2 * bs.bc + 3, D = 9, Dv = 7;
+        Problem<T> p = make_problem<T>(rng, G / rep, 1, S, D, Dv, kind);  // k and v: one per kv group
+        p.G = G, p.heads = heads;
+        p.q.resize(size_t(G * D));
+        for (T& x : p.q) x = T(rng.normal());
+        if (!p.bias.empty()) {
+          p.bias.resize(size_t(G / heads * S));
+          for (T& x : p.bias) x = rng.coin(0.3) ? ninf : T(rng.normal());
+        }
+        std::vector<T> stacked(size_t(G * Dv), T(-7)), alone(stacked.size(), T(-7));
+        fused_attention(stacked.data(), p.q.data(), p.k.data(), p.v.data(), G, int64_t(1), S, D, Dv, p.scale,
+                        p.masks(), 2, KvLayout{rep, S * D, S * Dv});
+        for (int64_t g = 0; g < G; ++g) {
+          AttentionMasks<T> m;
+          m.attn = p.attn.empty() ? nullptr : p.attn.data();
+          m.key_bias = p.bias.empty() ? nullptr : p.bias.data() + g / heads * S;
+          fused_attention(alone.data() + g * Dv, p.q.data() + g * D, p.k.data() + g / rep * S * D,
+                          p.v.data() + g / rep * S * Dv, int64_t(1), int64_t(1), S, D, Dv, p.scale, m);
+        }
+        CHECK(identical(stacked, alone));
+        CHECK(std::all_of(stacked.begin(), stacked.end(), [](T x) { return x != T(-7); }));
+      }
+    }
+    // wide against narrow: L = br + 1 rows in wide blocks, each row again alone
+    CAPTURE(to_string(isa));
+    Problem<T> p = make_problem<T>(rng, 2, bs.br + 1, bs.bc + 5, 9, 7, MaskKind::Shared2d);
+    const std::vector<T> wide = p.run();
+    std::vector<T> rows(wide.size());
+    for (int64_t g = 0; g < p.G; ++g)
+      for (int64_t i = 0; i < p.L; ++i) {
+        AttentionMasks<T> m;
+        m.attn = p.attn.data() + i * p.S;
+        fused_attention(rows.data() + (g * p.L + i) * p.Dv, p.q.data() + (g * p.L + i) * p.D, p.k.data() + g * p.S * p.D,
+                        p.v.data() + g * p.S * p.Dv, int64_t(1), int64_t(1), p.S, p.D, p.Dv, p.scale, m);
+      }
+    CHECK(identical(wide, rows));
+  }
+}
+
 TEMPLATE_TEST_CASE("fused attention fully masked rows give NaN and rows masked in early blocks recover", "[fused]",
                    float, double) {
   // S = 3 bc + 1 keys: four blocks, the last of one key. Row 0 all -inf: NaN (0 / 0), torch 1.13's

@@ -123,8 +123,20 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
     return;
   }
   const FusedPath<T>& path = path_for<T>(gemm_isa());
-  const int64_t br = path.blocking.br, blocks = (L + br - 1) / br;
-  const ScratchShape<T> shape(path.blocking, D, Dv);
+  // Decoding (one query per head): the heads that share a kv group are stacked as the rows of one
+  // block, so that their keys and values are read once for all of them, not once per head. Their
+  // q and out rows are already adjacent ((G, 1, D): head after head); they must share the mask's
+  // row (one (1, S) mask, read with row stride 0) and the key bias (heads of one batch element).
+  int64_t rows_per_group = L, groups = G, rep_left = rep, mask_ld = S;
+  if (L == 1 && rep > 1 && (!masks.attn || masks.attn_group_stride == 0) &&
+      (!masks.key_bias || masks.heads % rep == 0))
+    rows_per_group = rep, groups = kvG, rep_left = 1, mask_ld = 0;
+  // Few queries per group: the narrow blocks (one vector of queries), which compute no empty rows.
+  const bool narrow = rows_per_group <= path.narrow_blocking.br;
+  const FusedBlocking& blocking = narrow ? path.narrow_blocking : path.blocking;
+  const auto run_block = narrow ? path.run_narrow : path.run;
+  const int64_t br = blocking.br, blocks = (rows_per_group + br - 1) / br;
+  const ScratchShape<T> shape(blocking, D, Dv);
   // The units, (group, block of queries) pairs, in order: group by group, so that a group's keys and
   // values stay in cache while its blocks of queries pass; but block of queries by block of queries
   // when one (L, S) mask is shared, so that its rows for a block (br x S) are read from memory once
@@ -134,7 +146,7 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   // most key blocks). Each unit is computed alone: neither the order nor the thread count changes a
   // bit.
   const bool shared_mask = masks.attn && masks.attn_group_stride == 0;
-  const int64_t units = G * blocks;
+  const int64_t units = groups * blocks;
   // Key blocks can be skipped only where a mask may close them; their keys' and values' statistics
   // first, one pass over k and v (the groups over the threads).
   const int64_t key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
@@ -152,20 +164,24 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   auto run_units = [&](int64_t first, int64_t step) {
     const BlockScratch<T> s = shape.carve(static_cast<T*>(scratch.get(size_t(shape.total()) * sizeof(T))));
     for (int64_t w = first; w < units; w += step) {
-      const int64_t g = shared_mask ? w % G : w / blocks, i0 = (shared_mask ? w / G : w % blocks) * br;
+      // g: the group (stacked: the kv group, its heads g * rep ...), i0: the block's first row in it;
+      // h: the head of that row
+      const int64_t g = shared_mask ? w % groups : w / blocks, i0 = (shared_mask ? w / groups : w % blocks) * br;
+      const int64_t h = rep_left == 1 && rep > 1 ? g * rep : g;
       QueryBlock<T> b;
-      b.q = q + (g * L + i0) * D;
-      b.k = k + g / rep * ks;
-      b.v = v + g / rep * vs;
-      b.mask = masks.attn ? masks.attn + g * masks.attn_group_stride + i0 * S : nullptr;
-      b.bias = masks.key_bias ? masks.key_bias + g / masks.heads * S : nullptr;
-      b.out = out + (g * L + i0) * Dv;
-      b.nq = std::min(br, L - i0);
+      b.q = q + (g * rows_per_group + i0) * D;
+      b.k = k + g / rep_left * ks;
+      b.v = v + g / rep_left * vs;
+      b.mask = masks.attn ? masks.attn + h * masks.attn_group_stride + i0 * mask_ld : nullptr;
+      b.mask_ld = mask_ld;
+      b.bias = masks.key_bias ? masks.key_bias + h / masks.heads * S : nullptr;
+      b.out = out + (g * rows_per_group + i0) * Dv;
+      b.nq = std::min(br, rows_per_group - i0);
       b.S = S, b.D = D, b.Dv = Dv;
       b.scale = scale;
-      b.key_stats = stats.empty() ? nullptr : stats.data() + g / rep * key_blocks;
+      b.key_stats = stats.empty() ? nullptr : stats.data() + g / rep_left * key_blocks;
       b.zero_dead_rows = masks.zero_dead_rows;
-      path.run(b, s);
+      run_block(b, s);
     }
   };
   const int64_t n = std::min<int64_t>(threads, units);

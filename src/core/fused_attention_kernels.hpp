@@ -25,7 +25,8 @@ struct QueryBlock {
   const T* q;     // (nq, D): the block's queries
   const T* k;     // (S, D): the group's keys
   const T* v;     // (S, Dv): the group's values
-  const T* mask;  // (nq, S) with row stride S: the block's rows of the group's attn mask; or null
+  const T* mask;  // (nq, S) with row stride mask_ld: the block's rows of the group's attn mask; or null
+  int64_t mask_ld;  // S; 0 when every query of the block reads the same row (decoding's stacked heads)
   const T* bias;  // (S): the group's key bias; or null
   T* out;         // (nq, Dv): the block's rows of the output
   int64_t nq, S, D, Dv;
@@ -43,11 +44,16 @@ struct BlockScratch {
   T *qt, *st, *ot, *m, *l, *alpha;
 };
 
-// One path: its block sizes and the function that computes one QueryBlock.
+// One path: its block sizes and the function that computes one QueryBlock; and the same for blocks
+// one vector wide (narrow), for calls with a few queries per group, decoding's: a wide block would
+// compute br rows for each one it has. Each query's row is computed alike in both, bit for bit (its
+// lane's sums run in the same order whatever the block's width).
 template <class T>
 struct FusedPath {
   FusedBlocking blocking;
   void (*run)(const QueryBlock<T>& b, const BlockScratch<T>& s);
+  FusedBlocking narrow_blocking;
+  void (*run_narrow)(const QueryBlock<T>& b, const BlockScratch<T>& s);
   // stats[kb] for the key blocks of one group: k (S, D), v (S, Dv), bc keys per block.
   void (*key_stats)(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, KeyBlockStats<T>* stats);
 };

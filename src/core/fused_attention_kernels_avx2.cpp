@@ -8,11 +8,11 @@ namespace tparity::fused_impl {
 
 template <>
 FusedPath<float> avx2_path<float>() {
-  return FusedKernel<simd::F32x8, 2, 6, 64>::path();
+  return wide_and_narrow<FusedKernel<simd::F32x8, 2, 6, 64>, FusedKernel<simd::F32x8, 1, 6, 64>>();
 }
 template <>
 FusedPath<double> avx2_path<double>() {
-  return FusedKernel<simd::F64x4, 2, 6, 64>::path();
+  return wide_and_narrow<FusedKernel<simd::F64x4, 2, 6, 64>, FusedKernel<simd::F64x4, 1, 6, 64>>();
 }
 
 }  // namespace tparity::fused_impl

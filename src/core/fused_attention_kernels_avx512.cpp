@@ -10,11 +10,11 @@ namespace tparity::fused_impl {
 
 template <>
 FusedPath<float> avx512_path<float>() {
-  return FusedKernel<simd::F32x16, 4, 6, 64>::path();
+  return wide_and_narrow<FusedKernel<simd::F32x16, 4, 6, 64>, FusedKernel<simd::F32x16, 1, 6, 64>>();
 }
 template <>
 FusedPath<double> avx512_path<double>() {
-  return FusedKernel<simd::F64x8, 4, 6, 64>::path();
+  return wide_and_narrow<FusedKernel<simd::F64x8, 4, 6, 64>, FusedKernel<simd::F64x8, 1, 6, 64>>();
 }
 
 }  // namespace tparity::fused_impl

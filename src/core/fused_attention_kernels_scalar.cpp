@@ -8,11 +8,11 @@ namespace tparity::fused_impl {
 
 template <>
 FusedPath<float> scalar_path<float>() {
-  return FusedKernel<simd::F32x1, 4, 4, 64>::path();
+  return wide_and_narrow<FusedKernel<simd::F32x1, 4, 4, 64>, FusedKernel<simd::F32x1, 1, 4, 64>>();
 }
 template <>
 FusedPath<double> scalar_path<double>() {
-  return FusedKernel<simd::F64x1, 4, 4, 64>::path();
+  return wide_and_narrow<FusedKernel<simd::F64x1, 4, 4, 64>, FusedKernel<simd::F64x1, 1, 4, 64>>();
 }
 
 }  // namespace tparity::fused_impl

@@ -159,8 +159,8 @@ struct FusedKernel {
       }
   }
 
-  // st[j][i] += mask[i][j] for the block's nq queries and nk keys (mask rows S apart); lanes from nq
-  // on get 0 added.
+  // st[j][i] += mask[i][j] for the block's nq queries and nk keys (mask rows S apart; S = 0: one row
+  // for all); lanes from nq on get 0 added.
   static void add_mask(const T* mask, int64_t S, int64_t nq, int64_t nk, T* st) {
     alignas(64) T tile[W * W];
     for (int64_t i0 = 0; i0 < nq; i0 += W)
@@ -267,7 +267,7 @@ struct FusedKernel {
     bmax = T(0);
     if (b.mask) {
       for (int64_t i = 0; i < b.nq; ++i) {
-        const T* x = b.mask + i * b.S + j0;
+        const T* x = b.mask + i * b.mask_ld + j0;
         for (int64_t c = 0; c < nk; c += W)
           if (!L::all_neg_inf(nk - c >= W ? L::load(x + c) : L::load_first_or(x + c, int(nk - c), -INFINITY)))
             return false;
@@ -320,7 +320,7 @@ struct FusedKernel {
         qk_tile<MR>(b.D, b.k + (j0 + j) * b.D, s.qt, s.st + j * BR, b.scale, bias ? bias + j : nullptr);
       if (j < nk)
         ByRows::qk[nk - j - 1](b.D, b.k + (j0 + j) * b.D, s.qt, s.st + j * BR, b.scale, bias ? bias + j : nullptr);
-      if (b.mask) add_mask(b.mask + j0, b.S, b.nq, nk, s.st);
+      if (b.mask) add_mask(b.mask + j0, b.mask_ld, b.nq, nk, s.st);
       phase.to(profile::Op::Softmax);
       softmax_block(s.st, nk, s.m, s.l, s.alpha);
       phase.to(profile::Op::Context);
@@ -349,8 +349,17 @@ struct FusedKernel {
     }
   }
 
-  static FusedPath<T> path() { return {{BR, BC, MR}, &run, &key_stats}; }
+  static FusedPath<T> path() { return {{BR, BC, MR}, &run, {BR, BC, MR}, &run, &key_stats}; }
 };
+
+// A path from its wide kernel and its narrow one (FusedPath).
+template <class Wide, class Narrow>
+FusedPath<typename Wide::T> wide_and_narrow() {
+  FusedPath<typename Wide::T> p = Wide::path();
+  p.narrow_blocking = Narrow::path().blocking;
+  p.run_narrow = &Narrow::run;
+  return p;
+}
 
 }  // namespace
 }  // namespace tparity::fused_impl

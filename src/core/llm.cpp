@@ -237,7 +237,7 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
     const T ninf = -std::numeric_limits<T>::infinity();
     std::vector<T> attn, bias;
     AttentionMasks<T> m;
-    if (mask.causal) {
+    if (mask.causal && L > 1) {  // one query (decoding) sees every key: S = past + 1
       attn.assign(size_t(L * S), T(0));
       for (int64_t i = 0; i < L; ++i)
         for (int64_t j = past + i + 1; j < S; ++j) attn[size_t(i * S + j)] = ninf;
