@@ -26,6 +26,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -43,11 +44,20 @@ namespace {
 
 // ---- the cases, as data ------------------------------------------------------------------------------
 
+// What the project aims at for a case (informative: a benchmark asserts nothing); 0: no such target.
+struct Targets {
+  double max_ratio = 1.0;    // the hand core's time over the fastest LibTorch's
+  double min_peak = 0;       // the hand core's GFLOP/s over the FMA peak of its threads' cores
+  double min_bandwidth = 0;  // bytes moved / time over the measured bandwidth (memory-bound cases)
+  double max_memory = 0;     // the hand core's peak memory over LibTorch's
+  double min_scaling = 0;    // its speed on the case's threads over its one-thread speed
+};
+
 struct BenchCase {
   std::string name;
   CaseSpec spec;
-  int threads;                // the hand core's threads, and LibTorch's
-  std::string target;         // what the project aims at (informative: a benchmark asserts nothing)
+  int threads;  // the hand core's threads, and LibTorch's
+  Targets target;
   bool memory_bound = false;  // reported against the measured memory bandwidth (bytes moved / time)
 };
 
@@ -78,16 +88,15 @@ std::vector<BenchCase> bench_cases(bool quick) {
   attention.need_weights = false, attention.seed = 42;
   return {
       {"seed_block", encoder_layer("seed_block", q ? 5 : 50, 100, 64, 4, 128, MaskKind::Causal, true), 1,
-       "<= 0.5x LibTorch's time"},
+       {0.5, 0.40, 0, 0, 0}},
       {"bert_base", encoder_layer("bert_base", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false), 1,
-       "<= 1.0x LibTorch's time"},
-      {"long_attention", attention, 1, "<= 0.5x LibTorch's time, <= 0.1x its peak memory"},
+       {1.0, 0.75, 0, 0, 0}},
+      {"long_attention", attention, 1, {1.0, 0.70, 0, 0.05, 0}},
       {"bert_base_2threads",
        encoder_layer("bert_base_2threads", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false), 2,
-       ">= 1.8x the hand core's own one-thread speed"},
-      {"llama7b_prefill", llama7b("llama7b_prefill", q ? 32 : 128, 0, quick), 1, "<= 0.9x LibTorch's time"},
-      {"llama7b_decode", llama7b("llama7b_decode", q ? 257 : 2049, 1, quick), 1,
-       ">= 70% of the measured memory bandwidth; the time against LibTorch's", true},
+       {1.0, 0, 0, 0, 1.85}},
+      {"llama7b_prefill", llama7b("llama7b_prefill", q ? 32 : 128, 0, quick), 1, {1.0, 0, 0, 0, 0}},
+      {"llama7b_decode", llama7b("llama7b_decode", q ? 257 : 2049, 1, quick), 1, {1.0, 0, 0.70, 0, 0}, true},
   };
 }
 
@@ -294,6 +303,14 @@ struct BenchOptions {
   bool profile = false;
   Format format = Format::Table;
   std::string child_side;
+  std::string other;        // --other-reference: a tparity built against the other LibTorch
+  bool torch_only = false;  // (internal) time LibTorch alone: the other reference's side of a run
+};
+
+// The other reference's LibTorch on the chosen cases, timed by that build in its own process.
+struct OtherTimes {
+  std::string line, short_name, warning, unset, pinned;
+  std::map<std::string, Stats> torch;  // by case
 };
 
 struct Result {
@@ -304,6 +321,7 @@ struct Result {
   double hand_bytes_s = 0, torch_bytes_s = 0;  // memory-bound cases: bytes moved / median time
   int64_t hand_peak = -1, torch_peak = -1;
   std::string parity = "not checked";
+  Stats other;  // --other-reference: that LibTorch's time (median 0: not run)
   // --profile: the hand core's time per op, ms per call on one thread, and the profiled call's time
   std::array<double, profile::kOps> op_ms{};
   double profiled_ms = 0;
@@ -348,6 +366,92 @@ void reexec_without_openblas_overrides() {
                            std::strerror(errno));
 }
 
+// The OpenBLAS kernels for this CPU when OpenBLAS does not know it: the widest family the CPU runs.
+const char* best_openblas_core() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2")) return __builtin_cpu_is("amd") ? "Zen" : "Haswell";
+  if (__builtin_cpu_supports("avx")) return "Sandybridge";
+#endif
+  return "";
+}
+
+// LibTorch timed on the kernels OpenBLAS picked itself, unless it fell back to a generic one (0.3.21
+// on an Emerald Rapids Xeon runs Prescott's SSE3 kernels): then the run would not be LibTorch at its
+// best on this CPU, so the bench pins OPENBLAS_CORETYPE to the CPU's widest kernel family and runs
+// itself again; TPARITY_BENCH_PINNED says what it pinned and why.
+void reexec_on_generic_openblas() {
+  const ReferenceInfo ref = reference_info();
+  if (ref.warning.empty() || std::getenv("TPARITY_BENCH_PINNED")) return;
+  const char* core = best_openblas_core();
+  if (!*core) return;
+  ::setenv("OPENBLAS_CORETYPE", core, 1);
+  ::setenv("TPARITY_BENCH_PINNED",
+           fmt::format("OPENBLAS_CORETYPE={} (OpenBLAS had picked its generic kernels: {})", core, ref.kernel).c_str(),
+           1);
+  ::execv("/proc/self/exe", g_argv);
+  throw std::runtime_error(std::string("bench: could not re-execute itself with OPENBLAS_CORETYPE pinned: ") +
+                           std::strerror(errno));
+}
+
+// The other build's LibTorch on the same cases and repetitions (its own bench, --torch-only).
+OtherTimes time_other_reference(const BenchOptions& o, const std::vector<BenchCase>& cases) {
+  std::string cmd = "'" + o.other + "' bench --torch-only --format json --reps " + std::to_string(o.reps);
+  for (const BenchCase& c : cases) cmd += " --case " + c.name;
+  if (o.quick) cmd += " --quick";
+  if (o.threads) cmd += " --threads " + std::to_string(o.threads);
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) throw InputError("option --other-reference: could not run \"" + o.other + "\"");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  if (status != 0 || j.is_discarded() || !j.is_object() || !j.contains("cases") || !j.contains("environment"))
+    throw InputError(fmt::format("option --other-reference: expected a tparity built against LibTorch (its \"bench "
+                                 "--torch-only\" prints JSON), got \"{}\" exiting with status {}",
+                                 o.other, status));
+  OtherTimes t;
+  const nlohmann::json& env = j.at("environment");
+  t.line = env.value("reference_line", "");
+  t.short_name = env.value("reference_short", "");
+  t.warning = env.value("reference_warning", "");
+  t.unset = env.value("unset", "");
+  t.pinned = env.value("pinned", "");
+  for (const nlohmann::json& c : j.at("cases"))
+    t.torch[c.at("name").get<std::string>()] = {c.at("torch_ms").get<double>(), c.at("torch_min_ms").get<double>(),
+                                                c.at("torch_max_ms").get<double>()};
+  return t;
+}
+
+// --torch-only: LibTorch alone on each case, as JSON for the bench that asked (time_other_reference).
+int torch_only(const BenchOptions& o, const std::vector<BenchCase>& cases) {
+  if (!torch_available()) throw InputError("option --torch-only: this tparity was built without LibTorch");
+  nlohmann::json out = nlohmann::json::array();
+  for (const BenchCase& c : cases) {
+    const Problem p = make_problem(c.spec);
+    set_torch_threads(c.threads);
+    const std::function<void()> torch = prepare_torch(p, DType::Float32, "bench " + c.name);
+    for (int w = 0; w < 2; ++w) torch();
+    std::vector<double> tt;
+    for (int rep = 0; rep < o.reps; ++rep) tt.push_back(time_ms(torch));
+    const Stats s = stats(tt);
+    out.push_back({{"name", c.name}, {"torch_ms", s.median}, {"torch_min_ms", s.min}, {"torch_max_ms", s.max}});
+  }
+  set_torch_threads(1);
+  const ReferenceInfo ref = reference_info();
+  const char* dropped = std::getenv("TPARITY_BENCH_UNSET");
+  const char* pinned = std::getenv("TPARITY_BENCH_PINNED");
+  const nlohmann::json env = {{"reference_line", ref.line()},
+                              {"reference_short", ref.short_name()},
+                              {"reference_warning", ref.warning},
+                              {"unset", dropped ? dropped : ""},
+                              {"pinned", pinned ? pinned : ""}};
+  std::fputs((nlohmann::json{{"environment", env}, {"cases", out}}.dump(2) + "\n").c_str(), stdout);
+  return kPass;
+}
+
 int bench(const BenchOptions& o) {
   std::vector<BenchCase> all = bench_cases(o.quick), chosen;
   for (const std::string& n : o.cases) {
@@ -366,6 +470,8 @@ int bench(const BenchOptions& o) {
   if (!o.child_side.empty()) return child(o.child_side, chosen.at(0));
 
   reexec_without_openblas_overrides();
+  reexec_on_generic_openblas();
+  if (o.torch_only) return torch_only(o, chosen);
   std::string peak_isa;
   const double peak = measure_peak(peak_isa);
   bool any_memory_bound = false;
@@ -421,6 +527,16 @@ int bench(const BenchOptions& o) {
   }
   set_num_threads(1);
   set_torch_threads(1);
+  // The other reference after every case here, in its own process (its LibTorch cannot load beside
+  // this one's): the same cases, threads and repetitions.
+  std::optional<OtherTimes> other;
+  if (!o.other.empty()) {
+    if (o.format == Format::Table && isatty(2))
+      std::fprintf(stderr, "bench: the other reference (%s) ...\n", o.other.c_str());
+    other = time_other_reference(o, chosen);
+    for (Result& r : results)
+      if (auto it = other->torch.find(r.c.name); it != other->torch.end()) r.other = it->second;
+  }
 
   // A multi-thread case's own scaling: its one-thread time over its many-thread time, both from the
   // scaling phase.
@@ -429,7 +545,62 @@ int bench(const BenchOptions& o) {
   };
 
   const char* dropped = std::getenv("TPARITY_BENCH_UNSET");
+  const char* pinned = std::getenv("TPARITY_BENCH_PINNED");
   const ReferenceInfo ref = reference_info();
+  // The hand core's time on a case: on more threads than one, its median timed alone (LibTorch's idle
+  // workers spin on the cores for a while after each of its calls, and the interleaved median pays
+  // for them; LibTorch's own median never follows a call of the hand core's that would do the same).
+  auto hand_time = [&](const Result& r) {
+    return r.c.threads > 1 && r.hand_many.median > 0 ? r.hand_many.median : r.hand.median;
+  };
+  // The fastest LibTorch on a case: this build's or the other reference's.
+  auto fastest = [&](const Result& r) -> std::pair<double, std::string> {
+    if (other && r.other.median > 0 && r.other.median < r.torch.median) return {r.other.median, other->short_name};
+    return {r.torch.median, ref.short_name()};
+  };
+  struct TargetRow {
+    std::string name, what, measured;
+    double value, limit;
+    bool met;
+  };
+  auto target_rows = [&](const Result& r) {
+    std::vector<TargetRow> rows;
+    const Targets& t = r.c.target;
+    const auto [best, best_name] = fastest(r);
+    const double ratio = hand_time(r) / best;
+    rows.push_back({r.c.name,
+                    fmt::format("<= {:.2f}x {} time", t.max_ratio, other ? "the faster LibTorch's" : "LibTorch's"),
+                    fmt::format("{:.2f}x ({})", ratio, best_name), ratio, t.max_ratio, ratio <= t.max_ratio});
+    if (t.min_peak > 0 && peak > 0) {
+      const double f = r.hand_gflops / (peak * r.c.threads);
+      rows.push_back({r.c.name, fmt::format(">= {:.0f}% of the FMA peak", 100 * t.min_peak),
+                      fmt::format("{:.0f}%", 100 * f), f, t.min_peak, f >= t.min_peak});
+    }
+    if (t.min_bandwidth > 0 && bandwidth > 0) {
+      const double f = r.hand_bytes_s / bandwidth;
+      rows.push_back({r.c.name, fmt::format(">= {:.0f}% of the memory bandwidth", 100 * t.min_bandwidth),
+                      fmt::format("{:.0f}%", 100 * f), f, t.min_bandwidth, f >= t.min_bandwidth});
+    }
+    if (t.max_memory > 0 && r.hand_peak >= 0 && r.torch_peak > 0) {
+      const double f = double(r.hand_peak) / double(r.torch_peak);
+      rows.push_back({r.c.name, fmt::format("<= {:.2f}x LibTorch's peak memory", t.max_memory),
+                      fmt::format("{:.3f}x", f), f, t.max_memory, f <= t.max_memory});
+    }
+    if (t.min_scaling > 0) {
+      const double s = scaling(r);
+      rows.push_back({r.c.name, fmt::format(">= {:.2f}x its one-thread speed on {} threads", t.min_scaling, r.c.threads),
+                      fmt::format("{:.2f}x ({:.2f} ms on 1, {:.2f} on {})", s, r.hand_one.median, r.hand_many.median,
+                                  r.c.threads),
+                      s, t.min_scaling, s >= t.min_scaling});
+    }
+    return rows;
+  };
+  auto targets_json = [&](const Result& r) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const TargetRow& t : target_rows(r))
+      a.push_back({{"target", t.what}, {"measured", t.measured}, {"value", t.value}, {"limit", t.limit}, {"met", t.met}});
+    return a;
+  };
   nlohmann::json env = {{"cpu", cpu_model()},
                         {"isa", to_string(gemm_isa())},
                         {"blas", torch_blas()},
@@ -439,6 +610,13 @@ int bench(const BenchOptions& o) {
                         {"peak_isa", peak_isa},
                         {"bandwidth_bytes_s", bandwidth},
                         {"unset", dropped ? dropped : ""},
+                        {"pinned", pinned ? pinned : ""},
+                        {"other_reference", other ? nlohmann::json{{"line", other->line},
+                                                                   {"short", other->short_name},
+                                                                   {"warning", other->warning},
+                                                                   {"unset", other->unset},
+                                                                   {"pinned", other->pinned}}
+                                                  : nlohmann::json(nullptr)},
                         {"quick", o.quick},
                         {"reps", o.reps}};
   auto profile_json = [&](const Result& r) -> nlohmann::json {
@@ -477,7 +655,12 @@ int bench(const BenchOptions& o) {
                        {"scaling", scaling(r)},
                        {"scaling_one_thread_ms", r.hand_one.median},
                        {"scaling_threads_ms", r.hand_many.median},
-                       {"target", r.c.target},
+                       {"other_torch_ms", r.other.median},
+                       {"other_torch_min_ms", r.other.min},
+                       {"other_torch_max_ms", r.other.max},
+                       {"fastest_torch_ms", fastest(r).first},
+                       {"fastest_torch", fastest(r).second},
+                       {"targets", targets_json(r)},
                        {"profile", profile_json(r)},
                        {"reference", ref.short_name()},
                        {"parity", r.parity}});
@@ -491,6 +674,13 @@ int bench(const BenchOptions& o) {
     fmt::print("memory bandwidth: {:.1f} GB/s (one core's streaming read of 1 GiB, best of 5)\n", bandwidth / 1e9);
   fmt::print("{}\n", dropped ? fmt::format("unset for this run, so OpenBLAS picks its own kernels: {}", dropped)
                              : std::string("no OpenBLAS overrides were set"));
+  if (pinned) fmt::print("pinned for LibTorch in this run: {}\n", pinned);
+  if (other) {
+    fmt::print("other reference: {} (timed by {} after this build's cases, same cases and runs)\n", other->line,
+               o.other);
+    if (!other->warning.empty()) fmt::print("warning: {}\n", other->warning);
+    if (!other->pinned.empty()) fmt::print("pinned for the other reference: {}\n", other->pinned);
+  }
   fmt::print(
       "medians of {} interleaved runs after 2 warm-ups; peak memory: the forward pass beyond its inputs and "
       "weights, each side in its own child process\n\n",
@@ -540,14 +730,29 @@ int bench(const BenchOptions& o) {
     }
     fmt::print("\n\n");
   }
-  for (const Result& r : results) {
-    const double s = scaling(r);
-    fmt::print("target {}: {}{}\n", r.c.name, r.c.target,
-               s > 0 ? fmt::format(" (measured: {:.2f}x its one-thread speed: {:.2f} ms on 1 thread, {:.2f} ms on {}, "
-                                   "the hand core alone, {} runs of each interleaved after a 0.3 s pause)",
-                                   s, r.hand_one.median, r.hand_many.median, r.c.threads, o.reps)
-                     : "");
+  if (other) {
+    fmt::print("\nagainst both references (ms, median (min-max)):\n{:<19} {:>22} {:>22} {:>22} {:>8}\n", "case", "hand",
+               ref.short_name(), other->short_name, "h/faster");
+    for (const Result& r : results)
+      fmt::print("{:<19} {:>22} {:>22} {:>22} {:>8.2f}\n", r.c.name,
+                 fmt::format("{:.2f} ({:.2f}-{:.2f})", r.hand.median, r.hand.min, r.hand.max),
+                 fmt::format("{:.2f} ({:.2f}-{:.2f})", r.torch.median, r.torch.min, r.torch.max),
+                 r.other.median > 0 ? fmt::format("{:.2f} ({:.2f}-{:.2f})", r.other.median, r.other.min, r.other.max)
+                                    : std::string("-"),
+                 hand_time(r) / fastest(r).first);
   }
+  // The targets, each against this run's measurements: the FMA peak and the bandwidth measured above,
+  // the faster LibTorch (with --other-reference: of both); the two-thread scaling timed apart.
+  fmt::print("\ntargets (scaling: the hand core alone, {} runs on 1 and on the case's threads interleaved after a 0.3 s "
+             "pause{}):\n",
+             o.reps, other ? "" : "; the time against this build's LibTorch only: --other-reference adds the other");
+  int met = 0, total = 0;
+  for (const Result& r : results)
+    for (const TargetRow& t : target_rows(r)) {
+      fmt::print("{:<19} {:<44} {:<36} {}\n", t.name, t.what, t.measured, t.met ? "met" : "MISSED");
+      met += t.met, ++total;
+    }
+  fmt::print("{} of {} targets met{}\n", met, total, o.quick ? " (--quick: the targets are for the full shapes)" : "");
   return parity_ok ? kPass : kFail;
 }
 
@@ -569,6 +774,11 @@ void register_bench(CLI::App& app, Action& action) {
                 "FFN, copies and zero-fills) on one thread, as shares");
   cmd->add_flag("!--no-check", o->check, "Skip the parity check of the fast path at each shape");
   add_format_option(*cmd, o->format);
+  cmd->add_option("--other-reference", o->other,
+                  "Another tparity built against the other LibTorch (e.g. build-debian/tparity): its LibTorch is "
+                  "timed on the same cases too, and each case is judged against the faster of the two")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--torch-only", o->torch_only, "(internal) time LibTorch alone, as JSON")->group("");
   cmd->add_option("--child", o->child_side, "(internal) measure one side's peak memory")
       ->check(CLI::IsMember({"hand", "torch"}))
       ->group("");

@@ -8,6 +8,7 @@
 #include <cassert>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -135,16 +136,93 @@ Path<T> make_path(GemmIsa isa) {
   }
 }
 
+// --- the caches ----------------------------------------------------------------------------------
+
+// "32K", "1024K", "32M" (sysfs's cache sizes) in bytes; 0 if unreadable.
+int64_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (end == s.c_str() || v <= 0) return 0;
+  const char unit = *end;
+  return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : unit == 'G' ? v << 30 : v;
+}
+
+// "0-1", "0,2", "3": how many CPUs.
+int count_cpus(const std::string& list) {
+  int n = 0;
+  size_t i = 0;
+  while (i < list.size()) {
+    size_t j = list.find(',', i);
+    if (j == std::string::npos) j = list.size();
+    const std::string item = list.substr(i, j - i);
+    const size_t dash = item.find('-');
+    n += dash == std::string::npos ? 1 : std::atoi(item.c_str() + dash + 1) - std::atoi(item.c_str()) + 1;
+    i = j + 1;
+  }
+  return n > 0 ? n : 1;
+}
+
+std::string read_line(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return "";
+  char buf[256] = {0};
+  const bool ok = std::fgets(buf, sizeof buf, f) != nullptr;
+  std::fclose(f);
+  std::string s = ok ? buf : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// CPU 0's data caches as Linux reports them (sysfs: what CPUID leaves 4 / 0x8000001D say).
+CpuCaches read_caches() {
+  CpuCaches c;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    const std::string level = read_line(dir + "level"), type = read_line(dir + "type");
+    if (level.empty()) break;
+    if (type == "Instruction") continue;
+    const int64_t size = parse_size(read_line(dir + "size"));
+    const int sharing = count_cpus(read_line(dir + "shared_cpu_list"));
+    if (level == "1") c.l1d = size;
+    if (level == "2") c.l2 = size, c.l2_sharing = sharing;
+    if (level == "3") c.l3 = size, c.l3_sharing = sharing;
+  }
+  c.source = c.l2 > 0 ? "sysfs" : "unknown (the paths' own block sizes)";
+  return c;
+}
+
+// The path's mc and nc for these caches: A's mc x kc block in about a third of L2 (per core; the
+// rest holds B's micro-panels streaming past and C's tiles), as the tuned sizes are on a 1 MiB L2;
+// B's kc x nc block no larger than half of L3's share per core. The scalar path keeps its own.
+GemmBlocking fit_to_caches(GemmBlocking bs, int lanes, int64_t elem, const CpuCaches& c) {
+  if (lanes == 1 || c.l2 <= 0) return bs;
+  const int64_t l2 = c.l2 / std::max(1, c.l2_sharing);
+  const int64_t mc = int64_t(0.36 * double(l2)) / (int64_t(bs.kc) * elem) / bs.mr * bs.mr;
+  bs.mc = int(std::clamp<int64_t>(mc, 8 * int64_t(bs.mr), 192 * int64_t(bs.mr)));
+  if (c.l3 > 0) {
+    const int64_t share = c.l3 / std::max(1, c.l3_sharing) / 2;
+    const int64_t nc = share / (int64_t(bs.kc) * elem) / bs.nr * bs.nr;
+    bs.nc = int(std::clamp<int64_t>(nc, 4 * int64_t(bs.nr), bs.nc));
+  }
+  return bs;
+}
+
+template <class T>
+Path<T> fitted(Path<T> p) {
+  p.blocking = fit_to_caches(p.blocking, p.lanes, int64_t(sizeof(T)), cpu_caches());
+  return p;
+}
+
 // The path's entry points; isa must be available (the AVX files' code runs only after that check).
 template <class T>
 const Path<T>& path_for(GemmIsa isa) {
   switch (isa) {
     case GemmIsa::Avx512: {
-      static const Path<T> p = make_path<T>(GemmIsa::Avx512);
+      static const Path<T> p = fitted(make_path<T>(GemmIsa::Avx512));
       return p;
     }
     case GemmIsa::Avx2: {
-      static const Path<T> p = make_path<T>(GemmIsa::Avx2);
+      static const Path<T> p = fitted(make_path<T>(GemmIsa::Avx2));
       return p;
     }
     default: {
@@ -248,6 +326,11 @@ GemmIsa parse_gemm_isa(const std::string& name) {
 
 bool gemm_isa_available(GemmIsa isa) { return missing_feature(isa).empty(); }
 
+const CpuCaches& cpu_caches() {
+  static const CpuCaches c = read_caches();
+  return c;
+}
+
 GemmIsa gemm_isa() {
   const int c = current_isa.load(std::memory_order_acquire);
   return c != kUnresolved ? GemmIsa(c) : resolve_isa();
@@ -316,7 +399,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
   threads = threads < 1 ? 1 : threads;
   const WorkspaceShape shape = workspace_shape(path.blocking, M, N, K, threads);
   const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape);
-  run_on_threads(threads, [&](int tid, int nthreads, Barrier* barrier) { path.run(p, ws, tid, nthreads, barrier); });
+  run_on_threads(threads,
+                 [&](int tid, int nthreads, Barrier* barrier) { path.run(p, path.blocking, ws, tid, nthreads, barrier); });
 }
 
 template <class T>
@@ -357,7 +441,7 @@ void gemm_strided_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, 
       }
       const Problem<T> p{trans_a, trans_b,          M,   N,    K,  alpha, A + b * stride_a,
                          lda,     B + b * stride_b, ldb, beta, Cb, ldc,   epilogue ? &ep : nullptr};
-      path.run(p, ws, 0, 1, nullptr);
+      path.run(p, path.blocking, ws, 0, 1, nullptr);
     }
   });
 }

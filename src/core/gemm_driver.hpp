@@ -170,8 +170,10 @@ struct SimdPath {
   static_assert(BS.nr % Lanes::width == 0, "nr must be a whole number of vector registers");
   static constexpr MicroKernel<T> kernel = &simd_microkernel<Lanes, MR, NV, BS.nr>;
 
-  static void run(const Problem<T>& p, const Workspace<T>& ws, int tid, int nthreads, Barrier* barrier) {
-    five_loops<Lanes, MR, NV>(p, BS, ws, tid, nthreads, barrier);
+  // bs: BS with mc and nc fitted to this CPU's caches (gemm.cpp); mr, nr and kc are BS's.
+  static void run(const Problem<T>& p, const GemmBlocking& bs, const Workspace<T>& ws, int tid, int nthreads,
+                  Barrier* barrier) {
+    five_loops<Lanes, MR, NV>(p, bs, ws, tid, nthreads, barrier);
   }
   static Path<T> path() { return {BS, Lanes::width, kernel, &run}; }
 };

@@ -26,6 +26,9 @@ using gemm_detail::MicroKernel;
 // 1 MiB L2 beside it; kc x nc of packed B in L3. Tuned on AMD Zen 5 (48 KiB L1, 1 MiB L2, 32 MiB
 // L3) by interleaved timing of the candidates; within a few percent the results were flat, and
 // these were at or near the best on every shape timed (M = 1024 or 5000, N and K 64 to 3072).
+// mc and nc are then fitted to the caches the CPU reports (gemm.cpp, fit_to_caches): the same bytes
+// of L2 for A's block, no more of L3 per core than it has for B's. Neither changes a bit of C (the
+// sums run over kc-deep slices whatever mc and nc are); kc and the register tile stay.
 struct Blocks {
   static constexpr GemmBlocking avx512_float{6, 64, 384, 240, 1536};
   static constexpr GemmBlocking avx512_double{6, 32, 384, 120, 1536};
@@ -74,7 +77,8 @@ struct Path {
   GemmBlocking blocking;
   int lanes;
   MicroKernel<T> kernel;
-  void (*run)(const Problem<T>& p, const Workspace<T>& ws, int tid, int nthreads, Barrier* barrier);
+  void (*run)(const Problem<T>& p, const GemmBlocking& bs, const Workspace<T>& ws, int tid, int nthreads,
+              Barrier* barrier);
 };
 
 // Defined in gemm_kernels_scalar.cpp, gemm_kernels_avx2.cpp and gemm_kernels_avx512.cpp; the last two

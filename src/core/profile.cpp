@@ -71,7 +71,9 @@ const char* name(Op op) {
     case Op::Rope:
       return "RoPE, KV cache";
     case Op::Copies:
-      return "copies, zero-fills";
+      return "copies (heads, layouts)";
+    case Op::ZeroFill:
+      return "zero-fills (new tensors)";
     case Op::Other:
     case Op::kCount:
       break;

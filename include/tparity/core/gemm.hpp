@@ -65,6 +65,15 @@ GemmIsa parse_gemm_isa(const std::string& name);
 // Whether this CPU (and this build: the kernels exist only for x86-64) can run the path.
 bool gemm_isa_available(GemmIsa isa);
 
+// The data caches of the CPU the process runs on, as the OS reports them (bytes; 0: unknown), read
+// once. The GEMM fits its mc and nc blocks to them (gemm_detail::kernel_info shows the result).
+struct CpuCaches {
+  int64_t l1d = 0, l2 = 0, l3 = 0;
+  int l2_sharing = 1, l3_sharing = 1;  // CPUs sharing one L2, one L3
+  std::string source;                  // "sysfs", or why they are unknown
+};
+const CpuCaches& cpu_caches();
+
 // The path gemm() takes now. TPARITY_ISA is read at the first call (and after gemm_reset_isa()); if
 // it names an unknown or unavailable path, this and every gemm() call throw std::invalid_argument
 // saying so (a configuration error, not a silent fallback).

@@ -19,7 +19,8 @@ enum class Op : int {
   Norms,        // layer norms, RMS norms
   FFN,          // linear1, activation, linear2 (LLM: gate, up, down)
   Rope,         // LLM: rotary embedding, KV cache appends
-  Copies,       // heads split and merged, layout moves, new tensors zero-filled
+  Copies,       // heads split and merged, layout moves
+  ZeroFill,     // new tensors zero-filled (std::vector's value-initialisation)
   Other,        // what no scope claims: masks' merge, key statistics, allocation, the call itself
   kCount
 };

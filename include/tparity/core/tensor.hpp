@@ -45,7 +45,7 @@ struct Tensor {
 
   Tensor() = default;
   explicit Tensor(Shape s, T fill = T(0)) : shape(std::move(s)) {
-    profile::Scope scope(profile::Op::Copies);  // the zero-fill
+    profile::Scope scope(profile::Op::ZeroFill);
     data.assign(size_t(tparity::numel(shape)), fill);
   }
   Tensor(Shape s, std::vector<T> d) : shape(std::move(s)), data(std::move(d)) {
