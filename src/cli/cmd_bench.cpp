@@ -325,13 +325,16 @@ struct Result {
   // --profile: the hand core's time per op, ms per call on one thread, and the profiled call's time
   std::array<double, profile::kOps> op_ms{};
   double profiled_ms = 0;
+  std::array<double, profile::kOps> op_ms_many{};  // the same on the case's threads (threads > 1)
+  double profiled_ms_many = 0;
 };
 
 // The hand core on one thread, profiled (profile.hpp): `reps` calls, each op's time per call. The
 // profiled calls are timed too, to show what the profile's own clock reads cost.
-void profile_hand(const std::function<void()>& hand, int reps, Result& r) {
-  set_num_threads(1);
-  hand();  // warm at one thread
+void profile_hand(const std::function<void()>& hand, int reps, int threads, std::array<double, profile::kOps>& op_ms,
+                  double& profiled_ms) {
+  set_num_threads(threads);
+  hand();  // warm at this thread count
   profile::set_enabled(true);
   const auto t0 = Clock::now();
   for (int i = 0; i < reps; ++i) hand();
@@ -339,8 +342,8 @@ void profile_hand(const std::function<void()>& hand, int reps, Result& r) {
   const profile::Totals t = profile::totals();
   profile::set_enabled(false);
   const double total = double(t.total());
-  for (int i = 0; i < profile::kOps; ++i) r.op_ms[size_t(i)] = total > 0 ? ms / reps * double(t.ticks[size_t(i)]) / total : 0;
-  r.profiled_ms = ms / reps;
+  for (int i = 0; i < profile::kOps; ++i) op_ms[size_t(i)] = total > 0 ? ms / reps * double(t.ticks[size_t(i)]) / total : 0;
+  profiled_ms = ms / reps;
 }
 
 // The fast path as an implementation under test: outputs only, no observer, so every fast kernel
@@ -515,7 +518,10 @@ int bench(const BenchOptions& o) {
       r.hand_bytes_s = bytes_moved(c.spec) / (r.hand.median * 1e-3);
       r.torch_bytes_s = bytes_moved(c.spec) / (r.torch.median * 1e-3);
     }
-    if (o.profile) profile_hand(hand, std::max(3, o.reps / 3), r);
+    if (o.profile) {
+      profile_hand(hand, std::max(3, o.reps / 3), 1, r.op_ms, r.profiled_ms);
+      if (c.threads > 1) profile_hand(hand, std::max(3, o.reps / 3), c.threads, r.op_ms_many, r.profiled_ms_many);
+    }
     r.hand_peak = peak_in_child("hand", c, o.quick);
     r.torch_peak = peak_in_child("torch", c, o.quick);
     if (o.check) {
@@ -625,7 +631,13 @@ int bench(const BenchOptions& o) {
     for (int i = 0; i < profile::kOps; ++i)
       ops[profile::name(profile::Op(i))] = {{"ms", r.op_ms[size_t(i)]},
                                             {"share", r.profiled_ms > 0 ? r.op_ms[size_t(i)] / r.profiled_ms : 0.0}};
-    return {{"threads", 1}, {"profiled_ms", r.profiled_ms}, {"ops", ops}};
+    nlohmann::json j = {{"threads", 1}, {"profiled_ms", r.profiled_ms}, {"ops", ops}};
+    if (r.c.threads > 1) {
+      nlohmann::json many = nlohmann::json::object();
+      for (int i = 0; i < profile::kOps; ++i) many[profile::name(profile::Op(i))] = {{"ms", r.op_ms_many[size_t(i)]}};
+      j["on_threads"] = {{"threads", r.c.threads}, {"profiled_ms", r.profiled_ms_many}, {"ops", many}};
+    }
+    return j;
   };
   bool parity_ok = true;
   for (const Result& r : results) parity_ok = parity_ok && (r.parity == "PASS" || r.parity == "not checked");
@@ -728,7 +740,22 @@ int bench(const BenchOptions& o) {
       const double timed = r.c.threads > 1 ? r.hand_one.median : r.hand.median;
       fmt::print(" {:>19}", fmt::format("{:.2f} ({:.2f}x)", r.profiled_ms, timed > 0 ? r.profiled_ms / timed : 0.0));
     }
-    fmt::print("\n\n");
+    fmt::print("\n");
+    // On the case's threads: each op's wall time on the calling thread, and its speed-up over one thread.
+    for (const Result& r : results) {
+      if (r.c.threads <= 1 || r.profiled_ms_many <= 0) continue;
+      fmt::print("\n{} on {} threads (the calling thread's wall time per op; speed-up over one thread):\n", r.c.name,
+                 r.c.threads);
+      for (int i = 0; i < profile::kOps; ++i) {
+        const double one = r.op_ms[size_t(i)], many = r.op_ms_many[size_t(i)];
+        if (one < 0.005 * r.profiled_ms && many < 0.005 * r.profiled_ms_many) continue;
+        fmt::print("{:<30} {:>9.2f} ms {:>6.1f}%  {:>5.2f}x\n", profile::name(profile::Op(i)), many,
+                   100 * many / r.profiled_ms_many, many > 0 ? one / many : 0.0);
+      }
+      fmt::print("{:<30} {:>9.2f} ms          {:>5.2f}x\n", "profiled ms per call", r.profiled_ms_many,
+                 r.profiled_ms / r.profiled_ms_many);
+    }
+    fmt::print("\n");
   }
   if (other) {
     fmt::print("\nagainst both references (ms, median (min-max)):\n{:<19} {:>22} {:>22} {:>22} {:>8}\n", "case", "hand",

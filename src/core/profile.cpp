@@ -26,9 +26,13 @@ inline uint64_t now() {
 #endif
 }
 
+// The profiled thread: the one that turned profiling on. The others (the core's workers) charge
+// nothing, so that on more threads than one each op's time is the wall time the calling thread spent
+// in it (parallel regions included: it takes a share of their work and waits for the rest).
 struct ThreadClock {
   Op current = Op::Other;
   uint64_t since = now();
+  bool profiled = false;
 };
 thread_local ThreadClock t_clock;
 
@@ -40,12 +44,14 @@ inline void charge(uint64_t at) {
 }  // namespace
 
 void enter(Op op, Op& saved) {
+  if (!t_clock.profiled) return;
   charge(now());
   saved = t_clock.current;
   t_clock.current = op;
 }
 
 void leave(Op saved) {
+  if (!t_clock.profiled) return;
   charge(now());
   t_clock.current = saved;
 }
@@ -87,12 +93,15 @@ void set_enabled(bool on) {
   if (on) {
     for (auto& t : detail::g_ticks) t.store(0, std::memory_order_relaxed);
     detail::t_clock = detail::ThreadClock{};
+    detail::t_clock.profiled = true;
+  } else {
+    detail::t_clock.profiled = false;
   }
   detail::g_enabled.store(on, std::memory_order_relaxed);
 }
 
 Totals totals() {
-  if (enabled()) detail::charge(detail::now());
+  if (enabled() && detail::t_clock.profiled) detail::charge(detail::now());
   Totals t;
   for (int i = 0; i < kOps; ++i) t.ticks[size_t(i)] = detail::g_ticks[size_t(i)].load(std::memory_order_relaxed);
   return t;

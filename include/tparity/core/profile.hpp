@@ -1,7 +1,8 @@
 // Where the hand core's time goes, op by op (`tparity bench --profile`). Off by default; a scope costs
 // one relaxed load then. On, each scope reads the time-stamp counter on entry and exit and charges
 // the time in between to its op, less the time of the scopes opened inside it (the innermost scope
-// owns each tick), so the shares add up to the profiled time. Per thread: profile one thread.
+// owns each tick), so the shares add up to the profiled time. Only the thread that turned it on is
+// timed: on more threads, each op's wall time as that thread lived it.
 #pragma once
 
 #include <array>
