@@ -35,18 +35,17 @@ void copy_rows(int64_t rows, int64_t row_elems, const F& f) {
   parallel_for(rows, threads, f);
 }
 
-// x (B, L, H*D) with row stride ld -> (B, H, L, D)
+// x (B, L, H*D) with row stride ld -> y (B, H, L, D)
 template <class T>
-Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
+void split_heads_into(T* y, const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
   profile::Scope scope(profile::Op::Copies);
-  Tensor<T> y({B, H, L, D});
   const bool interleaved = injected_defect() == Defect::WrongHeadInterleave;
   copy_rows(B * L, H * D, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / L, l = r % L;
       for (int64_t h = 0; h < H; ++h) {
         const T* from = x + r * ld + h * D;
-        T* to = y.ptr() + ((b * H + h) * L + l) * D;
+        T* to = y + ((b * H + h) * L + l) * D;
         if (interleaved)  // the selftest's defect: feature d of head h taken from d * H + h
           for (int64_t d = 0; d < D; ++d) to[d] = x[r * ld + d * H + h];
         else
@@ -54,29 +53,38 @@ Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, i
       }
     }
   });
+}
+template <class T>
+Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
+  Tensor<T> y({B, H, L, D});
+  split_heads_into(y.ptr(), x, ld, B, L, H, D);
   return y;
 }
 
-// (B, H, L, D) -> (B, L, H*D)
+// x (B, H, L, D) -> y (B, L, H*D)
 template <class T>
-Tensor<T> merge_heads(const Tensor<T>& x) {
+void merge_heads_into(T* y, const T* x, int64_t B, int64_t H, int64_t L, int64_t D) {
   profile::Scope scope(profile::Op::Copies);
-  const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
-  Tensor<T> y({B, L, H * D});
   const bool interleaved = injected_defect() == Defect::WrongHeadInterleave;
   copy_rows(B * L, H * D, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / L, l = r % L;
       for (int64_t h = 0; h < H; ++h) {
-        const T* from = x.ptr() + ((b * H + h) * L + l) * D;
-        T* to = y.ptr() + r * H * D + h * D;
+        const T* from = x + ((b * H + h) * L + l) * D;
+        T* to = y + r * H * D + h * D;
         if (interleaved)
-          for (int64_t d = 0; d < D; ++d) y.ptr()[r * H * D + d * H + h] = from[d];
+          for (int64_t d = 0; d < D; ++d) y[r * H * D + d * H + h] = from[d];
         else
           for (int64_t d = 0; d < D; ++d) to[d] = from[d];
       }
     }
   });
+}
+template <class T>
+Tensor<T> merge_heads(const Tensor<T>& x) {
+  const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
+  Tensor<T> y({B, L, H * D});
+  merge_heads_into(y.ptr(), x.ptr(), B, H, L, D);
   return y;
 }
 
@@ -238,9 +246,9 @@ class RowMask {
 // epilogue where nothing observes the attention's own output (residual + out, as add_forward adds),
 // else after the observer has seen it.
 template <class T>
-Tensor<T> out_proj(const Tensor<T>& context, const MhaWeights<T>& w, bool bias, const T* residual, Observer<T>* obs) {
+Tensor<T> out_proj(const T* context, int64_t B, int64_t L, int64_t E, const MhaWeights<T>& w, bool bias,
+                   const T* residual, Observer<T>* obs) {
   profile::Scope scope(profile::Op::OutProj);
-  const int64_t B = context.size(0), L = context.size(1), E = context.size(2);
   const Defect defect = injected_defect();
   Tensor<T> wt;  // the selftest's defect OutProjTransposed: W^T
   if (defect == Defect::OutProjTransposed) {
@@ -254,10 +262,10 @@ Tensor<T> out_proj(const Tensor<T>& context, const MhaWeights<T>& w, bool bias, 
   if (residual && !obs && core_path() == CorePath::Fast) {
     GemmEpilogue<T> ep;
     ep.bias = b, ep.residual = residual, ep.ldr = E;
-    gemm(false, true, B * L, E, E, T(1), context.ptr(), E, W, E, T(0), out.ptr(), E, &ep, num_threads());
+    gemm(false, true, B * L, E, E, T(1), context, E, W, E, T(0), out.ptr(), E, &ep, num_threads());
     return out;
   }
-  linear_forward(out.ptr(), context.ptr(), W, b, B * L, E, E);
+  linear_forward(out.ptr(), context, W, b, B * L, E, E);
   if (obs) obs->on("output", out);
   if (residual) add_forward(out.ptr(), residual, out.ptr(), out.numel());
   return out;
@@ -523,15 +531,80 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   const T* bv = cfg.bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
   const bool swap_qk = defect == Defect::SwapQK && KD == E;  // the selftest's defect
   if (swap_qk) std::swap(Wq, Wk), std::swap(bq, bk);
-  Tensor<T> qh, kh, vh;
   // Self-attention (one tensor as query, key and value) with the packed weight: one product with
   // all of in_proj_weight, (B*L, 3E), each element the same sum as in three products (the GEMM sums
   // over K alike whatever N is), and the heads split out of it.
   const bool self = in.query.data.data() == in.key.data.data() && in.key.data.data() == in.value.data.data() &&
                     in.query.shape == in.key.shape && in.key.shape == in.value.shape && cfg.packed() &&
                     !cfg.add_bias_kv && defect != Defect::SwapQK;  // swapped weights are not one product
+  const T root = std::sqrt(T(defect == Defect::ScaleByFullDim ? E : D));
+  const Mask<T> none;
+  const Mask<T>& attn_mask = defect == Defect::IgnoreMask ? none : in.attn_mask;
+  const Mask<T>& key_padding_mask = defect == Defect::IgnoreMask ? none : in.key_padding_mask;
+  const MergedMask<T> mask(attn_mask, key_padding_mask, H, L, S0, cfg.semantics);  // throws on what is undefined
+  // torch 2.x without weights runs scaled_dot_product_attention: rows whose every score is -inf get
+  // zero weights there, NaN everywhere else.
+  const bool zero_dead = cfg.semantics == TorchSemantics::Torch2 && !fwd.need_weights;
+
+  // ---- the fused route: nothing observed, no weights returned, no key rows appended -------------
+  // The heads of q, k and v, the context's heads and the merged context are intermediates no caller
+  // sees: uninitialised buffers, each freed as soon as it has been read (the steps and their sums are
+  // those of the route below through Tensors, bit for bit).
+  if (core_path() == CorePath::Fast && !obs && !fwd.need_weights && defect == Defect::None && !cfg.add_bias_kv &&
+      !cfg.add_zero_attn) {
+    const RowMask<T> rows(attn_mask, key_padding_mask, B, H, L, S0, S0, cfg.semantics);
+    if (rows.sum_is_merge()) {
+      const int64_t S = S0;
+      detail::Buffer<T> qh(B * L * E), kh(B * S * E), vh(B * S * E);
+      if (self) {
+        detail::Buffer<T> qkv(B * L * 3 * E);
+        {
+          profile::Scope scope(profile::Op::Projections);
+          linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
+        }
+        query.release(), key.release(), value.release();
+        split_heads_into(qh.ptr(), qkv.ptr(), 3 * E, B, L, H, D);
+        split_heads_into(kh.ptr(), qkv.ptr() + E, 3 * E, B, L, H, D);
+        split_heads_into(vh.ptr(), qkv.ptr() + 2 * E, 3 * E, B, L, H, D);
+      } else {
+        // each projection split into its heads and freed before the next one
+        auto project = [&](T* heads, const T* x, const T* W, const T* b, int64_t rows_each, int64_t in_dim) {
+          detail::Buffer<T> y(B * rows_each * E);
+          {
+            profile::Scope scope(profile::Op::Projections);
+            linear_forward(y.ptr(), x, W, b, B * rows_each, in_dim, E);
+          }
+          split_heads_into(heads, y.ptr(), E, B, rows_each, H, D);
+        };
+        project(qh.ptr(), query.ptr(), Wq, bq, L, E);
+        project(kh.ptr(), key.ptr(), Wk, bk, S0, KD);
+        project(vh.ptr(), value.ptr(), Wv, bv, S0, VD);
+        query.release(), key.release(), value.release();
+      }
+      {
+        profile::Scope scope(profile::Op::Scores);
+        T* qp = qh.ptr();
+        for (int64_t i = 0; i < B * L * E; ++i) qp[i] = qp[i] / root;
+      }
+      AttentionMasks<T> masks = rows.fused_view();
+      masks.zero_dead_rows = zero_dead;
+      detail::Buffer<T> ctx_heads(B * H * L * D);
+      fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), masks, num_threads());
+      qh.release(), kh.release(), vh.release();
+      detail::Buffer<T> context(B * L * E);
+      merge_heads_into(context.ptr(), ctx_heads.ptr(), B, H, L, D);
+      ctx_heads.release();
+      MhaOutputs<T> result;
+      result.output =
+          detail::from_batch_first(out_proj(context.ptr(), B, L, E, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr)),
+                                   batched, cfg.batch_first);
+      return result;
+    }
+  }
+
+  Tensor<T> qh, kh, vh;
   if (self) {
-    Tensor<T> qkv({B, L, 3 * E});
+    detail::Buffer<T> qkv(B * L * 3 * E);
     {
       profile::Scope scope(profile::Op::Projections);
       linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
@@ -575,18 +648,10 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   }
 
   // ---- scores (B, H, L, S) = q / sqrt(D) . k + mask ----------------------------------------------
-  const T root = std::sqrt(T(defect == Defect::ScaleByFullDim ? E : D));
   {
     profile::Scope scope(profile::Op::Scores);
     for (T& x : qh.data) x = x / root;  // torch 1.13: q_scaled = q / math.sqrt(E)
   }
-  const Mask<T> none;
-  const Mask<T>& attn_mask = defect == Defect::IgnoreMask ? none : in.attn_mask;
-  const Mask<T>& key_padding_mask = defect == Defect::IgnoreMask ? none : in.key_padding_mask;
-  const MergedMask<T> mask(attn_mask, key_padding_mask, H, L, S0, cfg.semantics);  // throws on what is undefined
-  // torch 2.x without weights runs scaled_dot_product_attention: rows whose every score is -inf get
-  // zero weights there, NaN everywhere else.
-  const bool zero_dead = cfg.semantics == TorchSemantics::Torch2 && !fwd.need_weights;
 
   // The fast path's masks, also what the fused attention adds.
   std::optional<RowMask<T>> rows;
@@ -604,7 +669,8 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
     ctx_heads = Tensor<T>();
     MhaOutputs<T> result;
     result.output = detail::from_batch_first(
-        out_proj(context, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr)), batched, cfg.batch_first);
+        out_proj(context.ptr(), B, L, E, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr)), batched,
+        cfg.batch_first);
     return result;
   }
 
@@ -640,7 +706,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   phase.reset();
   Tensor<T> context = merge_heads(ctx_heads);
   if (obs) obs->on("context", context);
-  Tensor<T> out = out_proj(context, w, cfg.bias, residual, obs);
+  Tensor<T> out = out_proj(context.ptr(), B, L, E, w, cfg.bias, residual, obs);
 
   MhaOutputs<T> result;
   result.output = detail::from_batch_first(std::move(out), batched, cfg.batch_first);

@@ -9,6 +9,7 @@
 #include "tparity/core/encoder.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/ops.hpp"
+#include "layout.hpp"
 #include "tparity/core/parallel.hpp"
 
 namespace tparity::detail {
@@ -58,19 +59,22 @@ Tensor<T> feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1,
                        const Tensor<T>& b2, const Tensor<T>& x, const Tensor<T>& residual, Observer<T>* obs) {
   profile::Scope scope(profile::Op::FFN);
   const int64_t d = x.size(-1), F = w1.size(0), N = x.numel() / d;
-  Shape hs = x.shape;
-  hs.back() = F;
-  Tensor<T> hidden(hs);
-  linear_act_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F, act);
-  if (obs) obs->on("ffn_hidden", hidden);
-  Tensor<T> out(x.shape);
-  if (!obs && core_path() == CorePath::Fast) {
+  if (!obs && core_path() == CorePath::Fast) {  // the hidden layer in an uninitialised buffer (layout.hpp)
+    Buffer<T> hidden(N * F);
+    linear_act_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F, act);
+    Tensor<T> out(x.shape);
     GemmEpilogue<T> ep;
     ep.bias = injected_defect() == Defect::DropBias ? nullptr : b2.ptr();
     ep.residual = residual.ptr(), ep.ldr = d;
     gemm(false, true, N, d, F, T(1), hidden.ptr(), F, w2.ptr(), F, T(0), out.ptr(), d, &ep, num_threads());
     return out;
   }
+  Shape hs = x.shape;
+  hs.back() = F;
+  Tensor<T> hidden(hs);
+  linear_act_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F, act);
+  if (obs) obs->on("ffn_hidden", hidden);
+  Tensor<T> out(x.shape);
   linear_forward(out.ptr(), hidden.ptr(), w2.ptr(), b2.ptr(), N, F, d);
   if (obs) obs->on("ffn_output", out);
   add_forward(out.ptr(), residual.ptr(), out.ptr(), out.numel());

@@ -1,9 +1,25 @@
 // Layout moves shared by the core's ops (internal to src/core).
 #pragma once
 
+#include <memory>
+
 #include "tparity/core/tensor.hpp"
 
 namespace tparity::detail {
+
+// An intermediate no caller sees, uninitialised: a Tensor's std::vector zero-fills every element,
+// about 8% of a small encoder layer's time, for values about to be overwritten.
+template <class T>
+class Buffer {
+ public:
+  explicit Buffer(int64_t n) : p_(new T[size_t(n)]) {}
+  T* ptr() { return p_.get(); }
+  const T* ptr() const { return p_.get(); }
+  void release() { p_.reset(); }
+
+ private:
+  std::unique_ptr<T[]> p_;
+};
 
 // (A, B, E) -> (B, A, E): sequence-first <-> batch-first.
 template <class T>
