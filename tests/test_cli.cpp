@@ -76,6 +76,9 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"eval --fixture " + kFixtures + "/mha_single.json --out " + never.string() + " --dtype float16", "--dtype"},
            {"eval --fixture " + kFixtures + "/mha_single.json --out " + never.string() + " --impl numpy", "--impl"},
            {"frobnicate", "frobnicate"},
+           {"bench --other-reference " + (scratch() / "no-such-tparity").string(), "--other-reference"},
+           {"bench --quick --case seed_block --other-reference /bin/true",
+            "option --other-reference: expected a tparity built against LibTorch, got \"/bin/true\""},
        }) {
     CAPTURE(b.args);
     const Result r = tparity(b.args);
@@ -584,4 +587,60 @@ TEST_CASE("cli: every report names which PyTorch judged / its BLAS and the kerne
   CHECK(doc.at("reference").at("line").get<std::string>().rfind("LibTorch ", 0) == 0);
   CHECK(doc.at("cases").at(0).at("reference").at("torch") == doc.at("reference").at("torch"));
   CHECK(doc.at("reference").at("threads") == 1);
+}
+
+TEST_CASE("cli: bench judges the targets against both references, profiles op by op, pins a generic OpenBLAS",
+          "[cli]") {
+  if (!with_torch()) {  // the torch-free build: no LibTorch to time, said up front
+    const Result r = tparity("bench --quick --case seed_block --other-reference " + std::string(TPARITY_BIN));
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains("option --other-reference: expected a tparity built against LibTorch"));
+    return;
+  }
+  // This build as its own "other reference": the same LibTorch, timed again in a second process.
+  const Result r = tparity("bench --quick --reps 1 --no-check --profile --case seed_block --case llama7b_decode "
+                           "--case bert_base_2threads --format json --other-reference " +
+                           std::string(TPARITY_BIN));
+  REQUIRE(r.code == 0);
+  const json j = json::parse(r.out);
+  CHECK(j.at("environment").at("other_reference").at("line") == j.at("environment").at("reference").at("line"));
+  REQUIRE(j.at("cases").size() == 3);
+  std::map<std::string, json> cases;
+  for (const json& c : j.at("cases")) cases[c.at("name")] = c;
+  for (const auto& [name, c] : cases) {
+    CAPTURE(name);
+    CHECK(c.at("other_torch_ms").get<double>() > 0);
+    CHECK(c.at("fastest_torch_ms").get<double>() ==
+          std::min(c.at("torch_ms").get<double>(), c.at("other_torch_ms").get<double>()));
+    // the shares of the one-thread profile add up to the profiled call
+    double share = 0, ms = 0;
+    for (const auto& [op, v] : c.at("profile").at("ops").items()) share += v.at("share").get<double>(), ms += v.at("ms").get<double>();
+    CHECK(share == Approx(1.0).epsilon(1e-9));
+    CHECK(ms == Approx(c.at("profile").at("profiled_ms").get<double>()).epsilon(1e-9));
+    CHECK(c.at("profile").at("ops").at("FFN (linear1, act, linear2)").at("ms").get<double>() > 0);
+    // the first target is the time against the faster LibTorch, its value the measured ratio
+    const json& t = c.at("targets");
+    REQUIRE(!t.empty());
+    CHECK_THAT(t[0].at("target").get<std::string>(), Catch::Contains("the faster LibTorch's time"));
+    CHECK(t[0].at("met").get<bool>() == (t[0].at("value").get<double>() <= t[0].at("limit").get<double>()));
+  }
+  CHECK(cases.at("llama7b_decode").at("targets").dump().find("of the memory bandwidth") != std::string::npos);
+  CHECK(cases.at("bert_base_2threads").at("profile").at("on_threads").at("threads") == 2);
+  CHECK(cases.at("bert_base_2threads").at("targets").dump().find("one-thread speed") != std::string::npos);
+
+  // OpenBLAS on a generic kernel (told to, here: TPARITY_BENCH_UNSET keeps the bench from dropping the
+  // override, as it does for a user's): the bench pins the CPU's widest kernels and says so. MKL: nothing.
+  const bool openblas = tparity("--version").out.find("OpenBLAS") != std::string::npos;
+  const Result p = shell("TPARITY_BENCH_UNSET=test OPENBLAS_CORETYPE=Prescott " + std::string(TPARITY_BIN) +
+                         " bench --quick --reps 1 --no-check --case seed_block --format json");
+  REQUIRE(p.code == 0);
+  const json env = json::parse(p.out).at("environment");
+  if (openblas) {
+    CHECK_THAT(env.at("pinned").get<std::string>(), Catch::StartsWith("OPENBLAS_CORETYPE="));
+    CHECK_THAT(env.at("pinned").get<std::string>(), Catch::Contains("Prescott"));
+    CHECK_THAT(env.at("reference").at("kernel").get<std::string>(), !Catch::Contains("Prescott"));
+  } else {
+    CHECK(env.at("pinned") == "");
+  }
 }

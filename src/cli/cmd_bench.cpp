@@ -386,7 +386,7 @@ const char* best_openblas_core() {
 // itself again; TPARITY_BENCH_PINNED says what it pinned and why.
 void reexec_on_generic_openblas() {
   const ReferenceInfo ref = reference_info();
-  if (ref.warning.empty() || std::getenv("TPARITY_BENCH_PINNED")) return;
+  if (!ref.generic_kernel || std::getenv("TPARITY_BENCH_PINNED")) return;
   const char* core = best_openblas_core();
   if (!*core) return;
   ::setenv("OPENBLAS_CORETYPE", core, 1);
@@ -396,6 +396,22 @@ void reexec_on_generic_openblas() {
   ::execv("/proc/self/exe", g_argv);
   throw std::runtime_error(std::string("bench: could not re-execute itself with OPENBLAS_CORETYPE pinned: ") +
                            std::strerror(errno));
+}
+
+// Before any timing: --other-reference must be a tparity built against LibTorch (its --version says).
+void check_other_reference(const std::string& exe) {
+  std::FILE* pipe = ::popen(("'" + exe + "' --version 2>/dev/null").c_str(), "r");
+  std::string out;
+  if (pipe) {
+    char buf[512];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+    ::pclose(pipe);
+  }
+  out = out.substr(0, out.find('\n'));  // its first line
+  if (out.rfind("tparity ", 0) != 0 || out.find("reference: LibTorch") == std::string::npos)
+    throw InputError(fmt::format("option --other-reference: expected a tparity built against LibTorch, got \"{}\" "
+                                 "(its --version printed \"{}\")",
+                                 exe, out.substr(0, 120)));
 }
 
 // The other build's LibTorch on the same cases and repetitions (its own bench, --torch-only).
@@ -472,6 +488,7 @@ int bench(const BenchOptions& o) {
     for (BenchCase& c : chosen) c.threads = o.threads;
   if (!o.child_side.empty()) return child(o.child_side, chosen.at(0));
 
+  if (!o.other.empty()) check_other_reference(o.other);
   reexec_without_openblas_overrides();
   reexec_on_generic_openblas();
   if (o.torch_only) return torch_only(o, chosen);

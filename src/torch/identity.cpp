@@ -105,7 +105,8 @@ ReferenceInfo reference_info() {
       r.blas = "OpenBLAS" + (version.empty() ? "" : " " + version);
       const std::string core = corename();
       r.kernel = "OpenBLAS core " + core;
-      if (pre_avx2_core(core) && __builtin_cpu_supports("avx2") && !std::getenv("OPENBLAS_CORETYPE"))
+      r.generic_kernel = pre_avx2_core(core) && __builtin_cpu_supports("avx2");
+      if (r.generic_kernel && !std::getenv("OPENBLAS_CORETYPE"))
         r.warning = "OpenBLAS runs its generic " + core +
                     " kernels on this AVX2 CPU (it does not recognise the model): LibTorch's float32 products are "
                     "slower and round in yet another order";

@@ -17,6 +17,7 @@ struct ReferenceInfo {
   std::vector<std::string> pinned;  // the environment that chose kernels, as set: "OPENBLAS_CORETYPE=Haswell"
   int threads = 0;                  // LibTorch's intra-op threads
   std::string warning;              // non-empty when the BLAS fell back to a generic kernel on this CPU
+  bool generic_kernel = false;      // OpenBLAS runs pre-AVX2 kernels on this AVX2 CPU, asked to or not
 
   // One line: "LibTorch 2.13.0 (wheel): MKL 2024.2, oneDNN 3.12.0; MKL branch AVX-512; ATen AVX512; 1 thread".
   std::string line() const;
