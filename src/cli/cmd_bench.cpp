@@ -251,12 +251,32 @@ int64_t status_bytes(const char* key) {
   return -1;
 }
 
+// "AMD EPYC (family 25, model 17)": the name, and the numbers that tell a generation when the name
+// does not (a VM's "AMD EPYC"; Emerald Rapids is Intel family 6, model 207).
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
+  std::string line, name = "unknown", family, model;
+  while (std::getline(in, line) && line.find(':') != std::string::npos) {
+    const std::string key = line.substr(0, line.find_first_of("\t:"));
+    std::string v = line.substr(line.find(':') + 1);
+    v.erase(0, v.find_first_not_of(' '));
+    if (key == "model name") name = v;
+    if (key == "cpu family") family = v;
+    if (key == "model") model = v;
+  }
+  return family.empty() ? name : fmt::format("{} (family {}, model {})", name, family, model);
+}
+
+// The caches the OS reports and the GEMM's float blocks fitted to them (gemm.cpp, fit_to_caches).
+std::string caches_line() {
+  const CpuCaches& c = cpu_caches();
+  auto kib = [](int64_t b) { return b >= (1 << 20) ? fmt::format("{} MiB", b >> 20) : fmt::format("{} KiB", b >> 10); };
+  const gemm_detail::GemmBlocking bs = gemm_detail::kernel_info<float>(gemm_isa()).blocking;
+  const std::string blocks =
+      fmt::format("hand core's float GEMM blocks: mr {} x nr {}, kc {}, mc {}, nc {}", bs.mr, bs.nr, bs.kc, bs.mc, bs.nc);
+  if (c.l2 <= 0) return fmt::format("caches: {}; {}", c.source, blocks);
+  return fmt::format("caches ({}): L1d {}, L2 {}{}, L3 {} shared by {} CPUs; {}", c.source, kib(c.l1d), kib(c.l2),
+                     c.l2_sharing > 1 ? fmt::format(" shared by {}", c.l2_sharing) : "", kib(c.l3), c.l3_sharing, blocks);
 }
 
 // ---- the child: one side, one case, its peak memory ---------------------------------------------------
@@ -634,6 +654,7 @@ int bench(const BenchOptions& o) {
                         {"bandwidth_bytes_s", bandwidth},
                         {"unset", dropped ? dropped : ""},
                         {"pinned", pinned ? pinned : ""},
+                        {"caches", caches_line()},
                         {"other_reference", other ? nlohmann::json{{"line", other->line},
                                                                    {"short", other->short_name},
                                                                    {"warning", other->warning},
@@ -699,6 +720,7 @@ int bench(const BenchOptions& o) {
   fmt::print("tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({}, best of 5)\nreference: {}\n",
              cpu_model(), to_string(gemm_isa()), peak, peak_isa, ref.line());
   if (!ref.warning.empty()) fmt::print("warning: {}\n", ref.warning);
+  fmt::print("{}\n", caches_line());
   if (bandwidth > 0)
     fmt::print("memory bandwidth: {:.1f} GB/s (one core's streaming read of 1 GiB, best of 5)\n", bandwidth / 1e9);
   fmt::print("{}\n", dropped ? fmt::format("unset for this run, so OpenBLAS picks its own kernels: {}", dropped)
