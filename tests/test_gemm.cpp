@@ -332,6 +332,49 @@ TEMPLATE_TEST_CASE("gemm epilogue equals the unfused passes bit for bit", "[gemm
   }
 }
 
+TEMPLATE_TEST_CASE("gemm's operand swap for a few rows against a large transposed B changes no bit", "[gemm]", float,
+                   double) {
+  // M from nr to 256 rows, below N, op(B) = B^T, beta 0: gemm swaps the operands (C^T = B op(A)^T,
+  // then transposed, the epilogue after). Each element is the same chain of FMAs over k, so C must
+  // be identical to the unswapped call's, epilogues (the library's own GELU and ReLU, vectorised with
+  // a scalar tail) and threads included; and shapes outside the swap's range go through untouched.
+  using T = TestType;
+  Rng rng(515);
+  struct Restore {
+    ~Restore() { gemm_detail::set_operand_swap(true); }
+  } restore;
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const GemmBlocking bs = gemm_detail::kernel_info<T>(isa).blocking;
+    struct Shape {
+      int64_t M, N, K;
+    };
+    for (const Shape s : {Shape{int64_t(bs.nr), int64_t(bs.nr) + 1, 5}, Shape{100, 3 * int64_t(bs.nr) + 7, bs.kc + 9},
+                          Shape{256, 700, 2 * int64_t(bs.kc) + 1}, Shape{130, 131, 64}, Shape{300, 900, 33}})
+      for (int variant = 0; variant < 4; ++variant)
+        for (int threads : {1, 2}) {
+          CAPTURE(to_string(isa), s.M, s.N, s.K, variant, threads);
+          std::vector<T> A(size_t(s.M * s.K)), B(size_t(s.N * s.K)), bias(size_t(s.N)), res(size_t(s.M * s.N));
+          for (T& x : A) x = T(rng.normal());
+          for (T& x : B) x = T(rng.normal());
+          for (T& x : bias) x = T(rng.normal());
+          for (T& x : res) x = T(rng.normal());
+          GemmEpilogue<T> ep;
+          if (variant >= 1) ep.bias = bias.data();
+          if (variant == 2) ep.activation = &gelu_forward<T>;
+          if (variant == 3) ep.activation = &relu_forward<T>, ep.residual = res.data(), ep.ldr = s.N;
+          std::vector<T> swapped(size_t(s.M * s.N), T(7)), plain(swapped.size(), T(-7));
+          gemm_detail::set_operand_swap(true);
+          gemm<T>(false, true, s.M, s.N, s.K, T(1), A.data(), s.K, B.data(), s.K, T(0), swapped.data(), s.N,
+                  variant ? &ep : nullptr, threads);
+          gemm_detail::set_operand_swap(false);
+          gemm<T>(false, true, s.M, s.N, s.K, T(1), A.data(), s.K, B.data(), s.K, T(0), plain.data(), s.N,
+                  variant ? &ep : nullptr, threads);
+          CHECK(std::memcmp(swapped.data(), plain.data(), plain.size() * sizeof(T)) == 0);
+        }
+  }
+}
+
 TEMPLATE_TEST_CASE("gemm_strided_batched equals a loop of gemm calls", "[gemm]", float, double) {
   // Attention's shapes: q k^T over (batch * heads), T = 37, head dim 16; the residual strided per
   // matrix, the bias shared; one thread and three.

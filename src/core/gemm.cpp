@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -387,6 +388,60 @@ void gemm_low(bool, bool, int64_t, int64_t, int64_t, double, const double*, int6
 
 // --- gemm ------------------------------------------------------------------------------------------
 
+namespace gemm_impl {
+namespace {
+
+std::atomic<bool> swap_operands{true};
+
+// The five loops on one problem, its packing buffers from this thread's scratch.
+template <class T>
+void run_problem(const Path<T>& path, const Problem<T>& p, int threads) {
+  const WorkspaceShape shape = workspace_shape(path.blocking, p.M, p.N, p.K, threads);
+  const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape);
+  run_on_threads(threads,
+                 [&](int tid, int nthreads, Barrier* barrier) { path.run(p, path.blocking, ws, tid, nthreads, barrier); });
+}
+
+// A few rows against a large nn.Linear weight (a prefill of 128 tokens: M = 128 against N = 11008,
+// K = 4096): packing op(B), the weight, would read and write all of it for M rows only, a tenth of
+// the time. So the operands swap: C^T = W op(A)^T, the weight read where it lies as the left operand
+// (its rows are row-major) and op(A)^T, M columns, packed instead; C^T then transposed into C, the
+// epilogue applied in the segments the kernels apply it in (NR columns from 0). Each element is the
+// same chain of fused multiply-adds over k in the same order (fma(a, b, c) = fma(b, a, c)), so C is
+// the same bit for bit (tested). Taken for beta = 0 and lanes >= 8, with M from nr to 256 below N.
+template <class T>
+bool swap_pays(const Path<T>& path, bool trans_a, bool trans_b, int64_t M, int64_t N, T beta) {
+  return swap_operands.load(std::memory_order_relaxed) && trans_b && !trans_a && beta == T(0) && path.lanes >= 8 &&
+         M >= path.blocking.nr && M <= 256 && M < N;
+}
+
+template <class T>
+void gemm_swapped(const Path<T>& path, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+                  int64_t ldb, T* C, int64_t ldc, const GemmEpilogue<T>* ep, int threads) {
+  // op(B) is B^T with B (N, K) row-major; C^T (N, M) = B (N, K) . A^T (K, M), A (M, K) row-major.
+  std::unique_ptr<T[]> ct(new T[size_t(N * M)]);  // every element written by the product
+  run_problem(path, make_problem(false, true, N, M, K, alpha, B, ldb, A, lda, T(0), ct.get(), M,
+                                 static_cast<const GemmEpilogue<T>*>(nullptr)),
+              threads);
+  const int64_t nr = path.blocking.nr;
+  auto rows = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      T* c = C + i * ldc;
+      for (int64_t j = 0; j < N; ++j) c[j] = ct[size_t(j * M + i)];
+      if (ep)
+        for (int64_t j0 = 0; j0 < N; j0 += nr) apply_epilogue(*ep, c + j0, ldc, i, j0, 1, min64(nr, N - j0));
+    }
+  };
+  if (threads <= 1) return rows(0, M);
+  run_on_threads(threads, [&](int tid, int nthreads, Barrier*) {
+    const int64_t per = (M + nthreads - 1) / nthreads;
+    rows(min64(M, tid * per), min64(M, (tid + 1) * per));
+  });
+}
+
+}  // namespace
+}  // namespace gemm_impl
+
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc, const GemmEpilogue<T>* epilogue, int threads) {
@@ -397,10 +452,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
   const Path<T>& path = path_for<T>(gemm_isa());
   if (K == 0 || alpha == T(0)) return scale_only(M, N, beta, C, ldc, epilogue);
   threads = threads < 1 ? 1 : threads;
-  const WorkspaceShape shape = workspace_shape(path.blocking, M, N, K, threads);
-  const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape);
-  run_on_threads(threads,
-                 [&](int tid, int nthreads, Barrier* barrier) { path.run(p, path.blocking, ws, tid, nthreads, barrier); });
+  if (swap_pays(path, trans_a, trans_b, M, N, beta))
+    return gemm_swapped(path, M, N, K, alpha, A, lda, B, ldb, C, ldc, epilogue, threads);
+  run_problem(path, p, threads);
 }
 
 template <class T>
@@ -456,6 +510,8 @@ KernelInfo<T> kernel_info(GemmIsa isa) {
   const Path<T>& path = path_for<T>(isa);
   return {path.blocking, path.lanes, path.kernel};
 }
+
+void set_operand_swap(bool on) { swap_operands.store(on, std::memory_order_relaxed); }
 
 template <class T>
 void reference_microkernel(int mr, int nr, int64_t kc, const T* A, int64_t rs_a, int64_t cs_a, const T* B, T* C,

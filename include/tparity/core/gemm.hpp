@@ -120,6 +120,10 @@ struct KernelInfo {
 template <class T>
 KernelInfo<T> kernel_info(GemmIsa isa);
 
+// Whether gemm() may swap its operands for a few rows against a large transposed B (gemm.cpp,
+// swap_pays): on by default; off for the tests that check it changes no bit.
+void set_operand_swap(bool on);
+
 // The three-loop reference micro-kernel: the same contract for any mr, nr, in plain loops.
 template <class T>
 void reference_microkernel(int mr, int nr, int64_t kc, const T* A, int64_t rs_a, int64_t cs_a, const T* B, T* C,
