@@ -631,7 +631,9 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
 
   // OpenBLAS on a generic kernel (told to, here: TPARITY_BENCH_UNSET keeps the bench from dropping the
   // override, as it does for a user's): the bench pins the CPU's widest kernels and says so. MKL: nothing.
-  const bool openblas = tparity("--version").out.find("OpenBLAS") != std::string::npos;
+  // (an AVX2 CPU: on one without, OpenBLAS's pre-AVX2 kernels are its best and nothing is pinned)
+  const bool openblas = tparity("--version").out.find("OpenBLAS") != std::string::npos &&
+                        __builtin_cpu_supports("avx2");
   const Result p = shell("TPARITY_BENCH_UNSET=test OPENBLAS_CORETYPE=Prescott " + std::string(TPARITY_BIN) +
                          " bench --quick --reps 1 --no-check --case seed_block --format json");
   REQUIRE(p.code == 0);
@@ -643,4 +645,12 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
   } else {
     CHECK(env.at("pinned") == "");
   }
+  // The run after a pin keeps the OPENBLAS_CORETYPE the bench pinned (the override drop is for a user's).
+  const Result q = shell("TPARITY_BENCH_PINNED=test OPENBLAS_CORETYPE=Haswell " + std::string(TPARITY_BIN) +
+                         " bench --quick --reps 1 --no-check --case seed_block --format json");
+  REQUIRE(q.code == 0);
+  const json qenv = json::parse(q.out).at("environment");
+  CHECK(qenv.at("unset") == "");
+  CHECK(qenv.at("pinned") == "test");
+  if (openblas) CHECK_THAT(qenv.at("reference").at("kernel").get<std::string>(), Catch::Contains("Haswell"));
 }

@@ -275,8 +275,10 @@ std::string caches_line() {
   const std::string blocks =
       fmt::format("hand core's float GEMM blocks: mr {} x nr {}, kc {}, mc {}, nc {}", bs.mr, bs.nr, bs.kc, bs.mc, bs.nc);
   if (c.l2 <= 0) return fmt::format("caches: {}; {}", c.source, blocks);
-  return fmt::format("caches ({}): L1d {}, L2 {}{}, L3 {} shared by {} CPUs; {}", c.source, kib(c.l1d), kib(c.l2),
-                     c.l2_sharing > 1 ? fmt::format(" shared by {}", c.l2_sharing) : "", kib(c.l3), c.l3_sharing, blocks);
+  return fmt::format("caches ({}): L1d {}, L2 {}{}, {}; {}", c.source, kib(c.l1d), kib(c.l2),
+                     c.l2_sharing > 1 ? fmt::format(" shared by {}", c.l2_sharing) : "",
+                     c.l3 > 0 ? fmt::format("L3 {} shared by {} CPUs", kib(c.l3), c.l3_sharing) : "no L3 reported",
+                     blocks);
 }
 
 // ---- the child: one side, one case, its peak memory ---------------------------------------------------
@@ -380,7 +382,8 @@ void reexec_without_openblas_overrides() {
   std::string dropped;
   for (const char* v : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"})
     if (const char* val = std::getenv(v)) dropped += fmt::format("{}{}={}", dropped.empty() ? "" : " ", v, val);
-  if (dropped.empty() || std::getenv("TPARITY_BENCH_UNSET")) return;
+  // (after a pin, reexec_on_generic_openblas's OPENBLAS_CORETYPE is the bench's own: kept)
+  if (dropped.empty() || std::getenv("TPARITY_BENCH_UNSET") || std::getenv("TPARITY_BENCH_PINNED")) return;
   ::unsetenv("OPENBLAS_CORETYPE");
   ::unsetenv("OPENBLAS_L2_SIZE");
   ::setenv("TPARITY_BENCH_UNSET", dropped.c_str(), 1);
@@ -418,9 +421,16 @@ void reexec_on_generic_openblas() {
                            std::strerror(errno));
 }
 
+// s as one word for /bin/sh: in single quotes, each ' as '\''.
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
 // Before any timing: --other-reference must be a tparity built against LibTorch (its --version says).
 void check_other_reference(const std::string& exe) {
-  std::FILE* pipe = ::popen(("'" + exe + "' --version 2>/dev/null").c_str(), "r");
+  std::FILE* pipe = ::popen((shell_quote(exe) + " --version 2>/dev/null").c_str(), "r");
   std::string out;
   if (pipe) {
     char buf[512];
@@ -436,21 +446,33 @@ void check_other_reference(const std::string& exe) {
 
 // The other build's LibTorch on the same cases and repetitions (its own bench, --torch-only).
 OtherTimes time_other_reference(const BenchOptions& o, const std::vector<BenchCase>& cases) {
-  std::string cmd = "'" + o.other + "' bench --torch-only --format json --reps " + std::to_string(o.reps);
+  // Its own decisions about OpenBLAS's kernels: none of this run's bookkeeping passed down (an
+  // OPENBLAS_CORETYPE this run pinned is, to the child, an override it drops, then pins itself if
+  // its OpenBLAS falls back too). Its standard error kept apart, for the one line of an error.
+  const std::string err_file = fmt::format("/tmp/tparity-bench-other-{}.err", ::getpid());
+  std::string cmd = "env -u TPARITY_BENCH_PINNED -u TPARITY_BENCH_UNSET " + shell_quote(o.other) +
+                    " bench --torch-only --format json --reps " + std::to_string(o.reps);
   for (const BenchCase& c : cases) cmd += " --case " + c.name;
   if (o.quick) cmd += " --quick";
   if (o.threads) cmd += " --threads " + std::to_string(o.threads);
+  cmd += " 2>" + err_file;
   std::FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) throw InputError("option --other-reference: could not run \"" + o.other + "\"");
   std::string out;
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
   const int status = ::pclose(pipe);
+  std::string err;
+  {
+    std::ifstream in(err_file);
+    std::getline(in, err);
+  }
+  std::remove(err_file.c_str());
   const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
   if (status != 0 || j.is_discarded() || !j.is_object() || !j.contains("cases") || !j.contains("environment"))
     throw InputError(fmt::format("option --other-reference: expected a tparity built against LibTorch (its \"bench "
-                                 "--torch-only\" prints JSON), got \"{}\" exiting with status {}",
-                                 o.other, status));
+                                 "--torch-only\" prints JSON), got \"{}\" exiting with status {}{}",
+                                 o.other, status, err.empty() ? "" : ": " + err));
   OtherTimes t;
   const nlohmann::json& env = j.at("environment");
   t.line = env.value("reference_line", "");

@@ -133,6 +133,8 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
     rows_per_group = rep, groups = kvG, rep_left = 1, mask_ld = 0;
   // Few queries per group: the narrow blocks (one vector of queries), which compute no empty rows.
   const bool narrow = rows_per_group <= path.narrow_blocking.br;
+  // the key statistics below are per key block of path.blocking.bc keys: the narrow blocks' too
+  assert(path.narrow_blocking.bc == path.blocking.bc);
   const FusedBlocking& blocking = narrow ? path.narrow_blocking : path.blocking;
   const auto run_block = narrow ? path.run_narrow : path.run;
   const int64_t br = blocking.br, blocks = (rows_per_group + br - 1) / br;
