@@ -23,7 +23,7 @@ double ticks(const profile::Totals& t, profile::Op op) { return double(t.ticks[s
 
 }  // namespace
 
-TEST_CASE("profile: the innermost scope owns each tick; outside every scope is Other; off costs nothing", "[profile]") {
+TEST_CASE("profile: the innermost scope owns each tick, outside every scope is Other, off costs nothing", "[profile]") {
   using std::chrono::milliseconds;
   using profile::Op;
   profile::set_enabled(true);
