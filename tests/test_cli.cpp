@@ -599,9 +599,10 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
     return;
   }
   // This build as its own "other reference": the same LibTorch, timed again in a second process.
-  const Result r = tparity("bench --quick --reps 1 --no-check --profile --case seed_block --case llama7b_decode "
-                           "--case bert_base_2threads --format json --other-reference " +
-                           std::string(TPARITY_BIN));
+  const Result r = tparity(
+      "bench --quick --reps 1 --no-check --profile --case seed_block --case llama7b_decode "
+      "--case bert_base_2threads --format json --other-reference " +
+      std::string(TPARITY_BIN));
   REQUIRE(r.code == 0);
   const json j = json::parse(r.out);
   CHECK(j.at("environment").at("other_reference").at("line") == j.at("environment").at("reference").at("line"));
@@ -615,7 +616,8 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
           std::min(c.at("torch_ms").get<double>(), c.at("other_torch_ms").get<double>()));
     // the shares of the one-thread profile add up to the profiled call
     double share = 0, ms = 0;
-    for (const auto& [op, v] : c.at("profile").at("ops").items()) share += v.at("share").get<double>(), ms += v.at("ms").get<double>();
+    for (const auto& [op, v] : c.at("profile").at("ops").items())
+      share += v.at("share").get<double>(), ms += v.at("ms").get<double>();
     CHECK(share == Approx(1.0).epsilon(1e-9));
     CHECK(ms == Approx(c.at("profile").at("profiled_ms").get<double>()).epsilon(1e-9));
     CHECK(c.at("profile").at("ops").at("FFN (linear1, act, linear2)").at("ms").get<double>() > 0);
@@ -632,8 +634,8 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
   // OpenBLAS on a generic kernel (told to, here: TPARITY_BENCH_UNSET keeps the bench from dropping the
   // override, as it does for a user's): the bench pins the CPU's widest kernels and says so. MKL: nothing.
   // (an AVX2 CPU: on one without, OpenBLAS's pre-AVX2 kernels are its best and nothing is pinned)
-  const bool openblas = tparity("--version").out.find("OpenBLAS") != std::string::npos &&
-                        __builtin_cpu_supports("avx2");
+  const bool openblas =
+      tparity("--version").out.find("OpenBLAS") != std::string::npos && __builtin_cpu_supports("avx2");
   const Result p = shell("TPARITY_BENCH_UNSET=test OPENBLAS_CORETYPE=Prescott " + std::string(TPARITY_BIN) +
                          " bench --quick --reps 1 --no-check --case seed_block --format json");
   REQUIRE(p.code == 0);

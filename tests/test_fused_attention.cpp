@@ -303,8 +303,8 @@ TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give
           for (T& x : p.bias) x = rng.coin(0.3) ? ninf : T(rng.normal());
         }
         std::vector<T> stacked(size_t(G * Dv), T(-7)), alone(stacked.size(), T(-7));
-        fused_attention(stacked.data(), p.q.data(), p.k.data(), p.v.data(), G, int64_t(1), S, D, Dv, p.scale,
-                        p.masks(), 2, KvLayout{rep, S * D, S * Dv});
+        fused_attention(stacked.data(), p.q.data(), p.k.data(), p.v.data(), G, int64_t(1), S, D, Dv, p.scale, p.masks(),
+                        2, KvLayout{rep, S * D, S * Dv});
         for (int64_t g = 0; g < G; ++g) {
           AttentionMasks<T> m;
           m.attn = p.attn.empty() ? nullptr : p.attn.data();
@@ -325,8 +325,9 @@ TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give
       for (int64_t i = 0; i < p.L; ++i) {
         AttentionMasks<T> m;
         m.attn = p.attn.data() + i * p.S;
-        fused_attention(rows.data() + (g * p.L + i) * p.Dv, p.q.data() + (g * p.L + i) * p.D, p.k.data() + g * p.S * p.D,
-                        p.v.data() + g * p.S * p.Dv, int64_t(1), int64_t(1), p.S, p.D, p.Dv, p.scale, m);
+        fused_attention(rows.data() + (g * p.L + i) * p.Dv, p.q.data() + (g * p.L + i) * p.D,
+                        p.k.data() + g * p.S * p.D, p.v.data() + g * p.S * p.Dv, int64_t(1), int64_t(1), p.S, p.D, p.Dv,
+                        p.scale, m);
       }
     CHECK(identical(wide, rows));
   }

@@ -24,8 +24,8 @@ double ticks(const profile::Totals& t, profile::Op op) { return double(t.ticks[s
 }  // namespace
 
 TEST_CASE("profile: the innermost scope owns each tick, outside every scope is Other, off costs nothing", "[profile]") {
-  using std::chrono::milliseconds;
   using profile::Op;
+  using std::chrono::milliseconds;
   profile::set_enabled(true);
   {
     const profile::Scope ffn(Op::FFN);

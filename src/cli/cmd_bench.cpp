@@ -87,13 +87,18 @@ std::vector<BenchCase> bench_cases(bool quick) {
   attention.seq = q ? 256 : 4096, attention.dim = 512, attention.heads = 8, attention.bias = true;
   attention.need_weights = false, attention.seed = 42;
   return {
-      {"seed_block", encoder_layer("seed_block", q ? 5 : 50, 100, 64, 4, 128, MaskKind::Causal, true), 1,
+      {"seed_block",
+       encoder_layer("seed_block", q ? 5 : 50, 100, 64, 4, 128, MaskKind::Causal, true),
+       1,
        {0.5, 0.40, 0, 0, 0}},
-      {"bert_base", encoder_layer("bert_base", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false), 1,
+      {"bert_base",
+       encoder_layer("bert_base", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false),
+       1,
        {1.0, 0.75, 0, 0, 0}},
       {"long_attention", attention, 1, {1.0, 0.70, 0, 0.05, 0}},
       {"bert_base_2threads",
-       encoder_layer("bert_base_2threads", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false), 2,
+       encoder_layer("bert_base_2threads", q ? 1 : 8, q ? 32 : 128, 768, 12, 3072, MaskKind::None, false),
+       2,
        {1.0, 0, 0, 0, 1.85}},
       {"llama7b_prefill", llama7b("llama7b_prefill", q ? 32 : 128, 0, quick), 1, {1.0, 0, 0, 0, 0}},
       {"llama7b_decode", llama7b("llama7b_decode", q ? 257 : 2049, 1, quick), 1, {1.0, 0, 0.70, 0, 0}, true},
@@ -272,8 +277,8 @@ std::string caches_line() {
   const CpuCaches& c = cpu_caches();
   auto kib = [](int64_t b) { return b >= (1 << 20) ? fmt::format("{} MiB", b >> 20) : fmt::format("{} KiB", b >> 10); };
   const gemm_detail::GemmBlocking bs = gemm_detail::kernel_info<float>(gemm_isa()).blocking;
-  const std::string blocks =
-      fmt::format("hand core's float GEMM blocks: mr {} x nr {}, kc {}, mc {}, nc {}", bs.mr, bs.nr, bs.kc, bs.mc, bs.nc);
+  const std::string blocks = fmt::format("hand core's float GEMM blocks: mr {} x nr {}, kc {}, mc {}, nc {}", bs.mr,
+                                         bs.nr, bs.kc, bs.mc, bs.nc);
   if (c.l2 <= 0) return fmt::format("caches: {}; {}", c.source, blocks);
   return fmt::format("caches ({}): L1d {}, L2 {}{}, {}; {}", c.source, kib(c.l1d), kib(c.l2),
                      c.l2_sharing > 1 ? fmt::format(" shared by {}", c.l2_sharing) : "",
@@ -364,7 +369,8 @@ void profile_hand(const std::function<void()>& hand, int reps, int threads, std:
   const profile::Totals t = profile::totals();
   profile::set_enabled(false);
   const double total = double(t.total());
-  for (int i = 0; i < profile::kOps; ++i) op_ms[size_t(i)] = total > 0 ? ms / reps * double(t.ticks[size_t(i)]) / total : 0;
+  for (int i = 0; i < profile::kOps; ++i)
+    op_ms[size_t(i)] = total > 0 ? ms / reps * double(t.ticks[size_t(i)]) / total : 0;
   profiled_ms = ms / reps;
 }
 
@@ -439,9 +445,10 @@ void check_other_reference(const std::string& exe) {
   }
   out = out.substr(0, out.find('\n'));  // its first line
   if (out.rfind("tparity ", 0) != 0 || out.find("reference: LibTorch") == std::string::npos)
-    throw InputError(fmt::format("option --other-reference: expected a tparity built against LibTorch, got \"{}\" "
-                                 "(its --version printed \"{}\")",
-                                 exe, out.substr(0, 120)));
+    throw InputError(
+        fmt::format("option --other-reference: expected a tparity built against LibTorch, got \"{}\" "
+                    "(its --version printed \"{}\")",
+                    exe, out.substr(0, 120)));
 }
 
 // The other build's LibTorch on the same cases and repetitions (its own bench, --torch-only).
@@ -470,9 +477,10 @@ OtherTimes time_other_reference(const BenchOptions& o, const std::vector<BenchCa
   std::remove(err_file.c_str());
   const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
   if (status != 0 || j.is_discarded() || !j.is_object() || !j.contains("cases") || !j.contains("environment"))
-    throw InputError(fmt::format("option --other-reference: expected a tparity built against LibTorch (its \"bench "
-                                 "--torch-only\" prints JSON), got \"{}\" exiting with status {}{}",
-                                 o.other, status, err.empty() ? "" : ": " + err));
+    throw InputError(
+        fmt::format("option --other-reference: expected a tparity built against LibTorch (its \"bench "
+                    "--torch-only\" prints JSON), got \"{}\" exiting with status {}{}",
+                    o.other, status, err.empty() ? "" : ": " + err));
   OtherTimes t;
   const nlohmann::json& env = j.at("environment");
   t.line = env.value("reference_line", "");
@@ -653,17 +661,18 @@ int bench(const BenchOptions& o) {
     }
     if (t.min_scaling > 0) {
       const double s = scaling(r);
-      rows.push_back({r.c.name, fmt::format(">= {:.2f}x its one-thread speed on {} threads", t.min_scaling, r.c.threads),
-                      fmt::format("{:.2f}x ({:.2f} ms on 1, {:.2f} on {})", s, r.hand_one.median, r.hand_many.median,
-                                  r.c.threads),
-                      s, t.min_scaling, s >= t.min_scaling});
+      rows.push_back(
+          {r.c.name, fmt::format(">= {:.2f}x its one-thread speed on {} threads", t.min_scaling, r.c.threads),
+           fmt::format("{:.2f}x ({:.2f} ms on 1, {:.2f} on {})", s, r.hand_one.median, r.hand_many.median, r.c.threads),
+           s, t.min_scaling, s >= t.min_scaling});
     }
     return rows;
   };
   auto targets_json = [&](const Result& r) {
     nlohmann::json a = nlohmann::json::array();
     for (const TargetRow& t : target_rows(r))
-      a.push_back({{"target", t.what}, {"measured", t.measured}, {"value", t.value}, {"limit", t.limit}, {"met", t.met}});
+      a.push_back(
+          {{"target", t.what}, {"measured", t.measured}, {"value", t.value}, {"limit", t.limit}, {"met", t.met}});
     return a;
   };
   nlohmann::json env = {{"cpu", cpu_model()},
@@ -739,8 +748,9 @@ int bench(const BenchOptions& o) {
     std::fputs((nlohmann::json{{"environment", env}, {"cases", cases}}.dump(2) + "\n").c_str(), stdout);
     return parity_ok ? kPass : kFail;
   }
-  fmt::print("tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({}, best of 5)\nreference: {}\n",
-             cpu_model(), to_string(gemm_isa()), peak, peak_isa, ref.line());
+  fmt::print(
+      "tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({}, best of 5)\nreference: {}\n",
+      cpu_model(), to_string(gemm_isa()), peak, peak_isa, ref.line());
   if (!ref.warning.empty()) fmt::print("warning: {}\n", ref.warning);
   fmt::print("{}\n", caches_line());
   if (bandwidth > 0)
@@ -793,7 +803,8 @@ int bench(const BenchOptions& o) {
     for (int i = 0; i < profile::kOps; ++i) {
       fmt::print("{:<30}", profile::name(profile::Op(i)));
       for (const Result& r : results)
-        fmt::print(" {:>19}", r.profiled_ms > 0 ? fmt::format("{:.1f}%", 100 * r.op_ms[size_t(i)] / r.profiled_ms) : "-");
+        fmt::print(" {:>19}",
+                   r.profiled_ms > 0 ? fmt::format("{:.1f}%", 100 * r.op_ms[size_t(i)] / r.profiled_ms) : "-");
       fmt::print("\n");
     }
     fmt::print("{:<30}", "profiled ms per call");
@@ -831,9 +842,10 @@ int bench(const BenchOptions& o) {
   }
   // The targets, each against this run's measurements: the FMA peak and the bandwidth measured above,
   // the faster LibTorch (with --other-reference: of both); the two-thread scaling timed apart.
-  fmt::print("\ntargets (scaling: the hand core alone, {} runs on 1 and on the case's threads interleaved after a 0.3 s "
-             "pause{}):\n",
-             o.reps, other ? "" : "; the time against this build's LibTorch only: --other-reference adds the other");
+  fmt::print(
+      "\ntargets (scaling: the hand core alone, {} runs on 1 and on the case's threads interleaved after a 0.3 s "
+      "pause{}):\n",
+      o.reps, other ? "" : "; the time against this build's LibTorch only: --other-reference adds the other");
   int met = 0, total = 0;
   for (const Result& r : results)
     for (const TargetRow& t : target_rows(r)) {

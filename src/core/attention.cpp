@@ -595,9 +595,9 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
       merge_heads_into(context.ptr(), ctx_heads.ptr(), B, H, L, D);
       ctx_heads.release();
       MhaOutputs<T> result;
-      result.output =
-          detail::from_batch_first(out_proj(context.ptr(), B, L, E, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr)),
-                                   batched, cfg.batch_first);
+      result.output = detail::from_batch_first(
+          out_proj(context.ptr(), B, L, E, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr)), batched,
+          cfg.batch_first);
       return result;
     }
   }

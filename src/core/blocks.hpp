@@ -4,12 +4,12 @@
 
 #include <string>
 
+#include "layout.hpp"
 #include "tparity/core/attention.hpp"
 #include "tparity/core/defects.hpp"
 #include "tparity/core/encoder.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/core/ops.hpp"
-#include "layout.hpp"
 #include "tparity/core/parallel.hpp"
 
 namespace tparity::detail {

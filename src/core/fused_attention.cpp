@@ -128,8 +128,7 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   // q and out rows are already adjacent ((G, 1, D): head after head); they must share the mask's
   // row (one (1, S) mask, read with row stride 0) and the key bias (heads of one batch element).
   int64_t rows_per_group = L, groups = G, rep_left = rep, mask_ld = S;
-  if (L == 1 && rep > 1 && (!masks.attn || masks.attn_group_stride == 0) &&
-      (!masks.key_bias || masks.heads % rep == 0))
+  if (L == 1 && rep > 1 && (!masks.attn || masks.attn_group_stride == 0) && (!masks.key_bias || masks.heads % rep == 0))
     rows_per_group = rep, groups = kvG, rep_left = 1, mask_ld = 0;
   // Few queries per group: the narrow blocks (one vector of queries), which compute no empty rows.
   const bool narrow = rows_per_group <= path.narrow_blocking.br;

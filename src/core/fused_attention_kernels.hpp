@@ -22,13 +22,13 @@ struct KeyBlockStats {
 // One unit of work: a block of nq <= br queries of one group against all S keys of the group.
 template <class T>
 struct QueryBlock {
-  const T* q;     // (nq, D): the block's queries
-  const T* k;     // (S, D): the group's keys
-  const T* v;     // (S, Dv): the group's values
-  const T* mask;  // (nq, S) with row stride mask_ld: the block's rows of the group's attn mask; or null
+  const T* q;       // (nq, D): the block's queries
+  const T* k;       // (S, D): the group's keys
+  const T* v;       // (S, Dv): the group's values
+  const T* mask;    // (nq, S) with row stride mask_ld: the block's rows of the group's attn mask; or null
   int64_t mask_ld;  // S; 0 when every query of the block reads the same row (decoding's stacked heads)
-  const T* bias;  // (S): the group's key bias; or null
-  T* out;         // (nq, Dv): the block's rows of the output
+  const T* bias;    // (S): the group's key bias; or null
+  T* out;           // (nq, Dv): the block's rows of the output
   int64_t nq, S, D, Dv;
   T scale;
   // (ceil(S / bc)): the group's key blocks, or null: then no key block is skipped

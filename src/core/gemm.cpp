@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "gemm_driver.hpp"
-#include "tparity/core/defects.hpp"
 #include "gemm_kernels.hpp"
 #include "parallel_team.hpp"
+#include "tparity/core/defects.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TPARITY_GEMM_X86 1
@@ -374,7 +374,8 @@ void gemm_low(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
     for (int64_t j = 0; j < N; ++j) {
       float acc = 0;
       for (int64_t k = 0; k < K; ++k)
-        acc = round_to(acc + (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]), bits, half);
+        acc =
+            round_to(acc + (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]), bits, half);
       c[j] = alpha * acc + (beta == 0 ? 0.0f : beta * c[j]);
       if (ep && ep->bias) c[j] += ep->bias[j];
     }
@@ -398,8 +399,9 @@ template <class T>
 void run_problem(const Path<T>& path, const Problem<T>& p, int threads) {
   const WorkspaceShape shape = workspace_shape(path.blocking, p.M, p.N, p.K, threads);
   const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape);
-  run_on_threads(threads,
-                 [&](int tid, int nthreads, Barrier* barrier) { path.run(p, path.blocking, ws, tid, nthreads, barrier); });
+  run_on_threads(threads, [&](int tid, int nthreads, Barrier* barrier) {
+    path.run(p, path.blocking, ws, tid, nthreads, barrier);
+  });
 }
 
 // A few rows against a large nn.Linear weight (a prefill of 128 tokens: M = 128 against N = 11008,
@@ -420,8 +422,9 @@ void gemm_swapped(const Path<T>& path, int64_t M, int64_t N, int64_t K, T alpha,
                   int64_t ldb, T* C, int64_t ldc, const GemmEpilogue<T>* ep, int threads) {
   // op(B) is B^T with B (N, K) row-major; C^T (N, M) = B (N, K) . A^T (K, M), A (M, K) row-major.
   std::unique_ptr<T[]> ct(new T[size_t(N * M)]);  // every element written by the product
-  run_problem(path, make_problem(false, true, N, M, K, alpha, B, ldb, A, lda, T(0), ct.get(), M,
-                                 static_cast<const GemmEpilogue<T>*>(nullptr)),
+  run_problem(path,
+              make_problem(false, true, N, M, K, alpha, B, ldb, A, lda, T(0), ct.get(), M,
+                           static_cast<const GemmEpilogue<T>*>(nullptr)),
               threads);
   const int64_t nr = path.blocking.nr;
   auto rows = [&](int64_t i0, int64_t i1) {

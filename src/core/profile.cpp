@@ -20,9 +20,9 @@ inline uint64_t now() {
 #if defined(__x86_64__)
   return __rdtsc();  // ~20 cycles, against ~60 for the clock: a fused attention block is a microsecond
 #else
-  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now().time_since_epoch())
-                      .count());
+  return uint64_t(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 #endif
 }
 
