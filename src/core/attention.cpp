@@ -1,6 +1,7 @@
 #include "tparity/core/attention.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -550,10 +551,12 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   // The heads of q, k and v, the context's heads and the merged context are intermediates no caller
   // sees: uninitialised buffers, each freed as soon as it has been read (the steps and their sums are
   // those of the route below through Tensors, bit for bit).
-  if (core_path() == CorePath::Fast && !obs && !fwd.need_weights && defect == Defect::None && !cfg.add_bias_kv &&
-      !cfg.add_zero_attn) {
-    const RowMask<T> rows(attn_mask, key_padding_mask, B, H, L, S0, S0, cfg.semantics);
-    if (rows.sum_is_merge()) {
+  // The fast path's masks, also what the fused attention adds, over the keys with any rows appended.
+  const int64_t S_all = S0 + (cfg.add_bias_kv ? 1 : 0) + (cfg.add_zero_attn ? 1 : 0);
+  std::optional<RowMask<T>> rows;
+  if (core_path() == CorePath::Fast) rows.emplace(attn_mask, key_padding_mask, B, H, L, S0, S_all, cfg.semantics);
+  if (rows && !obs && !fwd.need_weights && defect == Defect::None && !cfg.add_bias_kv && !cfg.add_zero_attn) {
+    if (rows->sum_is_merge()) {
       const int64_t S = S0;
       detail::Buffer<T> qh(B * L * E), kh(B * S * E), vh(B * S * E);
       if (self) {
@@ -586,7 +589,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
         T* qp = qh.ptr();
         for (int64_t i = 0; i < B * L * E; ++i) qp[i] = qp[i] / root;
       }
-      AttentionMasks<T> masks = rows.fused_view();
+      AttentionMasks<T> masks = rows->fused_view();
       masks.zero_dead_rows = zero_dead;
       detail::Buffer<T> ctx_heads(B * H * L * D);
       fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), masks, num_threads());
@@ -653,9 +656,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
     for (T& x : qh.data) x = x / root;  // torch 1.13: q_scaled = q / math.sqrt(E)
   }
 
-  // The fast path's masks, also what the fused attention adds.
-  std::optional<RowMask<T>> rows;
-  if (core_path() == CorePath::Fast) rows.emplace(attn_mask, key_padding_mask, B, H, L, S0, S, cfg.semantics);
+  assert(S == S_all);
 
   // Nothing observed and no weights returned: the fused streaming attention, which never holds the
   // L x S scores (fused_attention.hpp), then the heads merged and out_proj as below.
