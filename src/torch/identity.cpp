@@ -119,8 +119,13 @@ ReferenceInfo reference_info() {
 #else
     r.capability = grab(config, R"(CPU capability usage: ([A-Z0-9_]+))");  // 1.13 exports no function for it
 #endif
-    for (const char* v : {"OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
-                          "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"})
+    // Only what this reference's libraries read: an OPENBLAS_* variable the environment holds (some
+    // machines set OPENBLAS_CORETYPE for every program) pins nothing of MKL's, and the reverse.
+    std::vector<const char*> read{"ATEN_CPU_CAPABILITY"};
+    if (!mkl.empty()) read.insert(read.end(), {"MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE"});
+    if (!dnnl.empty()) read.insert(read.end(), {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"});
+    if (r.blas.rfind("OpenBLAS", 0) == 0) read.insert(read.end(), {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"});
+    for (const char* v : read)
       if (const char* val = std::getenv(v); val && *val) r.pinned.push_back(std::string(v) + "=" + val);
     return r;
   }();
