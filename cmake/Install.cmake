@@ -22,6 +22,12 @@ install(TARGETS tparity_core tparity_harness tparity_fixture tparity_compare tpa
         EXPORT tparityTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# The installed CLI runs against the LibTorch it was built with, wherever that lies: with a torch
+# wheel and Debian's libtorch-dev on one machine, a binary without this RUNPATH loads the system's
+# libtorch.so (1.13) and dies on a missing symbol.
+if(TPARITY_WITH_TORCH AND TPARITY_TORCH_LIBDIR)
+  set_target_properties(tparity PROPERTIES INSTALL_RPATH "${TPARITY_TORCH_LIBDIR}")
+endif()
 install(TARGETS tparity RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY include/tparity DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY fixtures/ DESTINATION ${CMAKE_INSTALL_DATADIR}/tparity/fixtures FILES_MATCHING PATTERN "*.json")
