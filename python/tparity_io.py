@@ -26,6 +26,7 @@ values (the product of shape [16]), got 15`.
 import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 
@@ -71,8 +72,37 @@ def _unique_keys(pairs):
     return out
 
 
+def _read_regular(path, what):
+    """The bytes of the regular file at path, opened without following a link and without blocking (a FIFO
+    is refused at once instead of hanging the reader): ValueError for a link, a FIFO, a directory or a device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        if os.path.islink(path):
+            raise ValueError(f"{path}: cannot read {what}: it is a symbolic link (name the file itself)") from None
+        raise ValueError(f"{path}: cannot read {what}: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+            raise ValueError(f"{path}: cannot read {what}: it is {kind}, not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read {what}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def _no_constant(name):
     raise ValueError(f"{name} is not JSON (non-finite values are the strings \"inf\", \"-inf\", \"nan\")")
+
+
+def _short(e, n=200):
+    """An exception's message for one line: control characters escaped, cut to n characters."""
+    text = str(e).encode("unicode_escape").decode("ascii")
+    return text if len(text) <= n else text[:n] + "..."
 
 
 class _Reader:
@@ -84,7 +114,7 @@ class _Reader:
         self.referenced = set()
 
     def fail(self, where, what):
-        raise ValueError(f"{self.path}: {where}: {what}")
+        raise ValueError(f"{self.path}: {_short(where)}: {_short(what, 700)}")
 
     def obj(self, v, where):
         if not isinstance(v, dict):
@@ -154,18 +184,14 @@ def _read_safetensors(path):
     each entry's dtype, shape and byte range (numel x size), the ranges tiling the data, BOOL bytes 0/1."""
     def fail(what):
         raise ValueError(f"{path}: {what}")
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError as e:
-        fail(f"cannot read the tensor_file: {e.strerror}")
+    blob = _read_regular(path, "the tensor_file")
     n = int.from_bytes(blob[:8], "little") if len(blob) >= 8 else -1
     if not 0 <= n <= min(_MAX_HEADER, len(blob) - 8):
         fail(f"header length {n}: not within 100 MB and the file's {len(blob)} bytes")
     try:
         header = json.loads(blob[8:8 + n].decode("utf-8"), object_pairs_hook=_unique_keys)
-    except ValueError as e:  # UnicodeDecodeError included
-        fail(f"header: expected a JSON object: {e}")
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError included; RecursionError: deep nesting
+        fail(f"header: expected a JSON object: {_short(e)}")
     if not isinstance(header, dict):
         fail(f"header: expected a JSON object, got {type(header).__name__}")
     header.pop("__metadata__", None)
@@ -202,13 +228,13 @@ def _read_safetensors(path):
 def load_problem(path):
     """Read a problem (fixture) file and the safetensors file it names; see the module docstring."""
     r = _Reader(path)
+    text = _read_regular(path, "problem file")
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read: {e.strerror}") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: malformed JSON: {e}") from None
+        doc = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"{path}: malformed JSON: nested deeper than Python's JSON reader goes") from None
+    except ValueError as e:  # UnicodeDecodeError included
+        raise ValueError(f"{path}: malformed JSON: {_short(e)}") from None
     r.obj(doc, "(top level)")
     if doc.get("format") != "tparity.fixture":
         r.fail("format", f"expected \"tparity.fixture\", got {json.dumps(doc.get('format'))}")
