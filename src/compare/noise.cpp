@@ -4,6 +4,8 @@
 #include <cmath>
 #include <iterator>
 
+#include "tparity/compare/metrics.hpp"
+
 namespace tparity {
 
 namespace {
@@ -21,7 +23,8 @@ double noise_quantile(double n_eff, int samples) {
   if (d >= kNoiseTableD[nd - 1]) return kNoiseTable[row][nd - 1];
   int j = 0;
   while (kNoiseTableD[j + 1] < d) ++j;
-  const double t = (std::log(d) - std::log(kNoiseTableD[j])) / (std::log(kNoiseTableD[j + 1]) - std::log(kNoiseTableD[j]));
+  const double t =
+      (std::log(d) - std::log(kNoiseTableD[j])) / (std::log(kNoiseTableD[j + 1]) - std::log(kNoiseTableD[j]));
   // The quantile falls steeply at small d: interpolate its logarithm.
   return std::exp((1 - t) * std::log(kNoiseTable[row][j]) + t * std::log(kNoiseTable[row][j + 1]));
 }
@@ -37,22 +40,32 @@ NoiseEstimate estimate_noise(const std::vector<std::pair<const Tensor<double>*, 
   // Positions finite in every sample.
   std::vector<char> ok(n, 1);
   for (const auto* s : use)
-    for (size_t i = 0; i < n; ++i) ok[i] = ok[i] && std::isfinite(s->first->data[i]) && std::isfinite(s->second->data[i]);
+    for (size_t i = 0; i < n; ++i)
+      ok[i] = ok[i] && std::isfinite(s->first->data[i]) && std::isfinite(s->second->data[i]);
   std::vector<double> w(n, 0.0);
   double mean_sq = 0;
   for (const auto* s : use) {
-    double e2 = 0, r2 = 0;
+    // Scaled norms (metrics.hpp): a reference of 1e-300 or 1e300 gives the same relative figures as
+    // one of 1.
+    Norm2 e2, r2;
     for (size_t i = 0; i < n; ++i)
       if (ok[i]) {
-        const double e = s->first->data[i] - s->second->data[i];
-        e2 += e * e, r2 += s->second->data[i] * s->second->data[i];
+        const double d = s->first->data[i] - s->second->data[i];
+        if (std::isfinite(d))
+          e2.add(d);
+        else
+          e2.add_doubled(s->first->data[i] * 0.5 - s->second->data[i] * 0.5);
+        r2.add(s->second->data[i]);
       }
-    if (!(r2 > 0)) continue;  // a zero reference: no relative error to speak of
-    mean_sq += e2 / r2;
+    const ScaledNorm rn = r2.norm();
+    if (!(rn.root > 0)) continue;  // a zero reference: no relative error to speak of
+    const double rel = ratio(e2.norm(), rn);
+    mean_sq += rel * rel;
+    // Each element's squared error relative to the reference's norm: e_i / (root x 2^exponent).
     for (size_t i = 0; i < n; ++i)
       if (ok[i]) {
-        const double e = s->first->data[i] - s->second->data[i];
-        w[i] += e * e / r2;
+        const double e = scaled_difference(s->first->data[i], s->second->data[i], rn.exponent) / rn.root;
+        w[i] += e * e;
       }
     ++est.samples;
   }

@@ -27,8 +27,37 @@ struct Metrics {
   bool clean() const { return comparable() && nonfinite_mismatch == 0; }
 };
 
-// a against the reference b. NaN/Inf are classified before any norm is taken.
+// a against the reference b. NaN/Inf are classified before any norm is taken; the norms are taken
+// without overflow or underflow (Norm2), so rel_l2 is right for values near 1e-300 and 1e300 alike.
 Metrics measure(const Tensor<double>& a, const Tensor<double>& b);
+
+// A norm as root x 2^exponent: in range whatever the values summed (a norm of 1e300-sized values
+// does not overflow, one of 1e-300-sized values does not underflow).
+struct ScaledNorm {
+  double root = 0;   // sqrt of the scaled sum of squares
+  int exponent = 0;  // the scale's power of two
+
+  double value() const;  // root x 2^exponent: +inf or 0 only beyond double's range
+};
+// a / b, exact to a rounding or two, +inf or 0 only beyond double's range; 0 when a is 0, +inf when
+// only b is.
+double ratio(const ScaledNorm& a, const ScaledNorm& b);
+
+// ||x||_2 accumulated in three ranges, each scaled away from double's limits (Blue's algorithm, as
+// LAPACK 3.10's dnrm2; Anderson, "Algorithm 978: Safe scaling in the Level 1 BLAS", 2017).
+class Norm2 {
+ public:
+  void add(double x);
+  // Adds 2h (a difference x - y computed as x/2 - y/2 where x - y overflows).
+  void add_doubled(double h);
+  ScaledNorm norm() const;
+
+ private:
+  double small_ = 0, medium_ = 0, big_ = 0;
+};
+
+// (x - y) / 2^k without overflow: the difference of two finite values, scaled.
+double scaled_difference(double x, double y, int k);
 
 // Flat row-major offset -> multi-index in `shape`.
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape);
