@@ -42,6 +42,19 @@ TEST_CASE("exec: a program as good as the reference passes / one that spoils the
   r = tparity("exec --case sdpa --dtype float32 " + program("echo"));
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("gave no float64 run: the semantic legs (hand64_vs_torch64) are not judged"));
+  // Components are the program's choice: the one it gives is judged, the others named, none fails
+  // (a fused attention has no scores or weights to give).
+  r = tparity("exec --case multihead --batch 2 --seq 6 --format json " + program("partial"));
+  CHECK(r.code == 0);
+  const json partial = json::parse(r.out);
+  REQUIRE(partial.at("cases").size() == 2);
+  const json& first = partial.at("cases").at(0);
+  CHECK(first.at("pass") == true);
+  REQUIRE(first.at("components").size() == 3);  // q, and the module's output and weights
+  CHECK(first.at("components").at(0).at("name") == "q");
+  CHECK(first.at("components").at(0).at("legs").contains("hand64_vs_torch64"));
+  CHECK_THAT(first.at("notes").dump(),
+             Catch::Contains("gave no k, v, scores, attn_weights_avg, context: not judged (components are optional"));
 }
 
 TEST_CASE("exec: bfloat16 and float16 runs are judged against LibTorch's own error in them / 1.13 has no float16",
@@ -110,10 +123,17 @@ TEST_CASE("exec: a bad program gets one line per case naming what went wrong / a
     CHECK_THAT(r.err, Catch::Contains("case matmul (float64): "));
     CHECK_THAT(r.out, Catch::Contains("2 case(s): 0 passed, 2 failed"));
   }
-  // A module the program declines is skipped, said so, and fails nothing.
-  const Result r = tparity("exec --case sdpa " + program("unsupported"));
+  // A module the program declines is skipped, said so, and fails nothing; a run in which the program
+  // declined every case judged nothing, and a CI gate on it must not pass.
+  Result r = tparity("exec --case sdpa --case matmul " + program("echo-unless-sdpa"));
   CHECK(r.code == 0);
-  CHECK_THAT(r.err, Catch::Contains("case sdpa: skipped: the program says: a stand-in implements nothing"));
+  CHECK_THAT(r.out, Catch::Contains("skipped sdpa: the program does not implement it: a stand-in implements nothing"));
+  CHECK_THAT(r.out, Catch::Contains("case(s): 2 passed, 0 failed"));  // matmul and matmul/components
+  r = tparity("exec --case sdpa " + program("unsupported"));
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains("nothing was judged: the program declined every case (1 skipped)"));
+  CHECK_THAT(r.out, Catch::Contains("skipped sdpa: the program does not implement it: a stand-in implements nothing"));
 }
 
 TEST_CASE("exec: usage errors exit 2 with one line", "[cli]") {

@@ -75,9 +75,19 @@ const std::vector<BadInput>& bad_inputs() {
        "inputs.query.shape[0]: expected an integer >= 0, got -2"},
       {"an element count that overflows", "mha_no_weights",
        [](json& j) {
-         j["inputs"]["query"]["shape"] = {int64_t(1) << 40, int64_t(1) << 40};
+         j["inputs"]["query"]["shape"] = {int64_t(1) << 30, int64_t(1) << 30, int64_t(1) << 30};
        },
        "inputs.query.shape: expected at most 2147483648 elements"},
+      {"a size above any tensor's", "mha_no_weights",
+       [](json& j) {
+         j["inputs"]["query"]["shape"] = {int64_t(1) << 40, int64_t(1) << 40};
+       },
+       "inputs.query.shape[0]: expected an integer <= 2147483648, got 1099511627776"},
+      {"sizes whose product wraps once a 0 comes first", "mha_no_weights",
+       [](json& j) {
+         j["inputs"]["query"]["shape"] = {0, int64_t(1) << 31, int64_t(1) << 31};
+       },
+       "inputs.query.shape: expected at most 2147483648 elements (counting its nonzero sizes)"},
       {"num_heads not dividing embed_dim", "mha_no_weights", [](json& j) { j["config"]["num_heads"] = 3; },
        "config.num_heads: expected a divisor of embed_dim 16, got 3"},
       {"query disagreeing with embed_dim", "mha_no_weights",

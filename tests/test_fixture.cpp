@@ -318,20 +318,28 @@ TEST_CASE("fixtures: sizes, layer counts and nesting that would exhaust the read
     CAPTURE(c.expect);
     CHECK_THROWS_MATCHES(parse_fixture(j.dump(), "bad.json"), InputError, Catch::Matchers::Message(c.expect));
   }
-  // Shape sizes beyond int64 are named as written, not wrapped to negative numbers.
+  // Shape sizes beyond int64 are named as written, not wrapped to negative numbers; no size is above
+  // the elements a tensor may hold.
   nlohmann::json j = mha;
   j["state_dict"]["out_proj.bias"]["shape"] = {std::numeric_limits<uint64_t>::max()};
   CHECK_THROWS_MATCHES(parse_fixture(j.dump(), "bad.json"), InputError,
                        Catch::Matchers::Message("bad.json: state_dict.out_proj.bias.shape[0]: expected an integer "
-                                                "<= 9223372036854775807, got 18446744073709551615"));
+                                                "<= 2147483648, got 18446744073709551615"));
 
-  // 100000 nested arrays where the name goes: shown four levels deep.
+  // 100000 nested arrays where the name goes: refused while parsing, before anything recurses on them.
   j = mha;
   j["name"] = "nested here";
   std::string text = j.dump();
   const std::string mark = "\"nested here\"";
   text.replace(text.find(mark), mark.size(), std::string(100000, '[') + std::string(100000, ']'));
+  std::string field = "name";  // the top-level object is the first of the 64 levels
+  for (int i = 0; i < 63; ++i) field += "[]";
   CHECK_THROWS_MATCHES(parse_fixture(text, "bad.json"), InputError,
+                       Catch::Matchers::Message("bad.json: " + field +
+                                                ": expected at most 64 levels of nested arrays and objects, got more"));
+  // Four levels deep are shown as such.
+  j["name"] = nlohmann::json::parse("[[[[[[1]]]]]]");
+  CHECK_THROWS_MATCHES(parse_fixture(j.dump(), "bad.json"), InputError,
                        Catch::Matchers::Message("bad.json: name: expected a string, got array [[[[[...]]]]]"));
   // Shallow values are shown as JSON writes them, cut at 40 characters.
   j = mha;
@@ -358,7 +366,8 @@ TEST_CASE("fixtures: inputs whose shapes disagree with the config are refused wh
 
 TEST_CASE("fixtures: an output that cannot be written leaves nothing behind", "[fixture]") {
   CHECK_THROWS_WITH(write_json_file("/nonexistent-dir/out.json", nlohmann::json::object()),
-                    Catch::StartsWith("/nonexistent-dir/out.json: cannot write output"));
+                    Catch::StartsWith("/nonexistent-dir/out.json: cannot write output: its folder /nonexistent-dir "
+                                      "does not exist"));
   const fs::path dir = fs::temp_directory_path() / "tparity_write_test";
   fs::create_directories(dir);
   const std::string out = (dir / "r.json").string();

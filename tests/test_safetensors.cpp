@@ -533,7 +533,7 @@ TEST_CASE("safetensors: open names the path and refuses a bad file on disk as it
   CHECK_THROWS_WITH(SafetensorsFile::open(missing),
                     missing + ": cannot open safetensors file: No such file or directory");
   CHECK_THROWS_WITH(SafetensorsFile::open(dir.path.string()),
-                    dir.path.string() + ": cannot read safetensors file: not a regular file");
+                    dir.path.string() + ": cannot read safetensors file: it is a directory, not a regular file");
   const std::string empty = (dir.path / "empty.safetensors").string();
   std::ofstream(empty).close();
   CHECK_THROWS_WITH(SafetensorsFile::open(empty), empty + ": header size: expected a file of at least 8 bytes, got 0");

@@ -313,7 +313,7 @@ nlohmann::json spawn_worker(const CensusOptions& o, const KernelSetting& k) {
 
 // The table of merged worker documents: reference x kernel x ISA x case, points and alarms, then
 // every alarm's re-run command. Returns the number of alarms.
-size_t print_table(const std::vector<nlohmann::json>& docs) {
+size_t print_table(const std::vector<std::pair<std::string, nlohmann::json>>& docs) {
   struct Row {
     int64_t points = 0, alarms = 0;
   };
@@ -321,21 +321,25 @@ size_t print_table(const std::vector<nlohmann::json>& docs) {
   std::map<std::pair<std::string, std::string>, Row> per_setting;
   std::vector<std::string> alarms;
   double seconds = 0;
-  for (const nlohmann::json& d : docs) {
-    const std::string ref =
-        d.at("reference").at("torch").get<std::string>() + " " + d.at("reference").at("blas").get<std::string>();
-    seconds += d.at("seconds").get<double>();
-    for (const nlohmann::json& r : d.at("rows")) {
-      Row& row = rows[{ref, d.at("kernel").get<std::string>(), r.at("isa").get<std::string>(),
-                       r.at("case").get<std::string>()}];
-      Row& set = per_setting[{ref, d.at("kernel").get<std::string>()}];
-      row.points += r.at("points").get<int64_t>(), set.points += r.at("points").get<int64_t>();
-      row.alarms += int64_t(r.at("alarms").size()), set.alarms += int64_t(r.at("alarms").size());
-      for (const nlohmann::json& a : r.at("alarms"))
-        alarms.push_back(fmt::format("ALARM {}: {}; re-run: {}", a.at("point").get<std::string>(),
-                                     a.at("failures").at(0).get<std::string>(), a.at("rerun").get<std::string>()));
+  for (const auto& [where, d] : docs) try {
+      const std::string ref =
+          d.at("reference").at("torch").get<std::string>() + " " + d.at("reference").at("blas").get<std::string>();
+      seconds += d.at("seconds").get<double>();
+      for (const nlohmann::json& r : d.at("rows")) {
+        Row& row = rows[{ref, d.at("kernel").get<std::string>(), r.at("isa").get<std::string>(),
+                         r.at("case").get<std::string>()}];
+        Row& set = per_setting[{ref, d.at("kernel").get<std::string>()}];
+        row.points += r.at("points").get<int64_t>(), set.points += r.at("points").get<int64_t>();
+        row.alarms += int64_t(r.at("alarms").size()), set.alarms += int64_t(r.at("alarms").size());
+        for (const nlohmann::json& a : r.at("alarms"))
+          alarms.push_back(fmt::format("ALARM {}: {}; re-run: {}", a.at("point").get<std::string>(),
+                                       a.at("failures").at(0).get<std::string>(), a.at("rerun").get<std::string>()));
+      }
+    } catch (const nlohmann::json::exception& e) {  // a --merge file that is JSON but not a census result
+      std::string what = e.what();
+      if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+      throw InputError(where + ": not a census result of tparity: " + show_text(what, 200));
     }
-  }
   fmt::print("{:<34} {:<12} {:<7} {:<10} {:>8} {:>7}\n", "reference", "kernel", "isa", "case", "points", "alarms");
   for (const auto& [k, r] : rows)
     fmt::print("{:<34} {:<12} {:<7} {:<10} {:>8} {:>7}\n", std::get<0>(k), std::get<1>(k), std::get<2>(k),
@@ -358,22 +362,21 @@ int census(const CensusOptions& given) {
     if (std::find(kCensusCases.begin(), kCensusCases.end(), c) == kCensusCases.end())
       throw InputError("option --case: expected one of " + fmt::format("{}", fmt::join(kCensusCases, ", ")) +
                        ", got \"" + c + "\"");
+  if (o.json && !o.worker_kernel) check_output_path(*o.json, "option --json");
   if (!o.merge.empty()) {
-    std::vector<nlohmann::json> docs;
+    std::vector<std::pair<std::string, nlohmann::json>> docs;
     for (const std::string& f : o.merge) {
-      std::ifstream in(f);
-      if (!in) throw InputError(f + ": cannot open census result: " + std::strerror(errno));
-      try {
-        nlohmann::json d = nlohmann::json::parse(in);
-        if (d.value("format", "") == "tparity.census.set")
-          for (const nlohmann::json& w : d.at("workers")) docs.push_back(w);
-        else if (d.value("format", "") == "tparity.census")
-          docs.push_back(d);
-        else
-          throw InputError(f + ": format: expected \"tparity.census.set\" or \"tparity.census\"");
-      } catch (const nlohmann::json::exception& e) {
-        throw InputError(f + ": malformed census result: " + e.what());
-      }
+      const std::string where = show_text(f, 300);
+      nlohmann::json d = parse_json(read_input_file(f, "census result"), where);
+      const nlohmann::json format = d.is_object() && d.contains("format") ? d["format"] : nlohmann::json();
+      if (format == "tparity.census.set" && d.contains("workers") && d["workers"].is_array())
+        for (nlohmann::json& w : d["workers"]) docs.push_back({where, std::move(w)});
+      else if (format == "tparity.census")
+        docs.push_back({where, std::move(d)});
+      else
+        throw InputError(where +
+                         ": format: expected \"tparity.census.set\" (with \"workers\") or \"tparity.census\", got " +
+                         show_json(format));
     }
     return print_table(docs) ? kFail : kPass;
   }
@@ -385,7 +388,7 @@ int census(const CensusOptions& given) {
   }
   if (o.worker_kernel) {
     const nlohmann::json j = run_worker(o, *o.worker_kernel);
-    write_text_file(*o.json, j.dump() + "\n");
+    write_output_file(*o.json, j.dump() + "\n");
     return kPass;
   }
   std::vector<KernelSetting> settings;
@@ -404,15 +407,15 @@ int census(const CensusOptions& given) {
   (void)chosen_isas(o.isas);  // refused now rather than in every worker
   if (o.shard) (void)parse_shard_text(*o.shard);
   nlohmann::json workers = nlohmann::json::array();
-  std::vector<nlohmann::json> docs;
+  std::vector<std::pair<std::string, nlohmann::json>> docs;
   for (const KernelSetting& k : settings) {
     std::fprintf(stderr, "census: kernel setting %s (%s), %lld points\n", k.name.c_str(),
                  env_prefix(k).empty() ? "nothing set" : env_prefix(k).c_str(), static_cast<long long>(o.points));
-    docs.push_back(spawn_worker(o, k));
-    workers.push_back(docs.back());
+    docs.push_back({"census worker " + k.name, spawn_worker(o, k)});
+    workers.push_back(docs.back().second);
   }
   if (o.json)
-    write_text_file(*o.json, nlohmann::json{{"format", "tparity.census.set"}, {"workers", workers}}.dump(1) + "\n");
+    write_output_file(*o.json, nlohmann::json{{"format", "tparity.census.set"}, {"workers", workers}}.dump(1) + "\n");
   return print_table(docs) ? kFail : kPass;
 }
 

@@ -16,12 +16,17 @@ namespace {
 struct EvalOptions {
   std::string fixture, impl = "hand", out, tensors;
   DType dtype = DType::Float32;
+  int64_t max_elements = int64_t(1) << 28;
 };
 
 int eval(const EvalOptions& o) {
+  check_output_path(o.out, "option --out");  // before the fixture is read: a bad folder fails at once
   // What the fixture stores as results plays no part here: not read.
   Problem p = read_fixture(o.fixture, false);
   const bool safetensors = o.tensors.empty() ? !p.tensor_file.empty() : o.tensors == "safetensors";
+  // Now that the fixture and its tensor file are known: neither is written over.
+  check_output_path(o.out, "option --out");
+  if (safetensors) check_output_path(tensor_file_beside(o.out), "option --out (its tensor file beside it)");
   RunResult r;
   if (o.impl == "hand") {
     r = run_hand(std::move(p), o.dtype, o.fixture);  // its weights released as converted
@@ -51,9 +56,9 @@ void register_eval(CLI::App& app, Action& action) {
   cmd->add_option("--impl", o->impl, "hand (the handwritten core) or torch (LibTorch)")
       ->check(CLI::IsMember({"hand", "torch"}))
       ->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "float32 or float64")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, DType>{{"float32", DType::Float32}, {"float64", DType::Float64}}))
+  cmd->add_option_function<std::string>(
+         "--dtype", [o](const std::string& d) { o->dtype = dtype_from_name(d); }, "float32 or float64")
+      ->check(CLI::IsMember({"float32", "float64"}))
       ->default_str("float32");
   cmd->add_option("--out", o->out,
                   "Where to write the outputs file: {\"format\": \"tparity.outputs\", \"version\": 1, \"dtype\", "
@@ -62,6 +67,7 @@ void register_eval(CLI::App& app, Action& action) {
   cmd->add_option("--tensors", o->tensors,
                   "inline, or safetensors (a .safetensors file beside --out); default: as the fixture holds them")
       ->check(CLI::IsMember({"inline", "safetensors"}));
+  add_max_elements_option(*cmd, o->max_elements);
   cmd->callback([o, &action] { action = [o] { return eval(*o); }; });
 }
 

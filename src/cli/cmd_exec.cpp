@@ -95,7 +95,14 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
     print_reports(reports, stdout, false);
     for (const auto& [n, why] : skipped) fmt::print("skipped {}: {}\n", n, why);
   }
+  // A gate that judged nothing must not pass: every case declined (or none asked for).
+  if (reports.empty())
+    throw InputError(
+        fmt::format("nothing was judged: the program declined every case ({} skipped); no baseline or "
+                    "JUnit written",
+                    skipped.size()));
   const bool failed = exit_code(reports) != 0;
+  OutputFiles out;  // the baseline and the JUnit report, both or neither
   if (j.update) {
     if (failed) {
       std::fprintf(stderr, "tparity: a baseline is not recorded from a failing run; %s left as it was\n",
@@ -104,7 +111,7 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
     }
     const Baseline b = make_baseline(
         reports, {{"torch", ref.torch}, {"blas", ref.blas}, {"kernel", ref.kernel}, {"implementation", rerun}});
-    write_text_file(j.baseline, baseline_to_json(b).dump(2) + "\n");
+    out.add(j.baseline, baseline_to_json(b).dump(2) + "\n");
     std::fprintf(stderr, "baseline %s: %zu entries\n", j.baseline.c_str(), b.entries.size());
   }
   if (!j.junit.empty()) {
@@ -119,8 +126,9 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
         by_test["tparity." + r.name + "\n" + component].push_back(f);
       }
     }
-    write_junit(j.junit, gated, by_test, ref, "tparity exec");
+    out.add(j.junit, junit_xml(gated, by_test, ref, "tparity exec"));
   }
+  out.commit();
   return failed ? kFail : kPass;
 }
 
@@ -141,9 +149,12 @@ void check_low_precision(const std::string& dtype, const std::string& option) {
                     option, torch_version(), dtype, why));
 }
 
+// The options of the judgment, and its output paths, before any work.
 void check_judging(const Judging& j) {
   if (j.update && j.baseline.empty()) throw InputError("option --update-baseline: needs --baseline FILE to write");
   if (!(j.factor >= 1.0)) throw InputError(fmt::format("option --factor: expected a number >= 1, got {}", j.factor));
+  if (!j.junit.empty()) check_output_path(j.junit, "option --junit");
+  if (j.update) check_output_path(j.baseline, "option --baseline (--update-baseline writes it)");
 }
 
 int exec(const ExecOptions& o) {
@@ -156,6 +167,16 @@ int exec(const ExecOptions& o) {
   for (const std::string& a : o.command) placeholder = placeholder || a.find("{problem}") != std::string::npos;
   if (!placeholder)
     throw InputError("tparity exec: the command never names {problem}: the program would not know what to compute");
+  if (!o.keep.empty()) make_output_folder(o.keep, "option --keep");
+  // Ctrl-C or a TERM from here on kills the program and whatever it started, removes the temporary
+  // folder, and ends the run with 128 + the signal.
+  const InterruptGuard guard;
+  auto stop_if_interrupted = [] {
+    if (const int sig = interrupted()) throw Interrupted(sig);
+  };
+  // The cases' problems, each named after its case or fixture (names checked before any is made).
+  const std::vector<std::pair<std::string, Problem>> problems = exported_problems(o.selection, o.fixtures);
+  stop_if_interrupted();
   // The work directory: --keep DIR, or a temporary one removed at the end.
   std::string dir = o.keep;
   bool temporary = false;
@@ -163,10 +184,6 @@ int exec(const ExecOptions& o) {
     std::string tmpl = (fs::temp_directory_path() / "tparity-exec-XXXXXX").string();
     if (!mkdtemp(tmpl.data())) throw InputError("tparity exec: cannot create a temporary directory");
     dir = tmpl, temporary = true;
-  } else {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (!fs::is_directory(dir)) throw InputError("option --keep: " + dir + ": cannot create the directory");
   }
   struct Cleanup {
     std::string dir;
@@ -180,7 +197,8 @@ int exec(const ExecOptions& o) {
   const std::string who = o.name.empty() ? join(o.command) : o.name;
   std::vector<CaseReport> reports;
   std::vector<std::pair<std::string, std::string>> skipped;
-  for (const auto& [name, p] : exported_problems(o.selection, o.fixtures)) {
+  for (const auto& [name, p] : problems) {
+    stop_if_interrupted();
     const std::string problem = (fs::path(dir) / (name + ".json")).string();
     write_problem(problem, p, o.tensors == "safetensors");
     std::optional<OutputsFile> f64, f32;
@@ -191,7 +209,10 @@ int exec(const ExecOptions& o) {
       std::error_code ec;
       fs::remove(out, ec);
       const ProgramRun run = run_program(o.command, problem, out, dtype, o.timeout);
+      stop_if_interrupted();
       const std::string where = fmt::format("case {} ({})", name, dtype);
+      if (run.left_running)
+        std::fprintf(stderr, "%s: the program left %d process(es) running; killed\n", where.c_str(), run.left_running);
       if (!run.ok) {
         error = fmt::format("{}: the program {}", where, run.status);
         break;
@@ -217,9 +238,8 @@ int exec(const ExecOptions& o) {
         break;
       }
     }
-    if (!unsupported.empty()) {
-      skipped.push_back({name, "the program does not implement it: " + unsupported});
-      std::fprintf(stderr, "case %s: skipped: the program says: %s\n", name.c_str(), unsupported.c_str());
+    if (!unsupported.empty()) {  // in the report's "skipped" lines
+      skipped.push_back({name, "the program does not implement it: " + show_text(unsupported, 300)});
       continue;
     }
     if (!error.empty()) {
@@ -240,6 +260,7 @@ int judge(const JudgeOptions& o) {
   const Problem p = read_fixture(o.problem);
   if (p.outputs.empty())
     throw InputError(o.problem + ": outputs: missing (a problem file from tparity export holds the reference's)");
+  check_stored_results(p, o.problem);        // the problem's own shapes first: a program is judged against them
   std::map<std::string, OutputsFile> files;  // by dtype
   for (const std::string& path : o.outputs) {
     OutputsFile f = read_outputs_file(path);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <map>
 
 #include "common.hpp"
 #include "tparity/eval/foreign.hpp"
@@ -27,8 +28,7 @@ struct ExportOptions {
 
 // A fixture as a problem file: its stored outputs stay (they are the reference: Python's); LibTorch's
 // components are added where it has none and shares its semantics.
-Problem fixture_problem(const std::string& path) {
-  Problem p = read_fixture(path);
+Problem fixture_problem(Problem p, const std::string& path) {
   if (!p.components.empty()) return p;
   if (*p.semantics != reference_semantics() && !semantic_differences(p).empty()) return p;
   const Problem r = with_reference(p, path);
@@ -41,21 +41,38 @@ Problem fixture_problem(const std::string& path) {
 
 }  // namespace
 
-// The cases chosen as run chooses them, with the reference's results: shared with exec.
+// The cases chosen as run chooses them, with the reference's results: shared with exec. Each problem
+// is named after its case or fixture, and names files: two of one name are refused before any
+// reference is computed.
 std::vector<std::pair<std::string, Problem>> exported_problems(const CaseSelection& selection,
                                                                const std::vector<std::string>& fixtures) {
-  std::vector<std::pair<std::string, Problem>> out;
-  if (!selection.cases.empty() || fixtures.empty()) {  // fixtures alone: no default cases
-    for (const CaseSpec& s : selected_cases(selection)) {
-      Problem p = with_reference(make_problem(s), "case " + s.name);
-      p.description = s.describe();
-      p.producer["case"] = fmt::format("tparity run --case {} --seed {}", s.name, s.seed);
-      out.push_back({s.name, std::move(p)});
-    }
-  }
+  std::vector<CaseSpec> cases;
+  if (!selection.cases.empty() || fixtures.empty()) cases = selected_cases(selection);  // fixtures alone: no cases
+  std::map<std::string, std::string> named;                                             // name -> what gave it
+  for (const CaseSpec& s : cases)
+    if (!named.emplace(s.name, "case " + s.name).second)
+      throw InputError("option --case " + s.name + ": given twice (each problem is named after its case)");
+  std::vector<Problem> read;
   for (const std::string& f : fixtures) {
-    Problem p = fixture_problem(f);
-    out.push_back({p.name, std::move(p)});
+    read.push_back(read_fixture(f));
+    const std::string& name = read.back().name;
+    if (auto [it, fresh] = named.emplace(name, "--fixture " + show_text(f, 200)); !fresh)
+      throw InputError(
+          fmt::format("option --fixture {}: its name \"{}\" is also that of {} (problems and their "
+                      "outputs are named after them: give each its own name)",
+                      show_text(f, 200), name, it->second));
+  }
+  std::vector<std::pair<std::string, Problem>> out;
+  for (const CaseSpec& s : cases) {
+    Problem p = with_reference(make_problem(s), "case " + s.name);
+    p.description = s.describe();
+    p.producer["case"] = fmt::format("tparity run --case {} --seed {}", s.name, s.seed);
+    out.push_back({s.name, std::move(p)});
+  }
+  for (size_t i = 0; i < fixtures.size(); ++i) {
+    Problem p = fixture_problem(std::move(read[i]), fixtures[i]);
+    std::string name = p.name;
+    out.push_back({std::move(name), std::move(p)});
   }
   return out;
 }
@@ -64,9 +81,7 @@ namespace {
 
 int export_problems(const ExportOptions& o) {
   if (!torch_available()) throw InputError("tparity export: built without LibTorch, there is no reference to export");
-  std::error_code ec;
-  fs::create_directories(o.out, ec);
-  if (!fs::is_directory(o.out)) throw InputError("option --out: " + o.out + ": cannot create the directory");
+  make_output_folder(o.out, "option --out");
   const bool st = o.tensors == "safetensors";
   for (auto& [name, p] : exported_problems(o.selection, o.fixtures)) {
     if (o.no_components) p.components.clear(), p.components_float32.clear();

@@ -28,6 +28,7 @@ struct GateOptions {
   std::string junit;
   bool update = false;
   double factor = 2.0;
+  int64_t max_elements = int64_t(1) << 28;
 };
 
 // The fixtures under dir, its subdirectories included (one per torch version that exported a set):
@@ -47,8 +48,12 @@ std::vector<std::string> fixture_files(const std::string& dir, const std::string
 
 int gate(const GateOptions& o) {
   if (!(o.factor >= 1.0)) throw InputError(fmt::format("option --factor: expected a number >= 1, got {}", o.factor));
+  // Before the long run: a bad path fails at once.
+  if (!o.junit.empty()) check_output_path(o.junit, "option --junit");
+  if (o.update) check_output_path(o.baseline, "option --baseline (--update-baseline writes it)");
   Baseline baseline;
-  if (!o.update) baseline = read_baseline(o.baseline);  // before the long run: a bad path fails at once
+  if (!o.update) baseline = read_baseline(o.baseline);
+  if (!o.junit.empty()) check_output_path(o.junit, "option --junit");  // not the baseline just read
 
   std::vector<Gated> gated;
   for (const CaseSpec& s : default_cases())
@@ -93,7 +98,10 @@ int gate(const GateOptions& o) {
       return kFail;
     }
     const Baseline b = make_baseline(reports, env);
-    write_text_file(o.baseline, baseline_to_json(b).dump(2) + "\n");
+    OutputFiles out;  // the baseline and the JUnit report, both or neither
+    out.add(o.baseline, baseline_to_json(b).dump(2) + "\n");
+    if (!o.junit.empty()) out.add(o.junit, junit_xml(gated, {}, ref));
+    out.commit();
     fmt::print("baseline {}: {} entries from {} cases; reference: {}; hand core ISA {}\n", o.baseline, b.entries.size(),
                reports.size(), ref.line(), env.at("hand_isa"));
     return kPass;
@@ -159,7 +167,7 @@ int gate(const GateOptions& o) {
         optional_missing);
   fmt::print("gate: {} cases, {} failures (factor {:g}, baseline {}); reference: {}\n", gated.size(), lines.size(),
              o.factor, o.baseline, ref.line());
-  if (!o.junit.empty()) write_junit(o.junit, gated, by_test, ref);
+  if (!o.junit.empty()) write_output_file(o.junit, junit_xml(gated, by_test, ref));
   return lines.empty() ? kPass : kFail;
 }
 
@@ -175,6 +183,7 @@ void register_gate(CLI::App& app, Action& action) {
   cmd->add_flag("--update-baseline", o->update, "Record this run as the baseline (only when every gate passes)");
   cmd->add_option("--factor", o->factor, "Fail when an error grows beyond this factor of its baseline")
       ->capture_default_str();
+  add_max_elements_option(*cmd, o->max_elements);
   cmd->callback([o, &action] { action = [o] { return gate(*o); }; });
 }
 

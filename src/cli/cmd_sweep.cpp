@@ -145,19 +145,6 @@ class Progress {
   size_t shown_ = 0;
 };
 
-std::string temp_name(const std::string& path) { return path + ".tmp" + std::to_string(::getpid()); }
-
-// Fails now, before the sweep runs, on a path that cannot be written (as write_text_file would later).
-void probe_writable(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": cannot write output: is a directory");
-  const std::string tmp = temp_name(path);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw InputError(path + ": cannot write output: " + std::strerror(errno));
-  std::fclose(f);
-  std::remove(tmp.c_str());
-}
-
 // The CSV's header: the point, the component, per leg its rel_l2 (and bound when gated; and l2, the
 // seeds' figure, for hand32_vs_torch32), the component's verdict.
 std::string csv_columns() {
@@ -255,7 +242,7 @@ int sweep(const SweepOptions& o) {
   for (const Point& p : grid)
     if (p.skip.empty()) make_problem(p.spec);
   for (const std::optional<std::string>& f : {o.csv, o.json})
-    if (f) probe_writable(*f);
+    if (f) check_output_path(*f, "option --csv/--json");
   if (!torch_available())
     throw InputError("sweep compares against LibTorch, and tparity was built without it (-DTPARITY_WITH_TORCH=OFF)");
 
@@ -317,8 +304,10 @@ int sweep(const SweepOptions& o) {
       {"skipped", std::move(skipped)},
       {"summary", {{"run", done}, {"passed", done - failed}, {"failed", failed}, {"skipped", mine.size() - to_run}}}};
   std::vector<std::string> written;
-  if (o.csv) write_text_file(*o.csv, csv), written.push_back(*o.csv);
-  if (o.json) write_json_file(*o.json, doc), written.push_back(*o.json);
+  OutputFiles out;  // both or neither
+  if (o.csv) out.add(*o.csv, csv), written.push_back(*o.csv);
+  if (o.json) out.add(*o.json, doc.dump() + "\n"), written.push_back(*o.json);
+  out.commit();
 
   for (const std::string& f : failures) std::fputs((f + "\n").c_str(), stdout);
   std::fputs(

@@ -8,6 +8,7 @@
 
 #include "tparity/api.hpp"
 #include "tparity/harness/book.hpp"
+#include "tparity/harness/llm.hpp"
 
 namespace tparity::cli {
 
@@ -42,7 +43,14 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
     const Activation a = activation_from_name(*o.activation);
     (s.module == ModuleKind::ViT ? s.head_activation : s.activation) = a;
   }
-  if (o.mask) s.mask = mask_kind_from_name(*o.mask);
+  if (o.mask) {
+    // The LLM blocks are causal decoders: "none" would not make them otherwise, so it is refused
+    // rather than run causal under another name.
+    if (llm_module(s.module) && *o.mask != "causal" && *o.mask != "padding")
+      throw InputError("option --mask " + *o.mask + ": case " + s.name + " (" + module_name(s.module) +
+                       ") is a causal decoder; expected causal, or padding (causal with a key padding mask)");
+    s.mask = mask_kind_from_name(*o.mask);
+  }
   if (o.seed) s.seed = *o.seed;
   if (o.random_params) s.random_params = true;
 }
@@ -77,8 +85,14 @@ void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more
   add_seed_option(cmd, o.seed, "Seed of weights and inputs (default: each case's own)");
   cmd.add_flag("--random-params", o.random_params,
                "Draw biases and LayerNorm affine at random instead of torch's constant init");
-  cmd.add_option("--max-elements", sel.max_elements, "Refuse cases whose largest tensor exceeds this many elements")
-      ->check(size)
+  add_max_elements_option(cmd, sel.max_elements);
+}
+
+void add_max_elements_option(CLI::App& cmd, int64_t& max_elements) {
+  cmd.add_option("--max-elements", max_elements,
+                 "Refuse cases, fixtures and problems whose largest tensor would exceed this many elements")
+      ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2))
+      ->each([](const std::string& v) { set_max_elements(std::stoll(v)); })  // what validate() allows
       ->capture_default_str();
 }
 

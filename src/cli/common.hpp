@@ -9,6 +9,7 @@
 
 #include "tparity/compare/legs.hpp"
 #include "tparity/harness/cases.hpp"
+#include "tparity/harness/io.hpp"
 
 namespace tparity::cli {
 
@@ -53,6 +54,9 @@ struct CaseSelection {
 // Registers --case (help lists the default and stress cases, then `more_names`), the overrides and
 // --max-elements.
 void add_case_options(CLI::App& cmd, CaseSelection& selection, const std::string& more_names = "");
+// --max-elements: the largest tensor a case, fixture or problem may make (harness/problem.hpp's
+// max_elements(), set when given).
+void add_max_elements_option(CLI::App& cmd, int64_t& max_elements);
 // The chosen cases with the overrides applied and their size checked (InputError naming the option).
 std::vector<CaseSpec> selected_cases(const CaseSelection& selection);
 

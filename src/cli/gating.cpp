@@ -32,9 +32,9 @@ std::string xml_escape(const std::string& s) {
 
 }  // namespace
 
-void write_junit(const std::string& path, const std::vector<Gated>& gated,
-                 const std::map<std::string, std::vector<std::string>>& failures_by_test, const ReferenceInfo& ref,
-                 const std::string& suite) {
+std::string junit_xml(const std::vector<Gated>& gated,
+                      const std::map<std::string, std::vector<std::string>>& failures_by_test, const ReferenceInfo& ref,
+                      const std::string& suite) {
   std::string cases;
   size_t tests = 0, failed = 0;
   auto testcase = [&](const std::string& cls, const std::string& name) {
@@ -56,14 +56,13 @@ void write_junit(const std::string& path, const std::vector<Gated>& gated,
     if (failures_by_test.count(cls + "\n(case)")) testcase(cls, "(case)");
     for (const ComponentReport& c : g.report.components) testcase(cls, c.name);
   }
-  const std::string xml = fmt::format(
+  return fmt::format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"{}\" tests=\"{}\" "
       "failures=\"{}\">\n    <properties>\n      <property name=\"reference\" value=\"{}\"/>\n"
       "      <property name=\"torch\" value=\"{}\"/>\n      <property name=\"blas\" value=\"{}\"/>\n"
       "      <property name=\"kernel\" value=\"{}\"/>\n    </properties>\n{}  </testsuite>\n</testsuites>\n",
       xml_escape(suite), tests, failed, xml_escape(ref.line()), xml_escape(ref.torch), xml_escape(ref.blas),
       xml_escape(ref.kernel), cases);
-  write_text_file(path, xml);
 }
 
 }  // namespace tparity::cli

@@ -24,8 +24,8 @@ struct Gated {
 // JUnit XML: one testcase per case and component (plus one per case for failures that name no
 // component, "(case)"), failures carrying their one-line message; the reference in <properties>.
 // failures_by_test: "tparity.<case>\n<component>" -> lines.
-void write_junit(const std::string& path, const std::vector<Gated>& gated,
-                 const std::map<std::string, std::vector<std::string>>& failures_by_test, const ReferenceInfo& ref,
-                 const std::string& suite = "tparity gate");
+std::string junit_xml(const std::vector<Gated>& gated,
+                      const std::map<std::string, std::vector<std::string>>& failures_by_test, const ReferenceInfo& ref,
+                      const std::string& suite = "tparity gate");
 
 }  // namespace tparity::cli

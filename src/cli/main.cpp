@@ -3,10 +3,13 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <new>
 
 #include "common.hpp"
 #include "tparity/core/parallel.hpp"
+#include "tparity/eval/foreign.hpp"
 #include "tparity/harness/dtensor.hpp"
 #include "tparity/torch/reference.hpp"
 
@@ -42,13 +45,14 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-') {
     const std::string sub = argv[1];
     bool known = false;
-    for (const CLI::App* s : app.get_subcommands({})) known = known || s->get_name() == sub;
+    std::string verbs;  // the registered ones, as registered
+    for (const CLI::App* s : app.get_subcommands({})) {
+      known = known || s->get_name() == sub;
+      verbs += (verbs.empty() ? "" : ", ") + s->get_name();
+    }
     if (!known) {
-      std::fprintf(
-          stderr,
-          "tparity: unknown subcommand \"%s\": expected run, eval, check, gate, sweep, bench, selftest or census (see "
-          "tparity --help)\n",
-          sub.c_str());
+      std::fprintf(stderr, "tparity: unknown subcommand \"%s\": expected one of %s (see tparity --help)\n",
+                   show_text(sub, 60).c_str(), verbs.c_str());
       return cli::kBadInput;
     }
   }
@@ -64,13 +68,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tparity: %s (see tparity --help)\n", e.what());
     return cli::kBadInput;
   }
+  // Every refusal is one line on standard error, however long or strange what it quotes.
+  auto line = [](const std::string& s) { return show_text(s, 2000); };
   try {
     return action();
   } catch (const InputError& e) {
-    std::fprintf(stderr, "tparity: %s\n", e.what());
+    std::fprintf(stderr, "tparity: %s\n", line(e.what()).c_str());
+    return cli::kBadInput;
+  } catch (const Interrupted& e) {
+    std::fprintf(stderr,
+                 "tparity: stopped by signal %d (%s): the program and what it started were killed, the "
+                 "temporary files removed\n",
+                 e.signal, strsignal(e.signal));
+    return 128 + e.signal;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "tparity: out of memory (a problem too large for this machine: lower --max-elements, "
+                 "%lld now, to refuse such problems before they run)\n",
+                 static_cast<long long>(max_elements()));
     return cli::kBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tparity: error: %s\n", e.what());
+    std::fprintf(stderr, "tparity: error: %s\n", line(e.what()).c_str());
     return cli::kBadInput;
   }
 }

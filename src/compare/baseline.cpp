@@ -3,13 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "tparity/harness/dtensor.hpp"
+#include "tparity/harness/io.hpp"
 
 namespace tparity {
 
@@ -25,40 +22,35 @@ std::string entry_key(const std::string& case_name, const std::string& component
 double drift_floor(const std::string& leg) { return leg.find("hand64") != std::string::npos ? 0x1.0p-50 : 0x1.0p-26; }
 
 Baseline read_baseline(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open baseline: " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e999 (as the fixture reader)
-    std::string what = e.what();
-    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    throw InputError(path + ": malformed JSON: " + what);
-  }
+  const std::string where = show_text(path, 300);
+  const nlohmann::json doc = parse_json(read_input_file(path, "baseline"), where);
   auto fail = [&](const std::string& field, const std::string& what) {
-    throw InputError(path + ": " + field + ": " + what);
+    throw InputError(where + ": " + show_text(field, 200) + ": " + what);
   };
   if (!doc.is_object()) fail("(top level)", std::string("expected a JSON object, got ") + doc.type_name());
   if (!doc.contains("format") || doc["format"] != kBaselineFormat)
     fail("format", fmt::format("expected \"{}\", got {}", kBaselineFormat,
-                               doc.contains("format") ? doc["format"].dump() : "nothing"));
+                               doc.contains("format") ? show_json(doc["format"]) : "nothing"));
   if (!doc.contains("version") || doc["version"] != 1)
-    fail("version", "expected 1, got " + (doc.contains("version") ? doc["version"].dump() : std::string("nothing")));
+    fail("version",
+         "expected 1, got " + (doc.contains("version") ? show_json(doc["version"]) : std::string("nothing")));
   for (auto it = doc.begin(); it != doc.end(); ++it)
     if (it.key() != "format" && it.key() != "version" && it.key() != "environment" && it.key() != "entries")
       fail(it.key(), "unexpected field (expected format, version, environment, entries)");
   Baseline b;
   if (doc.contains("environment")) {
-    if (!doc["environment"].is_object()) fail("environment", "expected an object");
-    for (auto it = doc["environment"].begin(); it != doc["environment"].end(); ++it)
-      b.environment[it.key()] = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
+    if (!doc["environment"].is_object()) fail("environment", "expected an object of strings");
+    for (auto it = doc["environment"].begin(); it != doc["environment"].end(); ++it) {
+      if (!it.value().is_string())
+        fail("environment." + it.key(),
+             "expected a string, got " + std::string(it.value().type_name()) + " " + show_json(it.value()));
+      b.environment[it.key()] = it.value().get<std::string>();
+    }
   }
   if (!doc.contains("entries") || !doc["entries"].is_object()) fail("entries", "expected an object of numbers");
   for (auto it = doc["entries"].begin(); it != doc["entries"].end(); ++it) {
     if (!it.value().is_number() || it.value().get<double>() < 0)
-      fail("entries." + it.key(), "expected a number >= 0, got " + it.value().dump());
+      fail("entries." + it.key(), "expected a number >= 0, got " + show_json(it.value()));
     b.entries[it.key()] = it.value().get<double>();
   }
   return b;

@@ -133,6 +133,40 @@ void note_precisions(CaseReport& r, const Implementation& impl) {
     r.notes.push_back(impl.name + " gave no float32 run: the numeric legs (hand32_vs_torch64) are not judged");
 }
 
+// Stored results of another shape than the module's for these inputs are the file's error (exit 2),
+// not the implementation's failure: named by field. `truth` is LibTorch's run (or the hand core's).
+void check_stored_shapes(const Problem& p, const std::string& where, const RunResult& truth, const std::string& whose) {
+  for (const auto& [section, m] :
+       {std::pair<const char*, const TensorMap*>{"outputs", &p.outputs}, {"outputs_float32", &p.outputs_float32}})
+    for (const auto& [name, t] : *m)
+      if (auto it = truth.outputs.find(name); it != truth.outputs.end() && it->second.shape != t.shape)
+        throw InputError(fmt::format("{}: {}.{}: expected shape {} ({} output for these inputs), got {}", where,
+                                     section, name, to_string(it->second.shape), whose, to_string(t.shape)));
+  for (const auto& [section, m] : {std::pair<const char*, const TensorMap*>{"components", &p.components},
+                                   {"components_float32", &p.components_float32}})
+    for (const auto& [name, t] : *m)
+      if (const Tensor<double>* c = find(truth.components, name); c && c->shape != t.shape)
+        throw InputError(fmt::format("{}: {}.{}: expected shape {} ({} component for these inputs), got {}", where,
+                                     section, name, to_string(c->shape), whose, to_string(t.shape)));
+}
+
+// The components to judge, of `names` in their order: all of them, or, for an implementation whose
+// components are its own choice, those it gave in some precision (the rest named in a note). The
+// outputs are always judged.
+std::vector<std::string> given_components(CaseReport& r, const std::vector<std::string>& names,
+                                          const Implementation& impl, const RunResult& h64, const RunResult& h32) {
+  if (impl.components_complete) return names;
+  std::vector<std::string> given, missing;
+  for (const std::string& n : names)
+    (find(h64.components, n) || find(h32.components, n) ? given : missing).push_back(n);
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string& n : missing) list += (list.empty() ? "" : ", ") + n;
+    r.notes.push_back(impl.name + " gave no " + list + ": not judged (components are optional; those given are)");
+  }
+  return given;
+}
+
 // Every component on the propagated legs and, through the implementation teacher-forced with
 // torch64's components (each op fed the reference's own inputs), on the local ones. An
 // implementation without components is compared on its outputs. `noise`: LibTorch's jittered runs,
@@ -159,7 +193,7 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
     compare_components(r, names, impls, legs, policy, required_of(impl));
     return;
   }
-  const std::vector<std::string> names = component_names(p);
+  const std::vector<std::string> names = given_components(r, component_names(p), impl, h64, h32);
   const NoiseSamples ns = view(runs(names, t32.result.components, t64.result.components),
                                [](const TorchRun& t) { return t.result.components; });
   if (!impl.teacher_forcing) {
@@ -277,6 +311,7 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
     q.semantics.reset();
     resolve_semantics(q, reference_semantics());
     const TorchRun t64 = run_torch(q, DType::Float64, true, where);
+    check_stored_shapes(p, where, t64.result, "LibTorch's");
     const TorchRun t32 = run_torch(q, DType::Float32, true, where);
     add_reference_notes(r, t64, "libtorch64");
     add_reference_notes(r, t32, "libtorch32");
@@ -340,6 +375,7 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
       reports.push_back(std::move(cr));
     }
   }
+  if (!torch_available() && impl.components_complete) check_stored_shapes(p, where, h64, "the hand core's");
   if (torch64.empty())
     throw InputError(where +
                      ": outputs: the fixture stores no float64 outputs and tparity was built without LibTorch, "
@@ -357,6 +393,7 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
   std::vector<std::string> names;
   for (const std::string& n : component_names(p))
     if (!is_output(p, n) && p.components.count(n) && has_components) names.push_back(n);
+  names = given_components(r, names, impl, h64, h32);
   names.push_back("output");
   if (p.module == ModuleKind::MultiheadAttention && p.forward.need_weights) names.push_back("attn_weights");
   const Components hand64 = with_outputs(p, h64), hand32 = with_outputs(p, h32);
@@ -381,6 +418,16 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
   note_precisions(r, impl);
   reports.insert(reports.begin(), std::move(r));
   return reports;
+}
+
+void check_stored_results(const Problem& problem, const std::string& where) {
+  Problem p = problem;
+  p.semantics.reset();
+  resolve_semantics(p, reference_semantics());
+  if (torch_available())
+    check_stored_shapes(problem, where, run_torch(p, DType::Float64, true, where).result, "LibTorch's");
+  else
+    check_stored_shapes(problem, where, run_hand(p, DType::Float64, true, where), "the hand core's");
 }
 
 CaseReport evaluate_low_precision(const Problem& problem, const std::string& where, DType dtype,

@@ -2,16 +2,21 @@
 // foreign program run with a timeout, its outputs checked against the problem and judged.
 #include "tparity/eval/foreign.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <thread>
@@ -60,13 +65,96 @@ std::optional<DTensor> module_layout(const DTensor& c, const Shape& shape) {
   return std::nullopt;
 }
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size())
-    s.replace(pos, from.size(), to);
+// An argument with {problem}, {out} and {dtype} replaced in one pass over the template: what is
+// substituted is never read again (a "{dtype}" inside the --keep path stays as it is).
+std::string substitute(const std::string& arg, const std::string& problem, const std::string& out,
+                       const std::string& dtype) {
+  std::string s;
+  for (size_t i = 0; i < arg.size();) {
+    bool replaced = false;
+    for (const auto& [key, value] :
+         {std::pair<const char*, const std::string*>{"{problem}", &problem}, {"{out}", &out}, {"{dtype}", &dtype}})
+      if (arg.compare(i, std::strlen(key), key) == 0) {
+        s += *value, i += std::strlen(key), replaced = true;
+        break;
+      }
+    if (!replaced) s += arg[i++];
+  }
   return s;
 }
 
+// SIGINT, SIGTERM and SIGHUP while a program runs: the signal is noted and the program's process
+// group killed at once; run_program and tparity exec stop at the next step, removing what they made.
+// A second signal ends tparity at once.
+volatile sig_atomic_t g_signal = 0;
+volatile sig_atomic_t g_program = 0;  // the running program's process group, 0 when none
+
+void on_signal(int sig) {
+  if (g_signal) _exit(128 + sig);
+  g_signal = sig;
+  if (const pid_t group = g_program; group > 0) kill(-group, SIGKILL);
+}
+
+// The processes whose parent is this one (children, and orphans reparented here), with whether each
+// is a zombie already. From /proc/<pid>/stat: "pid (comm) state ppid ...", comm may hold anything.
+std::vector<std::pair<pid_t, bool>> children() {
+  std::vector<std::pair<pid_t, bool>> out;
+  DIR* d = opendir("/proc");
+  if (!d) return out;
+  const pid_t self = getpid();
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    const std::string path = std::string("/proc/") + e->d_name + "/stat";
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[1024];
+    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    buf[n] = 0;
+    const char* close_paren = std::strrchr(buf, ')');
+    if (!close_paren) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(close_paren + 1, " %c %ld", &state, &ppid) == 2 && ppid == self)
+      out.push_back({pid_t(std::atol(e->d_name)), state == 'Z'});
+  }
+  closedir(d);
+  return out;
+}
+
+// Kills and reaps every process below this one: tparity is a child subreaper, so what a program
+// started and left behind (a setsid grandchild, a daemon) is reparented here when its parent ends,
+// and nothing of it outlives the run (nor holds tparity's standard error open). How many were alive.
+int reap_descendants() {
+  int killed = 0;
+  for (int round = 0; round < 10000; ++round) {
+    const auto kids = children();
+    if (kids.empty()) break;
+    for (const auto& [pid, zombie] : kids)
+      if (!zombie) kill(pid, SIGKILL), ++killed;
+    for (const auto& [pid, zombie] : kids)
+      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+  }
+  return killed;
+}
+
 }  // namespace
+
+InterruptGuard::InterruptGuard() {
+  g_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &sa, &saved_[i]);
+}
+
+InterruptGuard::~InterruptGuard() {
+  for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &saved_[i], nullptr);
+}
+
+int interrupted() { return g_signal; }
 
 Problem with_reference(const Problem& problem, const std::string& where) {
   Problem p = problem;
@@ -94,8 +182,9 @@ Problem with_reference(const Problem& problem, const std::string& where) {
 ProgramRun run_program(const std::vector<std::string>& argv_template, const std::string& problem,
                        const std::string& out, const std::string& dtype, double timeout_s) {
   std::vector<std::string> args;
-  for (const std::string& a : argv_template)
-    args.push_back(replace_all(replace_all(replace_all(a, "{problem}", problem), "{out}", out), "{dtype}", dtype));
+  for (const std::string& a : argv_template) args.push_back(substitute(a, problem, out, dtype));
+  // What the program leaves running is reparented here, to be killed with the rest (reap_descendants).
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -123,6 +212,8 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
     _exit(127);
   }
   setpgid(pid, pid);
+  g_program = pid;
+  if (g_signal) kill(-pid, SIGKILL);  // a signal between fork and here
   close(status_pipe[1]);
   int exec_errno = 0;
   const bool exec_failed = read(status_pipe[0], &exec_errno, sizeof exec_errno) == ssize_t(sizeof exec_errno);
@@ -133,17 +224,25 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
     const pid_t w = waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
     if (w < 0 && errno != EINTR) break;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
+    const bool late = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s;
+    if (late || g_signal) {
       kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      timed_out = true;
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      timed_out = late && !g_signal;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   kill(-pid, SIGKILL);  // whatever the program left running in its group
+  g_program = 0;
+  r.left_running = reap_descendants();  // and in other groups and sessions
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (exec_failed)
+  r.interrupted = g_signal;
+  if (r.interrupted)
+    r.status =
+        fmt::format("was stopped: tparity received signal {} ({})", int(r.interrupted), strsignal(r.interrupted));
+  else if (exec_failed)
     r.status = fmt::format("could not be started: {}: {}", args.empty() ? "" : args[0], std::strerror(exec_errno));
   else if (timed_out)
     r.status = fmt::format("timed out after {:g} s and was killed", timeout_s);
@@ -209,6 +308,7 @@ Implementation foreign_implementation(const std::string& name, const std::option
   impl.float32 = f32.has_value();
   impl.teacher_forcing = (f64 && !f64->local.empty()) || (f32 && !f32->local.empty());
   impl.local_complete = false;
+  impl.components_complete = false;
   impl.run = [files](const Problem& p, DType dtype, const Components* teacher) {
     const std::optional<OutputsFile>& f = dtype == DType::Float64 ? files->first : files->second;
     RunResult r;

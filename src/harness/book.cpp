@@ -5,6 +5,8 @@
 
 #include <set>
 
+#include "tparity/harness/io.hpp"
+
 namespace tparity {
 
 bool book_module(ModuleKind m) {
@@ -120,7 +122,7 @@ void read_book_config(const nlohmann::json& j, Problem& p,
   auto integer = [&](const char* k, int64_t& out) {
     auto it = j.find(k);
     if (it == j.end()) return fail(field(k), "missing");
-    if (!it->is_number_integer()) fail(field(k), "expected an integer, got " + it->dump());
+    if (!it->is_number_integer()) fail(field(k), "expected an integer, got " + show_json(*it));
     if (it->is_number_unsigned() && it->get<uint64_t>() > (uint64_t(1) << 31))
       fail(field(k), fmt::format("expected an integer in [1, 2^31], got {}", it->get<uint64_t>()));
     const int64_t x = it->get<int64_t>();
@@ -131,7 +133,7 @@ void read_book_config(const nlohmann::json& j, Problem& p,
   integer("d_out", c.d_out);
   if (keys.count("qkv_bias"))
     if (auto it = j.find("qkv_bias"); it != j.end()) {
-      if (!it->is_boolean()) fail(field("qkv_bias"), "expected true or false, got " + it->dump());
+      if (!it->is_boolean()) fail(field("qkv_bias"), "expected true or false, got " + show_json(*it));
       c.qkv_bias = it->get<bool>();
     }
   if (c.masked()) integer("context_length", c.context_length);

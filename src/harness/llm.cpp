@@ -8,6 +8,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "tparity/harness/io.hpp"
+
 namespace tparity {
 
 bool llm_module(ModuleKind m) {
@@ -214,7 +216,7 @@ void read_llm_config(const nlohmann::json& j, Problem& p,
       if (required) fail(field(k), "missing");
       return;
     }
-    if (!v->is_number_integer()) fail(field(k), "expected an integer, got " + v->dump());
+    if (!v->is_number_integer()) fail(field(k), "expected an integer, got " + show_json(*v));
     if (v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t(1) << 31))
       fail(field(k), fmt::format("expected an integer <= {}, got {}", int64_t(1) << 31, v->get<uint64_t>()));
     const int64_t x = v->get<int64_t>();
@@ -224,13 +226,13 @@ void read_llm_config(const nlohmann::json& j, Problem& p,
   };
   auto number = [&](const char* k, double& out) {
     if (const nlohmann::json* v = find(k)) {
-      if (!v->is_number()) fail(field(k), "expected a number, got " + v->dump());
+      if (!v->is_number()) fail(field(k), "expected a number, got " + show_json(*v));
       out = v->get<double>();
     }
   };
   auto boolean = [&](const char* k, bool& out) {
     if (const nlohmann::json* v = find(k)) {
-      if (!v->is_boolean()) fail(field(k), "expected true or false, got " + v->dump());
+      if (!v->is_boolean()) fail(field(k), "expected true or false, got " + show_json(*v));
       out = v->get<bool>();
     }
   };
@@ -260,7 +262,7 @@ void read_llm_config(const nlohmann::json& j, Problem& p,
   }
   number("rope_theta", c.rope_theta);
   if (const nlohmann::json* v = find("rope_convention")) {
-    if (!v->is_string()) fail(field("rope_convention"), "expected \"half\" or \"interleaved\", got " + v->dump());
+    if (!v->is_string()) fail(field("rope_convention"), "expected \"half\" or \"interleaved\", got " + show_json(*v));
     try {
       c.rope = rope_style_from_name(v->get<std::string>());
     } catch (const std::invalid_argument& e) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -318,6 +319,142 @@ std::string index_of(const Shape& s, int64_t i) {
 
 }  // namespace
 
+namespace {
+
+std::string bytes_text(long double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (b >= 1024 && u < 6) b /= 1024, ++u;
+  return fmt::format("{:.3g} {}", double(b), units[u]);
+}
+
+std::atomic<int64_t> g_max_elements{int64_t(1) << 28};
+
+// (batch, length) of a sequence input: unbatched (L, E), batch-first (B, L, E), sequence-first (L, B, E).
+std::pair<long double, long double> batch_and_length(const Shape& s, bool batch_first) {
+  if (s.size() < 2) return {1, s.empty() ? 1 : (long double)s[0]};
+  if (s.size() == 2) return {1, (long double)s[0]};
+  return batch_first ? std::pair<long double, long double>{(long double)s[0], (long double)s[1]}
+                     : std::pair<long double, long double>{(long double)s[1], (long double)s[0]};
+}
+
+// The batch two batch shapes broadcast to (aligned from the right), by size alone.
+long double broadcast_size(const Shape& a, const Shape& b) {
+  long double n = 1;
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const long double x = i < a.size() ? (long double)a[a.size() - 1 - i] : 1;
+    const long double y = i < b.size() ? (long double)b[b.size() - 1 - i] : 1;
+    n *= std::max(x, y);
+  }
+  return n;
+}
+
+}  // namespace
+
+int64_t max_elements() { return g_max_elements.load(); }
+void set_max_elements(int64_t n) { g_max_elements.store(n); }
+
+long double largest_tensor(const Problem& p) {
+  long double m = 0;
+  for (const TensorMap* map : {&p.state_dict, &p.inputs})
+    for (const auto& [name, t] : *map) m = std::max(m, (long double)t.data.size());
+  auto shape = [&](const char* name) {
+    const DTensor* t = p.input(name);
+    return t ? t->shape : Shape{};
+  };
+  // An attention of B x L queries over S keys in H heads, and the (B, L or S, width) activations.
+  auto attention = [&](long double B, long double L, long double S, long double H, long double width) {
+    m = std::max({m, B * H * L * S, B * std::max(L, S) * width});
+  };
+  auto layer_width = [](const EncoderConfig& c) {
+    return std::max(3.0L * (long double)c.d_model, (long double)c.dim_feedforward);
+  };
+  switch (p.module) {
+    case ModuleKind::MultiheadAttention: {
+      const MhaConfig& c = p.mha;
+      const auto [B, L] = batch_and_length(shape("query"), c.batch_first);
+      const auto [B2, S] = batch_and_length(shape("key"), c.batch_first);
+      attention(B, L, S + 2, (long double)c.num_heads, 3.0L * std::max({c.embed_dim, c.key_dim(), c.value_dim()}));
+      (void)B2;
+      break;
+    }
+    case ModuleKind::TransformerEncoderLayer:
+    case ModuleKind::TransformerEncoder: {
+      const auto [B, L] = batch_and_length(shape("src"), p.encoder.batch_first);
+      attention(B, L, L, (long double)p.encoder.nhead, layer_width(p.encoder));
+      break;
+    }
+    case ModuleKind::TransformerDecoderLayer: {
+      const auto [B, L] = batch_and_length(shape("tgt"), p.encoder.batch_first);
+      const auto [B2, S] = batch_and_length(shape("memory"), p.encoder.batch_first);
+      attention(B, L, std::max(L, S), (long double)p.encoder.nhead, layer_width(p.encoder));
+      (void)B2;
+      break;
+    }
+    case ModuleKind::ScaledDotProductAttention: {
+      const Shape q = shape("query"), k = shape("key"), v = shape("value");
+      if (q.size() >= 2 && k.size() >= 2 && v.size() >= 1) {
+        const long double batch = broadcast_size(Shape(q.begin(), q.end() - 2), Shape(k.begin(), k.end() - 2));
+        const long double L = (long double)q[q.size() - 2], S = (long double)k[k.size() - 2];
+        m = std::max({m, batch * L * S, batch * L * (long double)v.back()});
+      }
+      break;
+    }
+    case ModuleKind::TokenEncoder: {
+      const Shape t = shape("tokens");
+      const long double B = t.size() >= 2 ? (long double)t[0] : 1, T = t.empty() ? 1 : (long double)t.back();
+      attention(B, T, T, (long double)p.token.layer.nhead, layer_width(p.token.layer));
+      break;
+    }
+    case ModuleKind::ViT: {
+      const Shape im = shape("image");
+      const long double B = im.size() == 4 ? (long double)im[0] : 1, n = (long double)p.vit.num_patches();
+      attention(B, n, n, (long double)p.vit.layer.nhead, layer_width(p.vit.layer));
+      long double in = n * (long double)p.vit.d_model();
+      for (int64_t w : p.vit.head) m = std::max(m, B * std::max(in, (long double)w)), in = (long double)w;
+      break;
+    }
+    case ModuleKind::Matmul: {
+      const Shape a = shape("input"), b = shape("other");
+      // (..., M, K) @ (..., K, N) -> (broadcast(...), M, N); a 1-d operand has no M (or N).
+      const long double M = a.size() >= 2 ? (long double)a[a.size() - 2] : 1,
+                        N = b.size() >= 2 ? (long double)b.back() : 1;
+      const Shape ba(a.begin(), a.size() >= 2 ? a.end() - 2 : a.begin()),
+          bb(b.begin(), b.size() >= 2 ? b.end() - 2 : b.begin());
+      m = std::max(m, broadcast_size(ba, bb) * M * N);
+      break;
+    }
+    case ModuleKind::Softmax:
+    case ModuleKind::LayerNorm:
+      break;
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention: {
+      const Shape x = shape("x");
+      const auto [B, T] = batch_and_length(x, true);
+      const BookConfig& c = p.book;
+      attention(B, T, T, (long double)c.heads(),
+                std::max(3.0L * (long double)c.d_out * (long double)c.heads(), (long double)c.out_dim()));
+      break;
+    }
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block: {
+      const auto [B, T] = batch_and_length(shape("hidden_states"), true);
+      const bool gpt2 = p.module == ModuleKind::GPT2Block;
+      const long double H = (long double)(gpt2 ? p.gpt2.num_heads : p.llama.num_heads);
+      const long double width =
+          gpt2 ? std::max(3.0L * (long double)p.gpt2.hidden_size, (long double)p.gpt2.inner_dim)
+               : std::max(3.0L * H * (long double)p.llama.head_dim, 2.0L * (long double)p.llama.intermediate_size);
+      attention(B, T, T, H, width);
+      break;
+    }
+  }
+  return m;
+}
+
 void validate(const Problem& p, const std::string& where) {
   auto fail = [&](const std::string& what) { throw InputError(where + ": " + what); };
   auto positive = [&](const char* field, int64_t v) {
@@ -468,6 +605,11 @@ void validate(const Problem& p, const std::string& where) {
   }
   for (const auto& [name, t] : p.inputs)
     if (!seen.count(name)) fail(fmt::format("inputs.{}: not an argument of {}.forward()", name, module_name(p.module)));
+  if (const long double n = largest_tensor(p); n > (long double)max_elements())
+    fail(
+        fmt::format("config and inputs: a run makes a tensor of {:.3g} elements ({} as float64), above "
+                    "--max-elements {} (raise it if the machine has the memory)",
+                    double(n), bytes_text(n * 8), max_elements()));
 }
 
 nlohmann::json config_json(const Problem& p) {

@@ -17,6 +17,8 @@ wrong-shape   echo, with "output" one element short
 wrong-name    echo, with a component named "qq"
 wrong-dtype   echo, its "dtype" the other precision
 unsupported   declines the problem
+echo-unless-sdpa  declines sdpa, echo otherwise
+partial       echo with one component alone (q, where the problem has it) and no local ones
 coarse        echo, every output and component value kept to 4 significant bits (rel. error ~ 2^-5)
 
 In a bfloat16 or float16 run, echo writes the reference's float64 results under that dtype (tparity reads
@@ -46,7 +48,7 @@ def main():
         with open(out, "w") as f:
             f.write("this is not JSON\n")
         return
-    if mode == "unsupported":
+    if mode == "unsupported" or (mode == "echo-unless-sdpa" and os.path.basename(problem) == "sdpa.json"):
         doc = {"format": "tparity.outputs", "version": 1, "unsupported": "a stand-in implements nothing"}
         with open(out, "w") as f:
             json.dump(doc, f)
@@ -60,7 +62,10 @@ def main():
     outputs = {k: dict(v, dtype=dtype) for k, v in outputs.items()}
     comps = {k: dict(v, dtype=dtype) for k, v in comps.items()}
     doc = {"format": "tparity.outputs", "version": 1, "dtype": dtype, "outputs": outputs}
-    if mode != "echo-no-comp":
+    if mode == "partial":
+        first = "q" if "q" in comps else next(iter(comps))
+        doc["components"] = {first: comps[first]}
+    elif mode != "echo-no-comp":
         doc["components"] = comps
         doc["local"] = local
     if mode == "bad-scores":

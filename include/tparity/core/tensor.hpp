@@ -15,13 +15,6 @@ namespace tparity {
 
 using Shape = std::vector<int64_t>;
 
-// Product of the extents; 1 for a scalar (empty shape).
-inline int64_t numel(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // "[2, 5, 3]"
 inline std::string to_string(const Shape& shape) {
   std::string s = "[";
@@ -38,6 +31,29 @@ struct ShapeError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Product of the extents; 1 for a scalar (empty shape). ShapeError for a negative extent, or when the
+// product of the nonzero extents overflows int64 (whatever their order: [2^31, 0, 2^33] too), so that
+// no size a stranger's shapes make wraps into a small allocation and a write beyond it.
+inline int64_t numel(const Shape& shape) {
+  int64_t n = 1, nonzero = 1;
+  bool zero = false;
+  for (int64_t d : shape) {
+    if (d < 0) throw ShapeError("shape " + to_string(shape) + ": negative size");
+    if (d == 0) {
+      zero = true;
+      continue;
+    }
+    if (__builtin_mul_overflow(nonzero, d, &nonzero))
+      throw ShapeError("shape " + to_string(shape) + ": the product of its sizes overflows int64");
+  }
+  n = zero ? 0 : nonzero;
+  return n;
+}
+
+// No tensor of the core holds more elements than this (16 GiB as double): a backstop beneath the
+// harness's own limit on what a problem may make (harness/problem.hpp, max_elements).
+inline constexpr int64_t kMaxTensorElements = int64_t(1) << 31;
+
 template <class T>
 struct Tensor {
   Shape shape;
@@ -45,8 +61,12 @@ struct Tensor {
 
   Tensor() = default;
   explicit Tensor(Shape s, T fill = T(0)) : shape(std::move(s)) {
+    const int64_t n = tparity::numel(shape);
+    if (n > kMaxTensorElements)
+      throw ShapeError("shape " + to_string(shape) + ": " + std::to_string(n) + " elements, above the " +
+                       std::to_string(kMaxTensorElements) + " any one tensor of the core may hold");
     profile::Scope scope(profile::Op::ZeroFill);
-    data.assign(size_t(tparity::numel(shape)), fill);
+    data.assign(size_t(n), fill);
   }
   Tensor(Shape s, std::vector<T> d) : shape(std::move(s)), data(std::move(d)) {
     assert(int64_t(data.size()) == tparity::numel(shape));

@@ -30,6 +30,9 @@ struct Implementation {
   // local components are its own choice: the local legs of those it gives are judged, and a missing
   // one is no failure.
   bool local_complete = true;
+  // Whether its runs give every component (the hand core's do). A foreign program's components are
+  // its own choice: those it gives are judged, the rest named in a note, and its outputs always.
+  bool components_complete = true;
 };
 
 // The handwritten core of this project, with components and teacher forcing.
@@ -47,6 +50,11 @@ CaseReport evaluate_problem(const Problem& p, const std::string& description, st
 // "<name>/components", with every component against the LibTorch decomposition.
 std::vector<CaseReport> check_fixture(const Problem& p, const std::string& where, const GatePolicy& policy,
                                       const Implementation& impl = hand_core());
+
+// A problem's stored results (outputs, components, in both precisions) checked against the shapes
+// LibTorch gives for its inputs (the hand core's without LibTorch): InputError naming the file and
+// the field otherwise, so that a wrong shape in the problem is the file's error, not a candidate's.
+void check_stored_results(const Problem& p, const std::string& where);
 
 // A candidate's run in a low precision (DType::BFloat16 or Float16: a foreign program's, tparity exec
 // --dtype) judged against LibTorch's own error in that precision: LibTorch runs the problem in it

@@ -4,7 +4,10 @@
 // hand core is (tparity exec, tparity judge).
 #pragma once
 
+#include <signal.h>
+
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,14 +25,42 @@ Problem with_reference(const Problem& p, const std::string& where);
 // One run of a program: argv with "{problem}", "{out}" and "{dtype}" replaced (anywhere in an
 // argument), its standard output and error passed to tparity's standard error (tparity's own standard
 // output is its report), killed with its process group after `timeout_s` seconds.
+// The program runs in its own process group; tparity is a child subreaper, so whatever the program
+// leaves running when it ends or is killed (in its group or in a session of its own) is killed too,
+// and counted. A SIGINT, SIGTERM or SIGHUP to tparity while an InterruptGuard lives kills the program
+// at once and stops the run (interrupted).
 struct ProgramRun {
   bool ok = false;     // exited with code 0 in time
   std::string status;  // otherwise one line: "exited with code 3", "was killed by signal 11 (Segmentation
                        // fault)", "timed out after 5 s and was killed", "could not be started: ..."
   double seconds = 0;
+  int left_running = 0;  // processes the program left running, killed after it
+  int interrupted = 0;   // the signal tparity received meanwhile, 0 when none
 };
 ProgramRun run_program(const std::vector<std::string>& argv_template, const std::string& problem,
                        const std::string& out, const std::string& dtype, double timeout_s);
+
+// While one lives, SIGINT, SIGTERM and SIGHUP are noted (interrupted()) instead of ending tparity at
+// once, and kill the running program's process group; a second signal ends tparity at once. The
+// caller stops at its next step (throwing Interrupted), so that its temporary files are removed.
+class InterruptGuard {
+ public:
+  InterruptGuard();
+  ~InterruptGuard();
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction saved_[3]{};
+};
+// The signal received under the guard, 0 when none.
+int interrupted();
+// Thrown by a run that stopped on a signal; the CLI exits with 128 + signal.
+struct Interrupted : std::runtime_error {
+  explicit Interrupted(int sig) : std::runtime_error("interrupted"), signal(sig) {}
+  int signal;
+};
 
 // An outputs file checked against the problem it answers: its dtype (and every tensor's) is the one
 // asked for; outputs

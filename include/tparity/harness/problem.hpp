@@ -140,9 +140,19 @@ struct InputSpec {
 std::vector<InputSpec> expected_inputs(ModuleKind m);
 
 // Checks what can be checked without running: config values, state_dict names/shapes/dtypes, input
-// names and dtypes. Shapes of inputs against the config are checked by the core when it runs.
-// Throws InputError whose message starts with `where` (a file name, or "case <name>").
+// names and dtypes, and that no tensor a run makes is above max_elements() (largest_tensor). Shapes of
+// inputs against the config are checked by the core when it runs. Throws InputError whose message
+// starts with `where` (a file name, or "case <name>").
 void validate(const Problem& p, const std::string& where);
+
+// Elements of the largest tensor a run of the problem makes, from its config and its inputs' shapes
+// (the scores, the feed-forward's hidden layer, a product's output, the stored tensors). Long double:
+// sizes a file gives may multiply past int64.
+long double largest_tensor(const Problem& p);
+// The most elements validate() lets a problem's largest tensor have (each costs 8 bytes per copy, and
+// a run holds several): 2^28 unless the CLI's --max-elements says otherwise.
+int64_t max_elements();
+void set_max_elements(int64_t n);
 
 // The configuration as the fixture format writes it (Python's keyword names), plus forward options.
 nlohmann::json config_json(const Problem& p);

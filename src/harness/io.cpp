@@ -1,0 +1,368 @@
+// Files from strangers (harness/io.hpp).
+#include "tparity/harness/io.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <set>
+
+#include "tparity/harness/dtensor.hpp"
+
+namespace tparity {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The files this process has read, by device and inode.
+std::mutex g_inputs_mutex;
+std::set<std::pair<dev_t, ino_t>> g_inputs;
+
+std::string kind_of(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISLNK(m)) return "a symbolic link";
+  return "not a regular file";
+}
+
+std::string folder_of(const std::string& path) {
+  const std::string f = fs::path(path).parent_path().string();
+  return f.empty() ? "." : f;
+}
+
+// Appends j as dump() writes it until `out` passes 40 characters; below `depth` levels an array or
+// object is written "[...]" or "{...}" (dump() recurses once per level), a string cut before dump().
+void show_into(const nlohmann::json& j, std::string& out, int depth) {
+  if (j.is_string()) {
+    const std::string& s = j.get_ref<const std::string&>();
+    out += nlohmann::json(s.size() > 40 ? s.substr(0, 40) : s).dump();
+    return;
+  }
+  if (!j.is_structured()) {
+    out += j.dump();
+    return;
+  }
+  const bool array = j.is_array();
+  if (depth == 0) {
+    out += array ? "[...]" : "{...}";
+    return;
+  }
+  out += array ? '[' : '{';
+  for (auto it = j.begin(); it != j.end() && out.size() <= 40; ++it) {
+    if (it != j.begin()) out += ',';
+    if (!array) out += nlohmann::json(it.key().size() > 40 ? it.key().substr(0, 40) : it.key()).dump() + ':';
+    show_into(it.value(), out, depth - 1);
+  }
+  out += array ? ']' : '}';
+}
+
+}  // namespace
+
+std::string show_text(const std::string& s, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (out.size() >= max) {
+      // Cut before a UTF-8 continuation byte's sequence ends mid-character.
+      while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xC0) == 0x80) out.pop_back();
+      if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xC0) out.pop_back();
+      return out + "...";
+    }
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += char(c);
+  }
+  return out;
+}
+
+std::string show_json(const nlohmann::json& j) {
+  std::string s;
+  show_into(j, s, 4);
+  return s.size() > 40 ? show_text(s, 37) : show_text(s, 40);
+}
+
+int open_input_file(const std::string& path, const std::string& what) {
+  const std::string where = show_text(path, 300);
+  if (path.empty()) throw InputError("cannot read " + what + ": expected a file path, got \"\"");
+  // O_NOFOLLOW: a link is refused, not read through; O_NONBLOCK: a FIFO opens at once (to be refused)
+  // instead of waiting for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    const int e = errno;
+    struct stat st {};
+    if (e == ELOOP && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+      throw InputError(where + ": cannot read " + what +
+                       ": it is a symbolic link (tparity reads no file through a link: name the file itself)");
+    if (e == ENXIO) throw InputError(where + ": cannot read " + what + ": it is a socket, not a regular file");
+    throw InputError(where + ": cannot open " + what + ": " + std::strerror(e));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw InputError(where + ": cannot read " + what + ": " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InputError(where + ": cannot read " + what + ": it is " + kind_of(st.st_mode) + ", not a regular file");
+  }
+  const std::lock_guard<std::mutex> lock(g_inputs_mutex);
+  g_inputs.insert({st.st_dev, st.st_ino});
+  return fd;
+}
+
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  const int fd = open_input_file(path, what);
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_fd{fd};
+  const std::string where = show_text(path, 300);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw InputError(where + ": cannot read " + what + ": " + std::strerror(errno));
+  if (uint64_t(st.st_size) > max_bytes)
+    throw InputError(fmt::format("{}: cannot read {}: expected at most {} bytes, got {}", where, what, max_bytes,
+                                 uint64_t(st.st_size)));
+  std::string text;
+  text.reserve(size_t(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw InputError(where + ": cannot read " + what + ": " + std::strerror(errno));
+    }
+    text.append(buf, size_t(n));
+    if (text.size() > max_bytes)  // it grew while read
+      throw InputError(fmt::format("{}: cannot read {}: expected at most {} bytes, got more", where, what, max_bytes));
+  }
+  return text;
+}
+
+bool is_input_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  const std::lock_guard<std::mutex> lock(g_inputs_mutex);
+  return g_inputs.count({st.st_dev, st.st_ino}) > 0;
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& where) {
+  // The open objects' keys, and each open object's or array's current key (for the field's name).
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;
+    std::string key;
+  };
+  std::vector<Frame> frames;
+  auto field = [&] {
+    std::string f;
+    for (const Frame& g : frames) f += g.object ? (f.empty() ? "" : ".") + show_text(g.key, 40) : "[]";
+    return f.empty() ? std::string("(top level)") : f;
+  };
+  using Event = nlohmann::json::parse_event_t;
+  auto on_event = [&](int, Event event, nlohmann::json& parsed) {
+    switch (event) {
+      case Event::object_start:
+      case Event::array_start:
+        if (frames.size() >= size_t(kMaxJsonDepth))
+          throw InputError(fmt::format("{}: {}: expected at most {} levels of nested arrays and objects, got more",
+                                       where, field(), kMaxJsonDepth));
+        frames.push_back({event == Event::object_start, {}, {}});
+        break;
+      case Event::object_end:
+      case Event::array_end:
+        frames.pop_back();
+        break;
+      case Event::key: {
+        Frame& f = frames.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second)
+          throw InputError(where + ": " + field() +
+                           ": expected each key once in an object, got it twice (JSON readers disagree on which "
+                           "one counts)");
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  // RFC 8259 (8.1): a JSON text carries no byte order mark; nlohmann::json would skip one, Python's
+  // reader refuses it. Both readers of tparity's files refuse it, so that they read the same files.
+  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0)
+    throw InputError(where +
+                     ": malformed JSON: it starts with a UTF-8 byte order mark (JSON texts carry none: "
+                     "save it without)");
+  try {
+    return nlohmann::json::parse(text, on_event);
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error for the syntax (invalid UTF-8 included), out_of_range 406 for a number beyond
+    // double's range (1e999: nlohmann::json refuses it rather than read it as inf).
+    std::string what = e.what();
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    what = show_text(what, 200);
+    if (e.id == 406) what += " (expected a finite number; infinities are written \"inf\" and \"-inf\")";
+    throw InputError(where + ": malformed JSON: " + what);
+  }
+}
+
+void check_file_name(const std::string& name, const std::string& where, const std::string& field) {
+  auto fail = [&](const std::string& why) {
+    throw InputError(where + ": " + field +
+                     ": expected a plain name (1 to 128 bytes, no '/', '\\' or control "
+                     "character, not starting with '.'; it names files), got \"" +
+                     show_text(name, 60) + "\"" + why);
+  };
+  if (name.empty()) fail("");
+  if (name.size() > 128) fail(fmt::format(" ({} bytes)", name.size()));
+  if (name[0] == '.') fail("");
+  for (unsigned char c : name)
+    if (c == '/' || c == '\\' || c < 0x20 || c == 0x7f) fail("");
+}
+
+namespace {
+
+// Why `path` cannot be written as an output ("" when it can): see check_output_path.
+std::string output_problem(const std::string& path) {
+  if (path.empty()) return "expected a file path, got \"\"";
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) return "it is a symbolic link (tparity writes through no link and replaces none)";
+    if (!S_ISREG(st.st_mode)) return "it is " + kind_of(st.st_mode) + ", not a file to write";
+    if (is_input_file(path)) return "it is a file this run reads (an output never replaces an input)";
+  } else if (errno != ENOENT) {
+    return std::strerror(errno);
+  }
+  const std::string folder = folder_of(path);
+  if (::stat(folder.c_str(), &st) != 0) return "its folder " + show_text(folder, 300) + " does not exist";
+  if (!S_ISDIR(st.st_mode)) return show_text(folder, 300) + " is not a folder";
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) return "its folder " + show_text(folder, 300) + " is not writable";
+  return "";
+}
+
+}  // namespace
+
+void check_output_path(const std::string& path, const std::string& what) {
+  if (const std::string why = output_problem(path); !why.empty())
+    throw InputError(what + ": " + show_text(path, 300) + ": cannot write output: " + why);
+}
+
+void make_output_folder(const std::string& path, const std::string& what) {
+  const std::string where = what + ": " + show_text(path, 300);
+  if (path.empty()) throw InputError(what + ": expected a folder, got \"\"");
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode))
+      throw InputError(where + ": it is a symbolic link (tparity writes through no link: name the folder itself)");
+    if (!S_ISDIR(st.st_mode)) throw InputError(where + ": it is " + kind_of(st.st_mode) + ", not a folder");
+  } else {
+    std::error_code ec;
+    fs::create_directories(path, ec);
+    if (ec) throw InputError(where + ": cannot create the folder: " + ec.message());
+  }
+  if (::access(path.c_str(), W_OK | X_OK) != 0) throw InputError(where + ": the folder is not writable");
+}
+
+void OutputFiles::add(std::string path, std::string bytes) { files_.emplace_back(std::move(path), std::move(bytes)); }
+
+void OutputFiles::commit() {
+  std::vector<std::string> temps;
+  auto discard = [&] {
+    for (const std::string& t : temps) ::unlink(t.c_str());
+  };
+  // 1. Every file to a temporary of its own beside its place (O_EXCL: never an existing file or link).
+  static std::atomic<unsigned> counter{0};
+  for (const auto& [path, bytes] : files_) {
+    if (const std::string why = output_problem(path); !why.empty()) {
+      discard();
+      throw InputError(show_text(path, 300) + ": cannot write output: " + why);
+    }
+    const fs::path p(path);
+    int fd = -1;
+    std::string tmp;
+    for (int attempt = 0; fd < 0 && attempt < 100; ++attempt) {
+      tmp = (p.parent_path() / fmt::format(".{}.{}-{}.tmp", p.filename().string(), ::getpid(), counter++)).string();
+      fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+      if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+      const std::string err = std::strerror(errno);
+      discard();
+      throw InputError(show_text(path, 300) + ": cannot write output: " + err);
+    }
+    temps.push_back(tmp);
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string err = std::strerror(n < 0 ? errno : EIO);
+        ::close(fd);
+        discard();
+        throw InputError(show_text(path, 300) + ": cannot write output: " + err);
+      }
+      done += size_t(n);
+    }
+    if (::close(fd) != 0) {
+      const std::string err = std::strerror(errno);
+      discard();
+      throw InputError(show_text(path, 300) + ": cannot write output: " + err);
+    }
+  }
+  // 2. Into place, in order, under an exclusive lock on each folder (in one order: no deadlock between
+  // two runs): another run's set goes in wholly before or after this one.
+  std::set<std::string> folders;
+  for (const auto& f : files_) folders.insert(folder_of(f.first));
+  std::vector<int> locks;
+  for (const std::string& folder : folders) {
+    const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+      }
+      locks.push_back(fd);
+    }
+  }
+  struct Unlock {
+    std::vector<int>& fds;
+    ~Unlock() {
+      for (int fd : fds) ::close(fd);  // closing releases the lock
+    }
+  } unlock{locks};
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const std::string& path = files_[i].first;
+    struct stat st {};
+    const bool replaceable = ::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode);
+    if (!replaceable || ::rename(temps[i].c_str(), path.c_str()) != 0) {
+      const std::string err = replaceable ? std::strerror(errno) : "it became " + kind_of(st.st_mode) + " meanwhile";
+      for (size_t k = i; k < temps.size(); ++k) ::unlink(temps[k].c_str());
+      throw InputError(show_text(path, 300) + ": cannot write output: " + err);
+    }
+  }
+  files_.clear();
+}
+
+void write_output_file(const std::string& path, std::string bytes) {
+  OutputFiles f;
+  f.add(path, std::move(bytes));
+  f.commit();
+}
+
+}  // namespace tparity
