@@ -21,9 +21,11 @@ std::string entry_key(const std::string& case_name, const std::string& component
 
 double drift_floor(const std::string& leg) { return leg.find("hand64") != std::string::npos ? 0x1.0p-50 : 0x1.0p-26; }
 
-Baseline read_baseline(const std::string& path) {
+Baseline read_baseline(const std::string& path) { return parse_baseline(read_input_file(path, "baseline"), path); }
+
+Baseline parse_baseline(const std::string& text, const std::string& path) {
   const std::string where = show_text(path, 300);
-  const nlohmann::json doc = parse_json(read_input_file(path, "baseline"), where);
+  const nlohmann::json doc = parse_json(text, where);
   auto fail = [&](const std::string& field, const std::string& what) {
     throw InputError(where + ": " + show_text(field, 200) + ": " + what);
   };

@@ -4,7 +4,16 @@ knows, at the smallest sizes (embed_dim 2), and malformed variants of them, each
 The values are arbitrary (the reader checks names, shapes and dtypes, not what PyTorch would give).
 Run it from anywhere after changing it; scripts/fuzz only reads the corpus (it fuzzes a copy).
 The regress_*.json files beside them are inputs the fuzzer found a bug with, kept as it wrote them
-(each has a test in tests/test_fixture.cpp); this script leaves them alone."""
+(each has a test in tests/test_fixture.cpp); this script leaves them alone, and the seeds of the
+other kinds and files the target reads too:
+  problem_*.json      every other module kind at small sizes, the LLM blocks' and the book classes'
+                      config readers among them: `tparity export --case NAME --no-components` with
+                      small sizes (llama: --batch 1 --seq 3 --dim 4 --heads 2 --kv-heads 1 --ffn 4;
+                      gpt2: --batch 1 --seq 3 --dim 4 --heads 2 --ffn 4; book_mha: --batch 1 --seq 2;
+                      sdpa: --batch 1 --seq 2 --kv-seq 2 --dim 2 --value-dim 2; softmax: --batch 1
+                      --seq 2 --kv-seq 2; layernorm: --batch 1 --seq 2 --dim 2; selfattn_v1)
+  outputs_sdpa.json   `tparity eval --fixture problem_sdpa.json --dtype float64 --tensors inline`
+  baseline_small.json the first six entries of fixtures/baseline.json with its environment"""
 import json
 import os
 

@@ -33,6 +33,7 @@ std::string entry_key(const std::string& case_name, const std::string& component
 
 // Reads and validates; InputError naming the file and field.
 Baseline read_baseline(const std::string& path);
+Baseline parse_baseline(const std::string& text, const std::string& where);
 nlohmann::json baseline_to_json(const Baseline& b);
 // The entries of these reports, each rounded to 3 significant digits.
 Baseline make_baseline(const std::vector<CaseReport>& reports, std::map<std::string, std::string> environment);
