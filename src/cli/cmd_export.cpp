@@ -42,25 +42,38 @@ Problem fixture_problem(Problem p, const std::string& path) {
 }  // namespace
 
 // The cases chosen as run chooses them, with the reference's results: shared with exec. Each problem
-// is named after its case or fixture, and names files: two of one name are refused before any
-// reference is computed.
+// is named after its case or fixture, and the name names its files. Fixtures that share a name with
+// another problem (both sets' mha_single, a fixture named like a case) are named after their folder
+// too, "mha_single@torch-2.13", as the gate names them by folder; names still shared after that (two
+// files of one folder, a case given twice) are refused before any reference is computed.
 std::vector<std::pair<std::string, Problem>> exported_problems(const CaseSelection& selection,
                                                                const std::vector<std::string>& fixtures) {
   std::vector<CaseSpec> cases;
   if (!selection.cases.empty() || fixtures.empty()) cases = selected_cases(selection);  // fixtures alone: no cases
-  std::map<std::string, std::string> named;                                             // name -> what gave it
-  for (const CaseSpec& s : cases)
-    if (!named.emplace(s.name, "case " + s.name).second)
-      throw InputError("option --case " + s.name + ": given twice (each problem is named after its case)");
   std::vector<Problem> read;
-  for (const std::string& f : fixtures) {
-    read.push_back(read_fixture(f));
-    const std::string& name = read.back().name;
-    if (auto [it, fresh] = named.emplace(name, "--fixture " + show_text(f, 200)); !fresh)
+  for (const std::string& f : fixtures) read.push_back(read_fixture(f));
+  std::map<std::string, int> uses;
+  for (const CaseSpec& s : cases) ++uses[s.name];
+  for (const Problem& p : read) ++uses[p.name];
+  std::map<std::string, std::string> named;  // final name -> what gave it
+  auto claim = [&](const std::string& name, const std::string& what) {
+    if (auto [it, fresh] = named.emplace(name, what); !fresh)
       throw InputError(
-          fmt::format("option --fixture {}: its name \"{}\" is also that of {} (problems and their "
-                      "outputs are named after them: give each its own name)",
-                      show_text(f, 200), name, it->second));
+          fmt::format("{}: its name \"{}\" is also that of {} (problems and their outputs are named "
+                      "after them: give each its own name)",
+                      what, name, it->second));
+  };
+  for (const CaseSpec& s : cases) claim(s.name, "option --case " + s.name);
+  for (size_t i = 0; i < read.size(); ++i) {
+    Problem& p = read[i];
+    const std::string what = "option --fixture " + show_text(fixtures[i], 200);
+    if (uses[p.name] > 1) {
+      std::error_code ec;
+      const fs::path full = fs::weakly_canonical(fs::absolute(fixtures[i]), ec);
+      p.name += "@" + full.parent_path().filename().string();
+      check_file_name(p.name, what, "name, with its folder's (it is shared)");
+    }
+    claim(p.name, what);
   }
   std::vector<std::pair<std::string, Problem>> out;
   for (const CaseSpec& s : cases) {
