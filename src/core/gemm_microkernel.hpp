@@ -47,9 +47,9 @@ void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int6
     __builtin_prefetch(C + r * ldc + NR - 1, 1);
   }
 
-  const T* a[MR];
+  const T* a[MR];  // (no row pointer is formed for kc == 0: A may be null then, and A + offset is UB)
 #pragma GCC unroll 32
-  for (int r = 0; r < MR; ++r) a[r] = A + r * rs_a;
+  for (int r = 0; r < MR; ++r) a[r] = kc > 0 ? A + r * rs_a : A;
 
   V acc[MR][NV];
 #pragma GCC unroll 32
