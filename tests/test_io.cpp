@@ -3,7 +3,9 @@
 // twice, or with a 10 MB string refused in one short line; outputs written whole or not at all and
 // never over an input; norms right at 1e-300 and 1e300; size products that would wrap refused.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -26,12 +28,37 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A folder of this test process's own.
+// A folder of this test process's own, removed when it ends.
 fs::path scratch(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("tparity_io_" + std::to_string(::getpid())) / name;
+  static const struct Root {
+    fs::path path = fs::temp_directory_path() / ("tparity_io_" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } root;
+  const fs::path d = root.path / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
+}
+
+// Whether f() finishes within `seconds` in a child process (a deadlock would hang this test for ever).
+template <class F>
+bool finishes(F&& f, int seconds) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    f();
+    ::_exit(0);
+  }
+  for (int i = 0; i < seconds * 100; ++i) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    ::usleep(10000);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return false;
 }
 
 void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
@@ -137,6 +164,27 @@ TEST_CASE("io: outputs are written whole or not at all, never through a link, ne
     CHECK(read(d / "o.safetensors") == "tensors");
     CHECK(std::distance(fs::directory_iterator(d), {}) == 2);
   }
+  SECTION("one folder under two spellings is locked once; one file under two is one output, refused") {
+    const fs::path cwd = fs::current_path();
+    fs::current_path(d);
+    const bool done = finishes(
+        [&] {
+          OutputFiles out;
+          out.add("a.csv", "a");
+          out.add((d / "b.json").string(), "b");
+          out.commit();
+        },
+        5);
+    CHECK(done);  // it waited on its own lock for ever
+    CHECK(read(d / "a.csv") == "a");
+    CHECK(read(d / "b.json") == "b");
+    OutputFiles twice;
+    twice.add("x.json", "1");
+    twice.add((d / "." / "x.json").string(), "2");
+    CHECK_THAT(refusal([&] { twice.commit(); }), Catch::Contains("another output of this run"));
+    CHECK_FALSE(fs::exists(d / "x.json"));
+    fs::current_path(cwd);
+  }
   SECTION("a link is neither written through nor replaced") {
     write(d / "target", "kept");
     fs::create_symlink(d / "target", d / "link.json");
@@ -195,6 +243,10 @@ TEST_CASE("metrics: a 1e-3 relative difference measures 1e-3 at every scale doub
   const Metrics m = measure(Tensor<double>({1}, {-1.7e308}), Tensor<double>({1}, {1.7e308}));
   CHECK(m.rel_l2 == Approx(2.0));
   CHECK(std::isinf(m.max_abs));
+  // Tiny and ordinary values in one tensor (the small and medium sums combined): the tiny difference
+  // is measured, not lost to an underflowing square (1e-400 is 0 in double).
+  CHECK(measure(Tensor<double>({2}, {2e-200, 1.0}), Tensor<double>({2}, {1e-200, 1.0})).rel_l2 == Approx(1e-200));
+  CHECK(measure(Tensor<double>({2}, {0, 0}), Tensor<double>({2}, {3e-200, 4e-200})).l2 == Approx(5e-200));
   // Tiny and huge values in one tensor: the norm is the huge ones'.
   CHECK(measure(Tensor<double>({2}, {1e-300, 2e300}), Tensor<double>({2}, {1e-300, 1e300})).rel_l2 == Approx(1.0));
 }

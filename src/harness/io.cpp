@@ -3,6 +3,8 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,8 +14,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "tparity/harness/dtensor.hpp"
 
@@ -27,6 +31,7 @@ namespace fs = std::filesystem;
 std::mutex g_inputs_mutex;
 std::set<std::pair<dev_t, ino_t>> g_inputs;
 
+// What a file of mode `m` is, for "it is a FIFO, not a regular file".
 std::string kind_of(mode_t m) {
   if (S_ISDIR(m)) return "a directory";
   if (S_ISFIFO(m)) return "a FIFO";
@@ -37,9 +42,16 @@ std::string kind_of(mode_t m) {
   return "not a regular file";
 }
 
+// `path` without trailing slashes: lstat("link/") follows the link, lstat("link") does not.
+std::string without_trailing_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// The folder a file path lies in ("." for a bare name, "/" for a file at the root).
 std::string folder_of(const std::string& path) {
-  const std::string f = fs::path(path).parent_path().string();
-  return f.empty() ? "." : f;
+  const std::string f = fs::path(without_trailing_slashes(path)).parent_path().string();
+  return f.empty() ? (!path.empty() && path[0] == '/' ? "/" : ".") : f;
 }
 
 // Appends j as dump() writes it until `out` passes 40 characters; below `depth` levels an array or
@@ -164,55 +176,93 @@ bool is_input_file(const std::string& path) {
   return g_inputs.count({st.st_dev, st.st_ino}) > 0;
 }
 
-nlohmann::json parse_json(const std::string& text, const std::string& where) {
-  // The open objects' keys, and each open object's or array's current key (for the field's name).
+namespace {
+
+// nlohmann::json's own DOM builder, fed by its SAX parser, with tparity's checks on the way in: the
+// depth of nesting, and each key once per object. (A SAX handler, not the callback parser: that one
+// calls a std::function for every number, 25 million of them in a BERT-base problem file.)
+class StrictSax {
+ public:
+  using json = nlohmann::json;
+  StrictSax(json& result, const std::string& where) : dom_(result, true), where_(where) {}
+
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) { return dom_.number_float(v, s); }
+  bool string(json::string_t& v) { return dom_.string(v); }
+  bool binary(json::binary_t& v) { return dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    enter(true);
+    return dom_.start_object(n);
+  }
+  bool key(json::string_t& k) {
+    Frame& f = frames_.back();
+    f.key = k;
+    if (!f.keys.insert(k).second)
+      throw InputError(where_ + ": " + field() +
+                       ": expected each key once in an object, got it twice (JSON readers disagree on which one "
+                       "counts)");
+    return dom_.key(k);
+  }
+  bool end_object() {
+    frames_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    enter(false);
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    frames_.pop_back();
+    return dom_.end_array();
+  }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& e) {
+    return dom_.parse_error(position, token, e);  // throws e
+  }
+
+ private:
+  // An open object (its keys so far, the current one) or array.
   struct Frame {
     bool object;
     std::set<std::string> keys;
     std::string key;
   };
-  std::vector<Frame> frames;
-  auto field = [&] {
+
+  void enter(bool object) {
+    if (frames_.size() >= size_t(kMaxJsonDepth))
+      throw InputError(fmt::format("{}: {}: expected at most {} levels of nested arrays and objects, got more", where_,
+                                   field(), kMaxJsonDepth));
+    frames_.push_back({object, {}, {}});
+  }
+
+  // "config.rope_theta[][]": where the parser is, for a message.
+  std::string field() const {
     std::string f;
-    for (const Frame& g : frames) f += g.object ? (f.empty() ? "" : ".") + show_text(g.key, 40) : "[]";
+    for (const Frame& g : frames_) f += g.object ? (f.empty() ? "" : ".") + show_text(g.key, 40) : "[]";
     return f.empty() ? std::string("(top level)") : f;
-  };
-  using Event = nlohmann::json::parse_event_t;
-  auto on_event = [&](int, Event event, nlohmann::json& parsed) {
-    switch (event) {
-      case Event::object_start:
-      case Event::array_start:
-        if (frames.size() >= size_t(kMaxJsonDepth))
-          throw InputError(fmt::format("{}: {}: expected at most {} levels of nested arrays and objects, got more",
-                                       where, field(), kMaxJsonDepth));
-        frames.push_back({event == Event::object_start, {}, {}});
-        break;
-      case Event::object_end:
-      case Event::array_end:
-        frames.pop_back();
-        break;
-      case Event::key: {
-        Frame& f = frames.back();
-        f.key = parsed.get<std::string>();
-        if (!f.keys.insert(f.key).second)
-          throw InputError(where + ": " + field() +
-                           ": expected each key once in an object, got it twice (JSON readers disagree on which "
-                           "one counts)");
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  const std::string& where_;
+  std::vector<Frame> frames_;
+};
+
+}  // namespace
+
+nlohmann::json parse_json(const std::string& text, const std::string& where) {
   // RFC 8259 (8.1): a JSON text carries no byte order mark; nlohmann::json would skip one, Python's
   // reader refuses it. Both readers of tparity's files refuse it, so that they read the same files.
   if (text.compare(0, 3, "\xEF\xBB\xBF") == 0)
     throw InputError(where +
                      ": malformed JSON: it starts with a UTF-8 byte order mark (JSON texts carry none: "
                      "save it without)");
+  nlohmann::json result;
+  StrictSax sax(result, where);
   try {
-    return nlohmann::json::parse(text, on_event);
+    nlohmann::json::sax_parse(text, &sax);
   } catch (const nlohmann::json::exception& e) {
     // parse_error for the syntax (invalid UTF-8 included), out_of_range 406 for a number beyond
     // double's range (1e999: nlohmann::json refuses it rather than read it as inf).
@@ -222,6 +272,7 @@ nlohmann::json parse_json(const std::string& text, const std::string& where) {
     if (e.id == 406) what += " (expected a finite number; infinities are written \"inf\" and \"-inf\")";
     throw InputError(where + ": malformed JSON: " + what);
   }
+  return result;
 }
 
 void check_file_name(const std::string& name, const std::string& where, const std::string& field) {
@@ -241,8 +292,10 @@ void check_file_name(const std::string& name, const std::string& where, const st
 namespace {
 
 // Why `path` cannot be written as an output ("" when it can): see check_output_path.
-std::string output_problem(const std::string& path) {
-  if (path.empty()) return "expected a file path, got \"\"";
+std::string output_problem(const std::string& given) {
+  if (given.empty()) return "expected a file path, got \"\"";
+  if (given.back() == '/') return "expected a file path, got a folder's (it ends in '/')";
+  const std::string& path = given;
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode)) return "it is a symbolic link (tparity writes through no link and replaces none)";
@@ -265,9 +318,10 @@ void check_output_path(const std::string& path, const std::string& what) {
     throw InputError(what + ": " + show_text(path, 300) + ": cannot write output: " + why);
 }
 
-void make_output_folder(const std::string& path, const std::string& what) {
-  const std::string where = what + ": " + show_text(path, 300);
-  if (path.empty()) throw InputError(what + ": expected a folder, got \"\"");
+void make_output_folder(const std::string& given, const std::string& what) {
+  const std::string where = what + ": " + show_text(given, 300);
+  if (given.empty()) throw InputError(what + ": expected a folder, got \"\"");
+  const std::string path = without_trailing_slashes(given);
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode))
@@ -283,78 +337,142 @@ void make_output_folder(const std::string& path, const std::string& what) {
 
 void OutputFiles::add(std::string path, std::string bytes) { files_.emplace_back(std::move(path), std::move(bytes)); }
 
-void OutputFiles::commit() {
-  std::vector<std::string> temps;
-  auto discard = [&] {
-    for (const std::string& t : temps) ::unlink(t.c_str());
-  };
-  // 1. Every file to a temporary of its own beside its place (O_EXCL: never an existing file or link).
+namespace {
+
+// What a commit leaves on disk until it is done: its temporaries and the hard links that keep the
+// files it replaces, both removed whatever happens (an exception, bad_alloc included).
+struct Scratch {
+  std::vector<std::string> paths;
+  ~Scratch() {
+    for (const std::string& p : paths) ::unlink(p.c_str());
+  }
+};
+
+// A new name beside `target`, short whatever the target's (.tparity-<pid>-<n>.tmp; NAME_MAX holds it).
+std::string beside(const std::string& target, const char* suffix) {
   static std::atomic<unsigned> counter{0};
+  return (fs::path(folder_of(target)) / fmt::format(".tparity-{}-{}.{}", ::getpid(), counter++, suffix)).string();
+}
+
+// The folder of `path` by device and inode, and its name there: two spellings of one file ("./x" and
+// "$PWD/x") are one key.
+struct Place {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string name;
+  bool operator<(const Place& o) const { return std::tie(dev, ino, name) < std::tie(o.dev, o.ino, o.name); }
+};
+Place place_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(folder_of(path).c_str(), &st) != 0)
+    throw InputError(show_text(path, 300) + ": cannot write output: " + std::strerror(errno));
+  return {st.st_dev, st.st_ino, fs::path(path).filename().string()};
+}
+
+void write_all(int fd, const std::string& bytes, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw InputError(show_text(path, 300) + ": cannot write output: " + std::strerror(n < 0 ? errno : EIO));
+    done += size_t(n);
+  }
+}
+
+// SIGINT, SIGTERM and SIGHUP held while a commit runs, delivered after it: a set is never left half
+// in place, nor its temporaries behind, by a signal.
+struct HoldSignals {
+  sigset_t saved;
+  HoldSignals() {
+    sigset_t hold;
+    sigemptyset(&hold);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&hold, s);
+    pthread_sigmask(SIG_BLOCK, &hold, &saved);
+  }
+  ~HoldSignals() { pthread_sigmask(SIG_SETMASK, &saved, nullptr); }
+};
+
+}  // namespace
+
+void OutputFiles::commit() {
+  const HoldSignals hold;
+  Scratch scratch;
+  // 0. Each target once, and writable (checked again: a path may have changed since the verb began).
+  std::map<Place, std::string> places;
   for (const auto& [path, bytes] : files_) {
-    if (const std::string why = output_problem(path); !why.empty()) {
-      discard();
+    if (const std::string why = output_problem(path); !why.empty())
       throw InputError(show_text(path, 300) + ": cannot write output: " + why);
-    }
-    const fs::path p(path);
+    if (auto [it, fresh] = places.emplace(place_of(path), path); !fresh)
+      throw InputError(show_text(path, 300) + ": cannot write output: it is also " + show_text(it->second, 300) +
+                       ", another output of this run");
+  }
+  // 1. Every file to a temporary of its own beside its place (O_EXCL: never an existing file or link).
+  std::vector<std::string> temps;
+  for (const auto& [path, bytes] : files_) {
     int fd = -1;
     std::string tmp;
     for (int attempt = 0; fd < 0 && attempt < 100; ++attempt) {
-      tmp = (p.parent_path() / fmt::format(".{}.{}-{}.tmp", p.filename().string(), ::getpid(), counter++)).string();
+      tmp = beside(path, "tmp");
       fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
       if (fd < 0 && errno != EEXIST) break;
     }
-    if (fd < 0) {
-      const std::string err = std::strerror(errno);
-      discard();
-      throw InputError(show_text(path, 300) + ": cannot write output: " + err);
-    }
+    if (fd < 0) throw InputError(show_text(path, 300) + ": cannot write output: " + std::strerror(errno));
+    scratch.paths.push_back(tmp);
     temps.push_back(tmp);
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const std::string err = std::strerror(n < 0 ? errno : EIO);
-        ::close(fd);
-        discard();
-        throw InputError(show_text(path, 300) + ": cannot write output: " + err);
-      }
-      done += size_t(n);
+    try {
+      write_all(fd, bytes, path);
+    } catch (...) {
+      ::close(fd);
+      throw;
     }
-    if (::close(fd) != 0) {
-      const std::string err = std::strerror(errno);
-      discard();
-      throw InputError(show_text(path, 300) + ": cannot write output: " + err);
-    }
+    if (::close(fd) != 0) throw InputError(show_text(path, 300) + ": cannot write output: " + std::strerror(errno));
   }
-  // 2. Into place, in order, under an exclusive lock on each folder (in one order: no deadlock between
-  // two runs): another run's set goes in wholly before or after this one.
-  std::set<std::string> folders;
-  for (const auto& f : files_) folders.insert(folder_of(f.first));
+  // 2. Under an exclusive lock on each folder, taken once per folder (two spellings of one folder
+  // would wait on themselves) and in one order (no deadlock between two runs), so another run's set
+  // goes in wholly before or after this one: the files replaced kept aside (hard links), then every
+  // temporary renamed into place in order (the tensor file before the JSON that names it). A rename
+  // that fails puts back what was renamed before it.
+  std::map<std::pair<dev_t, ino_t>, std::string> folders;
+  for (const auto& [place, path] : places) folders.emplace(std::make_pair(place.dev, place.ino), folder_of(path));
   std::vector<int> locks;
-  for (const std::string& folder : folders) {
-    const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-      while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
-      }
-      locks.push_back(fd);
-    }
-  }
   struct Unlock {
     std::vector<int>& fds;
     ~Unlock() {
       for (int fd : fds) ::close(fd);  // closing releases the lock
     }
   } unlock{locks};
+  for (const auto& [id, folder] : folders) {
+    const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) continue;
+    while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+    locks.push_back(fd);
+  }
+  std::vector<std::string> kept(files_.size());  // the replaced file's hard link, or "" when there was none
   for (size_t i = 0; i < files_.size(); ++i) {
     const std::string& path = files_[i].first;
     struct stat st {};
-    const bool replaceable = ::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode);
-    if (!replaceable || ::rename(temps[i].c_str(), path.c_str()) != 0) {
-      const std::string err = replaceable ? std::strerror(errno) : "it became " + kind_of(st.st_mode) + " meanwhile";
-      for (size_t k = i; k < temps.size(); ++k) ::unlink(temps[k].c_str());
-      throw InputError(show_text(path, 300) + ": cannot write output: " + err);
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    if (!S_ISREG(st.st_mode))
+      throw InputError(show_text(path, 300) + ": cannot write output: it became " + kind_of(st.st_mode) + " meanwhile");
+    kept[i] = beside(path, "old");
+    if (::link(path.c_str(), kept[i].c_str()) != 0) {
+      kept[i].clear();
+      throw InputError(show_text(path, 300) +
+                       ": cannot write output: cannot keep the file it replaces: " + std::strerror(errno));
     }
+    scratch.paths.push_back(kept[i]);
+  }
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (::rename(temps[i].c_str(), files_[i].first.c_str()) == 0) continue;
+    const std::string err = std::strerror(errno);
+    for (size_t j = 0; j < i; ++j)  // back as they were
+      if (kept[j].empty())
+        ::unlink(files_[j].first.c_str());
+      else
+        ::rename(kept[j].c_str(), files_[j].first.c_str());
+    throw InputError(show_text(files_[i].first, 300) + ": cannot write output: " + err +
+                     (i ? " (the files of this set written before it were put back)" : ""));
   }
   files_.clear();
 }

@@ -35,7 +35,7 @@ struct ShapeError : std::invalid_argument {
 // product of the nonzero extents overflows int64 (whatever their order: [2^31, 0, 2^33] too), so that
 // no size a stranger's shapes make wraps into a small allocation and a write beyond it.
 inline int64_t numel(const Shape& shape) {
-  int64_t n = 1, nonzero = 1;
+  int64_t nonzero = 1;
   bool zero = false;
   for (int64_t d : shape) {
     if (d < 0) throw ShapeError("shape " + to_string(shape) + ": negative size");
@@ -46,8 +46,7 @@ inline int64_t numel(const Shape& shape) {
     if (__builtin_mul_overflow(nonzero, d, &nonzero))
       throw ShapeError("shape " + to_string(shape) + ": the product of its sizes overflows int64");
   }
-  n = zero ? 0 : nonzero;
-  return n;
+  return zero ? 0 : nonzero;
 }
 
 // No tensor of the core holds more elements than this (16 GiB as double): a backstop beneath the
