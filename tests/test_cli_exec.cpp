@@ -55,6 +55,10 @@ TEST_CASE("exec: a program as good as the reference passes / one that spoils the
   CHECK(first.at("components").at(0).at("legs").contains("hand64_vs_torch64"));
   CHECK_THAT(first.at("notes").dump(),
              Catch::Contains("gave no k, v, scores, attn_weights_avg, context: not judged (components are optional"));
+  // And the one it gives is judged: 0.1% off, it fails there.
+  r = tparity("exec --case multihead --batch 2 --seq 6 " + program("partial-bad-q"));
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("FAIL case multihead: component q: leg hand64_vs_torch64"));
 }
 
 TEST_CASE("exec: bfloat16 and float16 runs are judged against LibTorch's own error in them / 1.13 has no float16",

@@ -98,7 +98,7 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
   // A gate that judged nothing must not pass: every case declined (or none asked for).
   if (reports.empty())
     throw InputError(
-        fmt::format("nothing was judged: the program declined every case ({} skipped); no baseline or "
+        fmt::format("tparity exec: nothing was judged: the program declined every case ({} skipped); no baseline or "
                     "JUnit written",
                     skipped.size()));
   const bool failed = exit_code(reports) != 0;
@@ -323,6 +323,7 @@ void register_exec(CLI::App& app, Action& action) {
   jc->add_option("--problem", j->problem, "The problem file (tparity export)")->required();
   jc->add_option("--outputs", j->outputs, "Outputs file(s), one per precision")->required();
   jc->add_option("--name", j->name, "The implementation's name in the reports")->capture_default_str();
+  add_max_elements_option(*jc);
   add_judging_options(*jc, j->judging);
   jc->callback([j, &action] { action = [j] { return judge(*j); }; });
 }

@@ -90,9 +90,13 @@ volatile sig_atomic_t g_signal = 0;
 volatile sig_atomic_t g_program = 0;  // the running program's process group, 0 when none
 
 void on_signal(int sig) {
-  if (g_signal) _exit(128 + sig);
-  g_signal = sig;
   if (const pid_t group = g_program; group > 0) kill(-group, SIGKILL);
+  if (g_signal) {  // a second one: tparity ends by it now, as it would have without the guard
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  g_signal = sig;
 }
 
 // The processes whose parent is this one (children, and orphans reparented here), with whether each
@@ -126,18 +130,36 @@ std::vector<std::pair<pid_t, bool>> children() {
 // Kills and reaps every process below this one: tparity is a child subreaper, so what a program
 // started and left behind (a setsid grandchild, a daemon) is reparented here when its parent ends,
 // and nothing of it outlives the run (nor holds tparity's standard error open). How many were alive.
-int reap_descendants() {
+// Children of tparity's own from before the program started (none in tparity exec) are left alone. A
+// process that does not die within 10 s of SIGKILL (stuck in the kernel) is left, and not waited for.
+int reap_descendants(const std::set<pid_t>& before) {
   int killed = 0;
-  for (int round = 0; round < 10000; ++round) {
-    const auto kids = children();
-    if (kids.empty()) break;
-    for (const auto& [pid, zombie] : kids)
-      if (!zombie) kill(pid, SIGKILL), ++killed;
-    for (const auto& [pid, zombie] : kids)
-      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
+  std::set<pid_t> signalled;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool left = false;
+    for (const auto& [pid, zombie] : children()) {
+      if (before.count(pid)) continue;
+      left = true;
+      if (!zombie && signalled.insert(pid).second) kill(pid, SIGKILL), ++killed;
+      waitpid(pid, nullptr, WNOHANG);
+    }
+    if (!left) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return killed;
+}
+
+// The running program's own wait, with a deadline: a killed process stuck in the kernel does not hang
+// tparity. True when it was reaped.
+bool wait_until_gone(pid_t pid, int& status, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) return true;
+    if (w < 0 && errno != EINTR) return false;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 }  // namespace
@@ -146,6 +168,7 @@ InterruptGuard::InterruptGuard() {
   g_signal = 0;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;  // the handler only notes and kills; nothing else should see EINTR
   sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &sa, &saved_[i]);
 }
@@ -184,6 +207,8 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
   std::vector<std::string> args;
   for (const std::string& a : argv_template) args.push_back(substitute(a, problem, out, dtype));
   // What the program leaves running is reparented here, to be killed with the rest (reap_descendants).
+  std::set<pid_t> before;
+  for (const auto& [pid, zombie] : children()) before.insert(pid);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -227,8 +252,7 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
     const bool late = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s;
     if (late || g_signal) {
       kill(-pid, SIGKILL);
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
+      wait_until_gone(pid, status, std::chrono::steady_clock::now() + std::chrono::seconds(10));
       timed_out = late && !g_signal;
       break;
     }
@@ -236,7 +260,8 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
   }
   kill(-pid, SIGKILL);  // whatever the program left running in its group
   g_program = 0;
-  r.left_running = reap_descendants();  // and in other groups and sessions
+  r.left_running = reap_descendants(before);  // and in other groups and sessions
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.interrupted = g_signal;
   if (r.interrupted)

@@ -19,6 +19,7 @@ wrong-dtype   echo, its "dtype" the other precision
 unsupported   declines the problem
 echo-unless-sdpa  declines sdpa, echo otherwise
 partial       echo with one component alone (q, where the problem has it) and no local ones
+partial-bad-q partial, its q 0.1% off
 coarse        echo, every output and component value kept to 4 significant bits (rel. error ~ 2^-5)
 
 In a bfloat16 or float16 run, echo writes the reference's float64 results under that dtype (tparity reads
@@ -62,9 +63,12 @@ def main():
     outputs = {k: dict(v, dtype=dtype) for k, v in outputs.items()}
     comps = {k: dict(v, dtype=dtype) for k, v in comps.items()}
     doc = {"format": "tparity.outputs", "version": 1, "dtype": dtype, "outputs": outputs}
-    if mode == "partial":
+    if mode in ("partial", "partial-bad-q"):
         first = "q" if "q" in comps else next(iter(comps))
         doc["components"] = {first: comps[first]}
+        if mode == "partial-bad-q":
+            q = comps[first]
+            q["data"] = [x * 1.001 if isinstance(x, float) else x for x in q["data"]]
     elif mode != "echo-no-comp":
         doc["components"] = comps
         doc["local"] = local
