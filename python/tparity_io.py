@@ -72,6 +72,22 @@ def _unique_keys(pairs):
     return out
 
 
+_MAX_DEPTH = 64  # levels of nested arrays and objects, as tparity's own reader allows
+_MAX_JSON_BYTES = 4 << 30
+
+
+def _depth_ok(doc):
+    """Whether doc nests at most _MAX_DEPTH levels of arrays and objects (iteratively: no recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d > _MAX_DEPTH:
+                return False
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return True
+
+
 def _read_regular(path, what):
     """The bytes of the regular file at path, opened without following a link and without blocking (a FIFO
     is refused at once instead of hanging the reader): ValueError for a link, a FIFO, a directory or a device."""
@@ -87,6 +103,8 @@ def _read_regular(path, what):
             kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
                     else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
             raise ValueError(f"{path}: cannot read {what}: it is {kind}, not a regular file")
+        if os.fstat(fd).st_size > _MAX_JSON_BYTES and what == "problem file":
+            raise ValueError(f"{path}: cannot read {what}: expected at most {_MAX_JSON_BYTES} bytes")
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
     except OSError as e:
@@ -235,6 +253,8 @@ def load_problem(path):
         raise ValueError(f"{path}: malformed JSON: nested deeper than Python's JSON reader goes") from None
     except ValueError as e:  # UnicodeDecodeError included
         raise ValueError(f"{path}: malformed JSON: {_short(e)}") from None
+    if not _depth_ok(doc):
+        raise ValueError(f"{path}: malformed JSON: expected at most {_MAX_DEPTH} levels of nested arrays and objects")
     r.obj(doc, "(top level)")
     if doc.get("format") != "tparity.fixture":
         r.fail("format", f"expected \"tparity.fixture\", got {json.dumps(doc.get('format'))}")

@@ -428,6 +428,7 @@ void register_census(CLI::App& app, Action& action) {
       "False alarms of the float32 gates: the clean hand core over random small configurations, under every "
       "kernel setting of the reference and every instruction set of the core");
   cmd->add_option("--case", o->cases, "Cases (default: multihead, block, encoder, decoder, sdpa, vit, embed)");
+  add_max_elements_option(*cmd);
   cmd->add_option("--points", o->points, "Points per kernel setting, over the cases and instruction sets in turn")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
       ->capture_default_str();

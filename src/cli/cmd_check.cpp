@@ -10,7 +10,6 @@ namespace {
 struct CheckOptions {
   std::vector<std::string> fixtures;
   Format format = Format::Table;
-  int64_t max_elements = int64_t(1) << 28;
 };
 
 int check(const CheckOptions& o) {
@@ -30,7 +29,7 @@ void register_check(CLI::App& app, Action& action) {
       app.add_subcommand("check", "Compare the hand core (and LibTorch) with the outputs stored in fixtures");
   cmd->add_option("--fixture", o->fixtures, "Fixture file(s), format v1")->required();
   add_format_option(*cmd, o->format);
-  add_max_elements_option(*cmd, o->max_elements);
+  add_max_elements_option(*cmd);
   cmd->callback([o, &action] { action = [o] { return check(*o); }; });
 }
 

@@ -16,7 +16,6 @@ namespace {
 struct EvalOptions {
   std::string fixture, impl = "hand", out, tensors;
   DType dtype = DType::Float32;
-  int64_t max_elements = int64_t(1) << 28;
 };
 
 int eval(const EvalOptions& o) {
@@ -67,7 +66,7 @@ void register_eval(CLI::App& app, Action& action) {
   cmd->add_option("--tensors", o->tensors,
                   "inline, or safetensors (a .safetensors file beside --out); default: as the fixture holds them")
       ->check(CLI::IsMember({"inline", "safetensors"}));
-  add_max_elements_option(*cmd, o->max_elements);
+  add_max_elements_option(*cmd);
   cmd->callback([o, &action] { action = [o] { return eval(*o); }; });
 }
 

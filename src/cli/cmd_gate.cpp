@@ -28,7 +28,6 @@ struct GateOptions {
   std::string junit;
   bool update = false;
   double factor = 2.0;
-  int64_t max_elements = int64_t(1) << 28;
 };
 
 // The fixtures under dir, its subdirectories included (one per torch version that exported a set):
@@ -183,7 +182,7 @@ void register_gate(CLI::App& app, Action& action) {
   cmd->add_flag("--update-baseline", o->update, "Record this run as the baseline (only when every gate passes)");
   cmd->add_option("--factor", o->factor, "Fail when an error grows beyond this factor of its baseline")
       ->capture_default_str();
-  add_max_elements_option(*cmd, o->max_elements);
+  add_max_elements_option(*cmd);
   cmd->callback([o, &action] { action = [o] { return gate(*o); }; });
 }
 

@@ -353,10 +353,7 @@ void register_sweep(CLI::App& app, Action& action) {
       ->type_name("I/N");
   cmd->add_option("--csv", o->csv, "Write one row per point and component here")->type_name("FILE");
   cmd->add_option("--json", o->json, "Write the whole sweep here, every point's full report")->type_name("FILE");
-  cmd->add_option("--max-elements", o->max_elements,
-                  "Refuse (exit 2) a grid with a point whose largest tensor exceeds this many elements")
-      ->check(CLI::Range(int64_t(1), kMaxSize))
-      ->capture_default_str();
+  add_max_elements_option(*cmd, &o->max_elements);
   cmd->footer(
       "LIST is comma-separated: --seq 16,64,256 --heads 1,4. Points are the product of the lists, in the order\n"
       "batch, dim, heads, ffn, seq, kv-seq (the last varies fastest); an axis not given keeps the case's value,\n"

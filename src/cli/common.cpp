@@ -85,15 +85,19 @@ void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more
   add_seed_option(cmd, o.seed, "Seed of weights and inputs (default: each case's own)");
   cmd.add_flag("--random-params", o.random_params,
                "Draw biases and LayerNorm affine at random instead of torch's constant init");
-  add_max_elements_option(cmd, sel.max_elements);
+  add_max_elements_option(cmd, &sel.max_elements);
 }
 
-void add_max_elements_option(CLI::App& cmd, int64_t& max_elements) {
-  cmd.add_option("--max-elements", max_elements,
-                 "Refuse cases, fixtures and problems whose largest tensor would exceed this many elements")
+void add_max_elements_option(CLI::App& cmd, int64_t* also) {
+  cmd.add_option_function<int64_t>(
+         "--max-elements",
+         [also](const int64_t& n) {
+           set_max_elements(n);  // what validate() allows
+           if (also) *also = n;
+         },
+         "Refuse cases, fixtures and problems whose largest tensor would exceed this many elements")
       ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2))
-      ->each([](const std::string& v) { set_max_elements(std::stoll(v)); })  // what validate() allows
-      ->capture_default_str();
+      ->default_str(std::to_string(max_elements()));
 }
 
 std::vector<CaseSpec> selected_cases(const CaseSelection& sel) {

@@ -55,8 +55,8 @@ struct CaseSelection {
 // --max-elements.
 void add_case_options(CLI::App& cmd, CaseSelection& selection, const std::string& more_names = "");
 // --max-elements: the largest tensor a case, fixture or problem may make (harness/problem.hpp's
-// max_elements(), set when given).
-void add_max_elements_option(CLI::App& cmd, int64_t& max_elements);
+// max_elements(), set when given, and in *also).
+void add_max_elements_option(CLI::App& cmd, int64_t* also = nullptr);
 // The chosen cases with the overrides applied and their size checked (InputError naming the option).
 std::vector<CaseSpec> selected_cases(const CaseSelection& selection);
 

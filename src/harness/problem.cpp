@@ -321,6 +321,7 @@ std::string index_of(const Shape& s, int64_t i) {
 
 namespace {
 
+// "2 GiB": a byte count for a message.
 std::string bytes_text(long double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;
@@ -338,13 +339,16 @@ std::pair<long double, long double> batch_and_length(const Shape& s, bool batch_
                      : std::pair<long double, long double>{(long double)s[1], (long double)s[0]};
 }
 
-// The batch two batch shapes broadcast to (aligned from the right), by size alone.
-long double broadcast_size(const Shape& a, const Shape& b) {
+// The batch some batch shapes broadcast to (aligned from the right), by size alone.
+long double broadcast_size(std::initializer_list<Shape> shapes) {
+  size_t rank = 0;
+  for (const Shape& s : shapes) rank = std::max(rank, s.size());
   long double n = 1;
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const long double x = i < a.size() ? (long double)a[a.size() - 1 - i] : 1;
-    const long double y = i < b.size() ? (long double)b[b.size() - 1 - i] : 1;
-    n *= std::max(x, y);
+  for (size_t i = 0; i < rank; ++i) {
+    long double widest = 1;
+    for (const Shape& s : shapes)
+      if (i < s.size()) widest = std::max(widest, (long double)s[s.size() - 1 - i]);
+    n *= widest;
   }
   return n;
 }
@@ -393,8 +397,9 @@ long double largest_tensor(const Problem& p) {
     }
     case ModuleKind::ScaledDotProductAttention: {
       const Shape q = shape("query"), k = shape("key"), v = shape("value");
-      if (q.size() >= 2 && k.size() >= 2 && v.size() >= 1) {
-        const long double batch = broadcast_size(Shape(q.begin(), q.end() - 2), Shape(k.begin(), k.end() - 2));
+      if (q.size() >= 2 && k.size() >= 2 && v.size() >= 2) {  // torch broadcasts all three batches
+        const long double batch = broadcast_size(
+            {Shape(q.begin(), q.end() - 2), Shape(k.begin(), k.end() - 2), Shape(v.begin(), v.end() - 2)});
         const long double L = (long double)q[q.size() - 2], S = (long double)k[k.size() - 2];
         m = std::max({m, batch * L * S, batch * L * (long double)v.back()});
       }
@@ -421,7 +426,7 @@ long double largest_tensor(const Problem& p) {
                         N = b.size() >= 2 ? (long double)b.back() : 1;
       const Shape ba(a.begin(), a.size() >= 2 ? a.end() - 2 : a.begin()),
           bb(b.begin(), b.size() >= 2 ? b.end() - 2 : b.begin());
-      m = std::max(m, broadcast_size(ba, bb) * M * N);
+      m = std::max(m, broadcast_size({ba, bb}) * M * N);
       break;
     }
     case ModuleKind::Softmax:

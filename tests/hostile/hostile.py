@@ -153,8 +153,8 @@ def BAD(*contains, any_of=(), not_contains=(), one_line=True):
     return Expect("BAD", tuple(contains), tuple(any_of), tuple(not_contains), one_line)
 
 
-def FAIL(*stdout):
-    return Expect("FAIL", stdout=tuple(stdout))
+def FAIL(*stdout, stderr=()):
+    return Expect("FAIL", stdout=tuple(stdout), contains=tuple(stderr))
 
 
 def OK(*stdout, stderr=()):
@@ -176,8 +176,12 @@ WRONG = FAIL(r"^\s*FAIL case [^:]+: component output: leg hand64_vs_torch64: ")
 # The field `name` named (and not an OS error about a long file name).
 NAME = "re:(^|[^A-Za-z_])name([^A-Za-z_]|$)"
 NOT_OS_NAME = ("name too long",)
-LINK = ("link",)
-NOT_REGULAR = ("regular file", "FIFO", "fifo", "pipe", "directory", "device", "special file")
+# The phrases tparity's refusals use (harness/io.cpp), exactly: a looser word ("directory") would also
+# match "No such file or directory" and pass a FIFO case on a file-not-found.
+LINK = ("it is a symbolic link",)
+NOT_REGULAR = ("it is a FIFO, not a regular file", "it is a directory, not a regular file",
+               "it is a character device, not a regular file", "it is a block device, not a regular file",
+               "it is a socket, not a regular file")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -338,6 +342,10 @@ if mode == "spawn-sleep":          # a child in its own process group (the defau
 if mode == "setsid":               # a grandchild in a session of its own, holding tparity's stderr; then hang
     note(subprocess.Popen(SLEEP, start_new_session=True).pid)
     time.sleep(60)
+daemon = mode == "daemon"          # a grandchild in a session of its own left running; then echo and exit 0
+if daemon:
+    note(subprocess.Popen(SLEEP, start_new_session=True, stdin=subprocess.DEVNULL).pid)
+    mode = "echo"
 if mode == "decline":
     with open(out, "w") as f:
         json.dump({"format": "tparity.outputs", "version": 1, "unsupported": "a stand-in implements nothing"}, f)
@@ -906,7 +914,8 @@ def _wrap(shapes, cmd):
     return setup
 
 
-SIZE = ("size", "elements", "shape")
+SIZE = ("expected an integer <=", "expected at most 2147483648 elements", "above --max-elements",
+        "the product of its sizes overflows", "expected an integer >= 0")
 add("4-crash", "matmul [2^31,0] x [0,2^33] (2^64 wraps to 0)", _wrap(([2**31, 0], [0, 2**33]), "eval"),
     BAD("f.json", any_of=SIZE))
 add("4-crash", "matmul [2^31,0] x [0,2^33] (LibTorch)", _wrap(([2**31, 0], [0, 2**33]), "export"),
@@ -943,7 +952,12 @@ add("5-signal", "SIGINT during exec (program with a child)", _sig(signal.SIGINT,
     INTERRUPTED(signal.SIGINT), needs=TORCH, serial=True)
 add("5-signal", "SIGINT during exec --keep (program sleeping)", _sig(signal.SIGINT, keep=True),
     INTERRUPTED(signal.SIGINT), needs=TORCH, serial=True)
-add("5-signal", "setsid grandchild + hang past --timeout 2", _setsid, FAIL(), needs=TORCH, serial=True)
+add("5-signal", "setsid grandchild + hang past --timeout 2", _setsid,
+    FAIL(stderr=("timed out after 2 s and was killed", "the program left 1 process(es) running; killed")),
+    needs=TORCH, serial=True)
+add("5-signal", "program exits 0 leaving a setsid daemon", lambda sb: Run(sb.exec_argv(
+    "--case", "sdpa", "--dtype", "float64", mode="daemon"), timeout=30),
+    OK(stderr=("the program left 1 process(es) running; killed",)), needs=TORCH, serial=True)
 
 
 # ---- 6. outputs --------------------------------------------------------------------------------------------

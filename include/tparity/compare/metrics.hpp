@@ -44,7 +44,9 @@ struct ScaledNorm {
 double ratio(const ScaledNorm& a, const ScaledNorm& b);
 
 // ||x||_2 accumulated in three ranges, each scaled away from double's limits (Blue's algorithm, as
-// LAPACK 3.10's dnrm2; Anderson, "Algorithm 978: Safe scaling in the Level 1 BLAS", 2017).
+// LAPACK 3.10's dnrm2; Anderson, "Algorithm 978: Safe scaling in the Level 1 BLAS", 2017). Values of
+// every normal magnitude keep full precision; a tensor of subnormals alone (below 2.2e-308) keeps the
+// few bits they have, as dnrm2 does.
 class Norm2 {
  public:
   void add(double x);
