@@ -5,11 +5,19 @@
 # with the first divergence named at scores, the example in bfloat16 and float16 passing and its copy
 # with float16 accumulators failing, and the C example (libc only) on the seeds' attention
 # cases and the committed MultiheadAttention fixtures.
-#   tests/scripts/any_language.sh BUILD_DIR PYTHON
+#   tests/scripts/any_language.sh BUILD_DIR PYTHON [all|numpy|rest]
+# numpy: part 1 alone (the numpy example over every default case); rest: parts 2 to 4. ./scripts/test
+# runs the two at once.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "$1" && pwd)"
 python="$2"
+parts="${3:-all}"
+case "$parts" in all | numpy | rest) ;; *)
+  echo "usage: tests/scripts/any_language.sh BUILD_DIR PYTHON [all|numpy|rest]" >&2
+  exit 2
+  ;;
+esac
 cd "$root"
 fail() {
   echo "any_language: $*" >&2
@@ -18,6 +26,7 @@ fail() {
 summary() { grep -E "^[0-9]+ case\(s\):" | tail -n 1; }
 
 # 1. The numpy example: every default case, problems in safetensors form.
+if [ "$parts" != rest ]; then
 out=$("$build/tparity" exec --tensors safetensors --name "numpy example" --junit "$build/exec-numpy.xml" \
   -- "$python" examples/numpy_attention/run.py {problem} {out} {dtype}) || {
   echo "$out"
@@ -25,6 +34,8 @@ out=$("$build/tparity" exec --tensors safetensors --name "numpy example" --junit
 }
 [ "$(echo "$out" | grep -c '^skipped')" = 0 ] || fail "the numpy example declined a default case: $(echo "$out" | grep '^skipped')"
 echo "numpy example: $(echo "$out" | summary), every default case"
+fi
+[ "$parts" = numpy ] && exit 0
 
 # 2. Its broken copy must fail, and name the scores as the first divergence.
 if out=$("$build/tparity" exec --case multihead --case block --name "numpy example, broken" \
