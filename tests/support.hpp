@@ -1,10 +1,13 @@
 // Random tensors for the tests, from the project's portable stream.
 #pragma once
 
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "tparity/core/ops.hpp"
 #include "tparity/core/tensor.hpp"
+#include "tparity/harness/cases.hpp"
 #include "tparity/harness/rng.hpp"
 
 namespace tparity::test {
@@ -27,6 +30,13 @@ inline int64_t divisor_of(Rng& rng, int64_t n) {
   for (int64_t d = 1; d <= n; ++d)
     if (n % d == 0) ds.push_back(d);
   return ds[size_t(rng.integer(0, int64_t(ds.size()) - 1))];
+}
+
+// A default case found by its name (never by its position in the list).
+inline CaseSpec default_case(const std::string& name) {
+  for (const CaseSpec& s : default_cases())
+    if (s.name == name) return s;
+  throw std::invalid_argument("no default case named " + name);
 }
 
 // The core's path (fast or reference) for one scope, restored after.

@@ -803,3 +803,28 @@ TEST_CASE("parity: the numeric defects fail the float32 gate alone / the float64
     for (const ComponentReport& c : r.components) CHECK(c.leg("hand64_vs_torch64")->pass);
   }
 }
+
+TEST_CASE(
+    "parity: a reference memo reuses LibTorch's run of the same problem only / a changed weight, input or "
+    "config is run again",
+    "[parity]") {
+  const CaseSpec s = test::default_case("block");
+  const Problem p = make_problem(s);
+  const ReferenceMemo memo;
+  CHECK_THROWS_AS(ReferenceMemo(), std::logic_error);  // one at a time
+  const CaseReport first = evaluate_problem(p, s.describe(), s.seed, GatePolicy{});
+  require_pass(first);
+  // The same problem again: the same report, figure for figure.
+  CHECK(to_json(evaluate_problem(p, s.describe(), s.seed, GatePolicy{})).dump() == to_json(first).dump());
+  // Each of these changes what LibTorch computes. Served the first run's results, hand64 (which sees
+  // the change) would differ from torch64 far beyond the semantic gate's 1e-10.
+  Problem weight = p;
+  weight.state_dict.begin()->second.data[0] += 0.25;
+  require_pass(evaluate_problem(weight, s.describe(), s.seed, GatePolicy{}));
+  Problem input = p;
+  input.inputs.begin()->second.data[1] += 0.25;
+  require_pass(evaluate_problem(input, s.describe(), s.seed, GatePolicy{}));
+  Problem config = p;
+  config.encoder.layer_norm_eps = 0.5;
+  require_pass(evaluate_problem(config, s.describe(), s.seed, GatePolicy{}));
+}

@@ -116,14 +116,17 @@ int selftest(const SelftestOptions& o) {
 
   const auto t0 = std::chrono::steady_clock::now();
   inject_defect(Defect::None);
-  std::vector<Cell> clean;
-  for (const CaseSpec& s : cases) clean.push_back(evaluate(s));
-  std::vector<std::vector<Cell>> matrix;
-  for (Defect d : defects) {
-    const ScopedDefect scoped(d);
-    std::vector<Cell> row;
-    for (const CaseSpec& s : cases) row.push_back(evaluate(s));
-    matrix.push_back(std::move(row));
+  // Case by case: clean, then under each defect, LibTorch's runs of the case kept for its rows (a
+  // defect in the hand core leaves them as they are) and let go before the next case.
+  std::vector<Cell> clean(cases.size());
+  std::vector<std::vector<Cell>> matrix(defects.size(), std::vector<Cell>(cases.size()));
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const ReferenceMemo memo;
+    clean[k] = evaluate(cases[k]);
+    for (size_t i = 0; i < defects.size(); ++i) {
+      const ScopedDefect scoped(defects[i]);
+      matrix[i][k] = evaluate(cases[k]);
+    }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

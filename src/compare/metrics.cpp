@@ -69,7 +69,8 @@ double ratio(const ScaledNorm& a, const ScaledNorm& b) {
 
 double scaled_difference(double x, double y, int k) {
   const double d = x - y;
-  return std::isfinite(d) ? std::ldexp(d, -k) : std::ldexp(x * 0.5 - y * 0.5, 1 - k);
+  if (std::isfinite(d)) return k == 0 ? d : std::ldexp(d, -k);  // k is 0 for references of ordinary size
+  return std::ldexp(x * 0.5 - y * 0.5, 1 - k);
 }
 
 Metrics measure(const Tensor<double>& a, const Tensor<double>& b) {

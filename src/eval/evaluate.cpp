@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <map>
+#include <stdexcept>
 #include <utility>
 
 #include "tparity/harness/hand.hpp"
@@ -33,6 +36,43 @@ Components with_outputs(const Problem& p, const RunResult& run) {
     if (!is_output(p, x.name)) c.push_back(x);
   for (const Component& o : outputs_as_components(run.outputs)) c.push_back(o);
   return c;
+}
+
+// The live ReferenceMemo, if any (evaluate.hpp): LibTorch's runs by the fingerprint of what they ran.
+std::map<std::string, TorchRun>* memo_runs = nullptr;
+
+// What a LibTorch run depends on: the problem's name, module and config, its semantics, every state_dict
+// and input tensor (dtype, shape and bits, hashed), and the precision. Equal keys, equal runs.
+std::string fingerprint(const Problem& p, DType dtype) {
+  uint64_t h = 0x9e3779b97f4a7c15ULL;
+  auto mix = [&h](uint64_t w) {
+    h ^= w + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+  };
+  for (const TensorMap* m : {&p.state_dict, &p.inputs})
+    for (const auto& [name, t] : *m) {
+      for (char c : name) mix(uint64_t(uint8_t(c)));
+      mix(uint64_t(t.dtype));
+      for (int64_t d : t.shape) mix(uint64_t(d));
+      for (double x : t.data) {
+        uint64_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        mix(bits);
+      }
+    }
+  return fmt::format("{}\n{}\n{}\n{}\n{:016x}", p.name, config_json(p).dump(),
+                     p.semantics ? semantics_name(*p.semantics) : "unset", dtype_name(dtype), h);
+}
+
+// LibTorch's run of a problem with its components, reused from the live memo when it ran before.
+TorchRun reference_run(const Problem& p, DType dtype, const std::string& where) {
+  if (!memo_runs) return run_torch(p, dtype, true, where);
+  const std::string key = fingerprint(p, dtype);
+  if (auto it = memo_runs->find(key); it != memo_runs->end()) return it->second;
+  TorchRun run = run_torch(p, dtype, true, where);
+  memo_runs->emplace(key, run);
+  return run;
 }
 
 // NaN and infinities in the weights and inputs are allowed (the comparator classifies them before
@@ -88,8 +128,8 @@ NoiseRuns run_noise(const Problem& p, const GatePolicy& policy, const std::strin
   for (char c : p.name) h = (h ^ uint64_t(uint8_t(c))) * 1099511628211ULL;
   for (int k = 1; k <= policy.noise_samples; ++k) {
     const Problem q = jittered(p, h + uint64_t(k));
-    out.f64.push_back(run_torch(q, DType::Float64, true, where));
-    out.f32.push_back(run_torch(q, DType::Float32, true, where));
+    out.f64.push_back(reference_run(q, DType::Float64, where));
+    out.f32.push_back(reference_run(q, DType::Float32, where));
   }
   return out;
 }
@@ -221,6 +261,12 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
 
 }  // namespace
 
+ReferenceMemo::ReferenceMemo() {
+  if (memo_runs) throw std::logic_error("ReferenceMemo: one is already live");
+  memo_runs = &runs_;
+}
+ReferenceMemo::~ReferenceMemo() { memo_runs = nullptr; }
+
 Implementation hand_core() {
   return Implementation{"hand core",
                         [](const Problem& p, DType dtype, const Components* teacher) {
@@ -245,8 +291,8 @@ CaseReport evaluate_problem(const Problem& problem, const std::string& descripti
   add_nonfinite_notes(r, p);
   const RunResult h64 = impl.run(p, DType::Float64, nullptr);
   const RunResult h32 = impl.run(p, DType::Float32, nullptr);
-  const TorchRun t64 = run_torch(p, DType::Float64, true, where);
-  const TorchRun t32 = run_torch(p, DType::Float32, true, where);
+  const TorchRun t64 = reference_run(p, DType::Float64, where);
+  const TorchRun t32 = reference_run(p, DType::Float32, where);
   add_reference_notes(r, t64, "torch64");
   add_reference_notes(r, t32, "torch32");
   if (impl.name != hand_core().name)

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "tparity/compare/legs.hpp"
 #include "tparity/harness/problem.hpp"
+#include "tparity/torch/reference.hpp"
 
 namespace tparity {
 
@@ -33,6 +35,22 @@ struct Implementation {
   // Whether its runs give every component (the hand core's do). A foreign program's components are
   // its own choice: those it gives are judged, the rest named in a note, and its outputs always.
   bool components_complete = true;
+};
+
+// While one lives (one at a time), evaluate_problem keeps LibTorch's runs (the plain ones and the noise
+// model's jittered samples) and reuses them for a problem identical to one it ran: the same name,
+// config, semantics, state_dict and inputs bit for bit, and precision. The selftest evaluates every
+// case once clean and once per planted defect, and a defect planted in the hand core does not change
+// what LibTorch computes.
+class ReferenceMemo {
+ public:
+  ReferenceMemo();
+  ~ReferenceMemo();
+  ReferenceMemo(const ReferenceMemo&) = delete;
+  ReferenceMemo& operator=(const ReferenceMemo&) = delete;
+
+ private:
+  std::map<std::string, TorchRun> runs_;
 };
 
 // The handwritten core of this project, with components and teacher forcing.
