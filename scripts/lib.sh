@@ -7,8 +7,10 @@ TPARITY_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # Debian packages the build needs. libtorch-dev is LibTorch 1.13, the second reference (build-debian);
 # libopenblas0-pthread: without it Debian's LibTorch falls back to the reference BLAS, about 8x slower.
+# ccache: the torch-free libraries and tests compile alike in build/ and build-debian/ (and again
+# after a checkout): each is compiled once.
 TPARITY_PACKAGES=(cmake g++ make python3 libtorch-dev catch2 libfmt-dev nlohmann-json3-dev libcli11-dev
-  libopenblas0-pthread)
+  libopenblas0-pthread ccache)
 
 # The project-local virtual environment, from requirements.txt (pinned in full): torch==2.13.0, whose
 # wheel carries LibTorch 2.13, the default reference, and the Python side (numpy, safetensors,
@@ -61,6 +63,19 @@ tparity_venv() {
   echo "$want" >"$stamp"
 }
 
+# The compiler cache inside the checkout (.ccache, ignored by git; paths below the root hashed as
+# relative, so two checkouts or two build folders share entries), for every build when ccache is
+# installed: tparity_cmake_launcher prints the cmake argument.
+export CCACHE_DIR="${CCACHE_DIR:-$TPARITY_ROOT/.ccache}" CCACHE_BASEDIR="${CCACHE_BASEDIR:-$TPARITY_ROOT}"
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-2G}"
+tparity_cmake_launcher() {
+  if command -v ccache >/dev/null 2>&1; then
+    echo "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
+  else
+    echo "-DCMAKE_CXX_COMPILER_LAUNCHER="
+  fi
+}
+
 # tparity_build DIR [cmake args...]: configure once, build with two jobs (the machines have two
 # cores). The reference is LibTorch 2.13 from .venv unless the arguments say otherwise
 # (-DTPARITY_TORCH=debian or off).
@@ -68,7 +83,8 @@ tparity_build() {
   local dir="$1"
   shift
   {
-    cmake -S "$TPARITY_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DTPARITY_PYTHON="$TPARITY_PYTHON" "$@" >/dev/null &&
+    cmake -S "$TPARITY_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DTPARITY_PYTHON="$TPARITY_PYTHON" \
+      "$(tparity_cmake_launcher)" "$@" >/dev/null &&
       cmake --build "$dir" -j2
   } >&2
 }
