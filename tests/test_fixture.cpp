@@ -7,13 +7,16 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <tuple>
 
 #include "tparity/compare/legs.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/fixture/outputs.hpp"
+#include "tparity/harness/book.hpp"
 #include "tparity/harness/hand.hpp"
+#include "tparity/harness/llm.hpp"
 
 using namespace tparity;
 namespace fs = std::filesystem;
@@ -457,4 +460,24 @@ TEST_CASE("outputs files: a bfloat16 or float16 run's tensors, inline values rou
   CHECK(refusal(doc("bfloat16", "int8")) ==
         "o.json: outputs.output.dtype: expected \"float32\", \"float64\", \"bfloat16\", \"float16\" or \"bool\", "
         "got \"int8\"");
+}
+
+TEST_CASE("module kinds: one row each / the name read back is the kind / families and fixture formats agree",
+          "[fixture]") {
+  std::set<std::string> names;
+  size_t rows = 0;
+  for (const ModuleRow& r : module_rows()) {
+    CAPTURE(r.name);
+    ++rows;
+    CHECK(&module_row(r.kind) == &r);
+    CHECK(module_from_name(r.name) == r.kind);  // a file's "module" names one kind
+    CHECK(names.insert(r.name).second);
+    CHECK(book_module(r.kind) == (r.family == ModuleFamily::Book));
+    CHECK(llm_module(r.kind) == (r.family == ModuleFamily::Llm));
+    if (r.fixture_v1) CHECK(r.family == ModuleFamily::TorchNn);  // format v1 predates the other families
+  }
+  CHECK(rows == kModuleKindCount);
+  CHECK_THROWS_AS(module_from_name("Multiheadattention"), std::invalid_argument);  // names are case-sensitive
+  CHECK(fixture_v1_module_names() ==
+        "\"MultiheadAttention\", \"TransformerEncoderLayer\", \"TransformerEncoder\", \"TransformerDecoderLayer\"");
 }

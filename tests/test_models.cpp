@@ -468,8 +468,7 @@ TEST_CASE("models: the ViT against a long-double twin / every head activation", 
 }
 
 TEST_CASE("models: token ids out of range or not ids are refused / never a crash", "[models]") {
-  CaseSpec s = default_cases().at(7);
-  REQUIRE(s.name == "embed");
+  CaseSpec s = test::default_case("embed");
   s.batch = 2, s.seq = 5, s.dim = 8, s.heads = 2, s.ffn = 4, s.layers = 1, s.vocab = 10;
   Problem p = make_problem(s);
   // The core: an id equal to vocab, and a negative one.
@@ -500,8 +499,7 @@ TEST_CASE("models: token ids out of range or not ids are refused / never a crash
   bad.inputs["tokens"].dtype = DType::Float32;
   CHECK_THROWS_WITH(validate(bad, "case embed"),
                     "case embed: inputs.tokens: expected an int64 tensor of token ids, got float32");
-  CaseSpec v = default_cases().at(8);
-  REQUIRE(v.name == "vit");
+  CaseSpec v = test::default_case("vit");
   Problem img = make_problem(v);
   img.inputs["image"].dtype = DType::Int64;
   CHECK_THROWS_WITH(validate(img, "case vit"),
@@ -513,7 +511,7 @@ TEST_CASE("models: token ids out of range or not ids are refused / never a crash
 }
 
 TEST_CASE("models: the state dict names of the new run cases", "[models]") {
-  CaseSpec v = default_cases().at(8);
+  CaseSpec v = test::default_case("vit");
   v.head = {5, 4, 3};
   v.layers = 1;
   const Problem p = make_problem(v);

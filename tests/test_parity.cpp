@@ -412,7 +412,7 @@ namespace {
 // heads, ffn, layers, head widths and activation, encoder activation, random parameters.
 CaseSpec random_vit(uint64_t seed) {
   Rng rng(seed);
-  CaseSpec s = default_cases().at(8);
+  CaseSpec s = test::default_case("vit");
   s.name = "vit_grid_" + std::to_string(seed);
   s.seed = seed;
   do {
@@ -437,7 +437,7 @@ CaseSpec random_vit(uint64_t seed) {
 
 CaseSpec random_token_encoder(uint64_t seed) {
   Rng rng(seed);
-  CaseSpec s = default_cases().at(7);
+  CaseSpec s = test::default_case("embed");
   s.name = "embed_grid_" + std::to_string(seed);
   s.seed = seed;
   s.vocab = rng.integer(1, 50);

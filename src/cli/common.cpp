@@ -166,9 +166,22 @@ long double largest_tensor(const CaseSpec& s) {
       return B * L * S;
     case ModuleKind::LayerNorm:
       return B * L * s.dim;
-    default:
+    case ModuleKind::MultiheadAttention:
+    case ModuleKind::TransformerEncoderLayer:
+    case ModuleKind::TransformerEncoder:
+    case ModuleKind::TransformerDecoderLayer:
+    case ModuleKind::ScaledDotProductAttention:
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
       return attention;
   }
+  return attention;
 }
 
 void check_size(const CaseSpec& s, int64_t max_elements) {

@@ -9,10 +9,7 @@
 
 namespace tparity {
 
-bool book_module(ModuleKind m) {
-  return m == ModuleKind::SelfAttentionV1 || m == ModuleKind::SelfAttentionV2 || m == ModuleKind::CausalAttention ||
-         m == ModuleKind::MultiHeadAttentionWrapper || m == ModuleKind::BookMultiHeadAttention;
-}
+bool book_module(ModuleKind m) { return module_row(m).family == ModuleFamily::Book; }
 
 BookClass book_class(ModuleKind m) {
   switch (m) {

@@ -89,7 +89,19 @@ std::string CaseSpec::describe() const {
       if (input_scale != 1) s += fmt::format(" scale={:g}", input_scale);
       return s + (module == ModuleKind::Softmax ? " dim=-1" : " affine");
     }
-    default:
+    case ModuleKind::MultiheadAttention:
+    case ModuleKind::TransformerEncoderLayer:
+    case ModuleKind::TransformerEncoder:
+    case ModuleKind::TransformerDecoderLayer:
+    case ModuleKind::ScaledDotProductAttention:
+    case ModuleKind::SelfAttentionV1:  // the book's and the LLM blocks' are described above
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+    case ModuleKind::LlamaDecoderLayer:
+    case ModuleKind::LlamaAttention:
+    case ModuleKind::GPT2Block:
       break;
   }
   s += batch ? fmt::format(" B={}", batch) : std::string(" unbatched");

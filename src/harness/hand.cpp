@@ -273,11 +273,23 @@ std::function<void()> prepare(const Problem& p) {
     case ModuleKind::LlamaAttention:
     case ModuleKind::GPT2Block:
       return prepare_llm<T>(p);
-    default: {
-      const Problem copy = p;  // converted at every call: fine where nobody times it
-      return [copy] { (void)run<T>(copy, false, nullptr); };
-    }
+    case ModuleKind::TransformerEncoder:
+    case ModuleKind::TransformerDecoderLayer:
+    case ModuleKind::ScaledDotProductAttention:
+    case ModuleKind::TokenEncoder:
+    case ModuleKind::ViT:
+    case ModuleKind::Matmul:
+    case ModuleKind::Softmax:
+    case ModuleKind::LayerNorm:
+    case ModuleKind::SelfAttentionV1:
+    case ModuleKind::SelfAttentionV2:
+    case ModuleKind::CausalAttention:
+    case ModuleKind::MultiHeadAttentionWrapper:
+    case ModuleKind::BookMultiHeadAttention:
+      break;
   }
+  const Problem copy = p;  // converted at every call: fine where nobody times it
+  return [copy] { (void)run<T>(copy, false, nullptr); };
 }
 
 }  // namespace

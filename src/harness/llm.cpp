@@ -12,9 +12,7 @@
 
 namespace tparity {
 
-bool llm_module(ModuleKind m) {
-  return m == ModuleKind::LlamaDecoderLayer || m == ModuleKind::LlamaAttention || m == ModuleKind::GPT2Block;
-}
+bool llm_module(ModuleKind m) { return module_row(m).family == ModuleFamily::Llm; }
 
 namespace {
 

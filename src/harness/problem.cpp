@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <stdexcept>
@@ -16,75 +17,52 @@
 namespace tparity {
 
 namespace {
-const ModuleKind kAllModules[] = {ModuleKind::MultiheadAttention,
-                                  ModuleKind::TransformerEncoderLayer,
-                                  ModuleKind::TransformerEncoder,
-                                  ModuleKind::TransformerDecoderLayer,
-                                  ModuleKind::ScaledDotProductAttention,
-                                  ModuleKind::TokenEncoder,
-                                  ModuleKind::ViT,
-                                  ModuleKind::Matmul,
-                                  ModuleKind::Softmax,
-                                  ModuleKind::LayerNorm,
-                                  ModuleKind::SelfAttentionV1,
-                                  ModuleKind::SelfAttentionV2,
-                                  ModuleKind::CausalAttention,
-                                  ModuleKind::MultiHeadAttentionWrapper,
-                                  ModuleKind::BookMultiHeadAttention,
-                                  ModuleKind::LlamaDecoderLayer,
-                                  ModuleKind::LlamaAttention,
-                                  ModuleKind::GPT2Block};
 const Activation kAllActivations[] = {Activation::Relu, Activation::Gelu,     Activation::Tanh,     Activation::Sigmoid,
                                       Activation::Silu, Activation::Softplus, Activation::LeakyRelu};
+
+using F = ModuleFamily;
+// kind, name, family, fixture v1, Python fixtures
+constexpr ModuleRow kModuleRows[] = {
+    {ModuleKind::MultiheadAttention, "MultiheadAttention", F::TorchNn, true, true},
+    {ModuleKind::TransformerEncoderLayer, "TransformerEncoderLayer", F::TorchNn, true, true},
+    {ModuleKind::TransformerEncoder, "TransformerEncoder", F::TorchNn, true, true},
+    {ModuleKind::TransformerDecoderLayer, "TransformerDecoderLayer", F::TorchNn, true, true},
+    {ModuleKind::ScaledDotProductAttention, "ScaledDotProductAttention", F::Op, false, false},
+    {ModuleKind::TokenEncoder, "TokenEncoder", F::Seed, false, false},
+    {ModuleKind::ViT, "ViT", F::Seed, false, false},
+    {ModuleKind::Matmul, "Matmul", F::Op, false, false},
+    {ModuleKind::Softmax, "Softmax", F::Op, false, false},
+    {ModuleKind::LayerNorm, "LayerNorm", F::Op, false, false},
+    {ModuleKind::SelfAttentionV1, "SelfAttention_v1", F::Book, false, true},
+    {ModuleKind::SelfAttentionV2, "SelfAttention_v2", F::Book, false, true},
+    {ModuleKind::CausalAttention, "CausalAttention", F::Book, false, true},
+    {ModuleKind::MultiHeadAttentionWrapper, "MultiHeadAttentionWrapper", F::Book, false, true},
+    {ModuleKind::BookMultiHeadAttention, "MultiHeadAttention", F::Book, false, true},
+    {ModuleKind::LlamaDecoderLayer, "LlamaDecoderLayer", F::Llm, false, true},
+    {ModuleKind::LlamaAttention, "LlamaAttention", F::Llm, false, true},
+    {ModuleKind::GPT2Block, "GPT2Block", F::Llm, false, true},
+};
+constexpr bool rows_in_enum_order() {
+  for (size_t i = 0; i < std::size(kModuleRows); ++i)
+    if (size_t(kModuleRows[i].kind) != i) return false;
+  return true;
+}
+static_assert(std::size(kModuleRows) == kModuleKindCount, "one row per ModuleKind: a kind was added without its row");
+static_assert(rows_in_enum_order(), "kModuleRows must list the kinds in ModuleKind's order");
+
 }  // namespace
 
-std::string module_name(ModuleKind m) {
-  switch (m) {
-    case ModuleKind::MultiheadAttention:
-      return "MultiheadAttention";
-    case ModuleKind::TransformerEncoderLayer:
-      return "TransformerEncoderLayer";
-    case ModuleKind::TransformerEncoder:
-      return "TransformerEncoder";
-    case ModuleKind::TransformerDecoderLayer:
-      return "TransformerDecoderLayer";
-    case ModuleKind::ScaledDotProductAttention:
-      return "ScaledDotProductAttention";
-    case ModuleKind::TokenEncoder:
-      return "TokenEncoder";
-    case ModuleKind::ViT:
-      return "ViT";
-    case ModuleKind::Matmul:
-      return "Matmul";
-    case ModuleKind::Softmax:
-      return "Softmax";
-    case ModuleKind::LayerNorm:
-      return "LayerNorm";
-    case ModuleKind::SelfAttentionV1:
-      return "SelfAttention_v1";
-    case ModuleKind::SelfAttentionV2:
-      return "SelfAttention_v2";
-    case ModuleKind::CausalAttention:
-      return "CausalAttention";
-    case ModuleKind::MultiHeadAttentionWrapper:
-      return "MultiHeadAttentionWrapper";
-    case ModuleKind::BookMultiHeadAttention:
-      return "MultiHeadAttention";
-    case ModuleKind::LlamaDecoderLayer:
-      return "LlamaDecoderLayer";
-    case ModuleKind::LlamaAttention:
-      return "LlamaAttention";
-    case ModuleKind::GPT2Block:
-      return "GPT2Block";
-  }
-  return "?";
+const ModuleRow* module_rows_begin() { return std::begin(kModuleRows); }
+const ModuleRow* module_rows_end() { return std::end(kModuleRows); }
+const ModuleRow& module_row(ModuleKind m) {
+  const size_t i = size_t(m);
+  if (i >= kModuleKindCount) throw std::logic_error("module_row: not a ModuleKind: " + std::to_string(i));
+  return kModuleRows[i];
 }
 
-bool fixture_module(ModuleKind m) {
-  return m == ModuleKind::MultiheadAttention || m == ModuleKind::TransformerEncoderLayer ||
-         m == ModuleKind::TransformerEncoder || m == ModuleKind::TransformerDecoderLayer || book_module(m) ||
-         llm_module(m);
-}
+std::string module_name(ModuleKind m) { return module_row(m).name; }
+
+bool fixture_module(ModuleKind m) { return module_row(m).python_fixture; }
 
 std::string activation_name(Activation a) {
   switch (a) {
@@ -116,22 +94,19 @@ Activation activation_from_name(const std::string& name) {
 }
 
 ModuleKind module_from_name(const std::string& name) {
-  for (ModuleKind m : kAllModules)
-    if (module_name(m) == name) return m;
+  for (const ModuleRow& r : module_rows())
+    if (r.name == name) return r.kind;
   std::string names;
-  for (ModuleKind m : kAllModules) names += (names.empty() ? "\"" : ", \"") + module_name(m) + "\"";
+  for (const ModuleRow& r : module_rows()) names += (names.empty() ? "\"" : ", \"") + std::string(r.name) + "\"";
   throw std::invalid_argument("expected one of " + names + ", got \"" + name + "\"");
 }
 
-bool fixture_v1_module(ModuleKind m) {
-  return m == ModuleKind::MultiheadAttention || m == ModuleKind::TransformerEncoderLayer ||
-         m == ModuleKind::TransformerEncoder || m == ModuleKind::TransformerDecoderLayer;
-}
+bool fixture_v1_module(ModuleKind m) { return module_row(m).fixture_v1; }
 
 std::string fixture_v1_module_names() {
   std::string out;
-  for (ModuleKind m : kAllModules)
-    if (fixture_v1_module(m)) out += (out.empty() ? "\"" : ", \"") + module_name(m) + "\"";
+  for (const ModuleRow& r : module_rows())
+    if (r.fixture_v1) out += (out.empty() ? "\"" : ", \"") + std::string(r.name) + "\"";
   return out;
 }
 

@@ -3,6 +3,7 @@
 // fixtures are problems on disk; the hand core and the torch runner both consume them.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -40,6 +41,38 @@ enum class ModuleKind {
   LlamaAttention,     // LlamaAttention alone (GPT-J's and GPT-NeoX's attentions map onto it)
   GPT2Block,          // GPT2Block: pre-LN, fused Conv1D c_attn, gelu_new
 };
+
+// The last kind above: a new kind goes before it or becomes it (the kinds' table checks its length
+// against this at compile time).
+constexpr ModuleKind kLastModuleKind = ModuleKind::GPT2Block;
+constexpr size_t kModuleKindCount = size_t(kLastModuleKind) + 1;
+
+// Where a kind comes from, which decides its config, its readers, its runners and its exporter.
+enum class ModuleFamily {
+  TorchNn,  // torch.nn's attention and transformer modules
+  Op,       // a functional op: scaled_dot_product_attention, matmul, softmax, layer_norm
+  Seed,     // seed 004's models (TokenEncoder, ViT)
+  Book,     // the book's attention classes (harness/book.hpp)
+  Llm,      // transformers' decoder blocks (harness/llm.hpp)
+};
+
+// One row per module kind, as data: what the rest of tparity looks up about a kind by its key.
+struct ModuleRow {
+  ModuleKind kind;
+  const char* name;  // the class name in files and on the command line (module_name)
+  ModuleFamily family;
+  bool fixture_v1;      // fixture format v1 holds it
+  bool python_fixture;  // Python's exporters (fixtures/export_*.py) write fixtures of it
+};
+const ModuleRow& module_row(ModuleKind m);
+// Every kind, in the enum's order.
+const ModuleRow* module_rows_begin();
+const ModuleRow* module_rows_end();
+struct ModuleRows {
+  const ModuleRow* begin() const { return module_rows_begin(); }
+  const ModuleRow* end() const { return module_rows_end(); }
+};
+inline ModuleRows module_rows() { return {}; }
 
 // The modules Python fixtures are exported for (torch.nn's four, the book's classes, the LLM blocks);
 // fixture format v1 knows torch.nn's four, and their names for messages. Format v2 (a problem file,
