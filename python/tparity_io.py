@@ -60,6 +60,7 @@ class Problem:
     outputs_float32: dict = field(default_factory=dict)
     components: dict = field(default_factory=dict)
     components_float32: dict = field(default_factory=dict)
+    tensor_file: str = ""  # the safetensors file beside it that held its tensors, when one did
 
 
 def _unique_keys(pairs):
@@ -280,7 +281,8 @@ def load_problem(path):
             r.fail("tensor_file", str(e))
     p = Problem(path=path, name=r.string(doc["name"], "name"), module=r.string(doc["module"], "module"),
                 config=r.obj(doc["config"], "config"), forward=r.obj(doc.get("forward", {}), "forward"),
-                reference=reference, description=r.string(doc.get("description", ""), "description"))
+                reference=reference, description=r.string(doc.get("description", ""), "description"),
+                tensor_file=doc.get("tensor_file", ""))
     for key in _MAPS:
         if key in doc:
             setattr(p, key, r.tensors(doc[key], key))
@@ -317,33 +319,116 @@ def _tensor_json(a, where, bfloat16=False):
     return {"dtype": name, "shape": list(a.shape), "data": data}
 
 
-def _write_json(path, doc):
-    """doc to path atomically: a temporary file in the same directory, then os.replace."""
+def _temporary(path):
+    """A new temporary file in path's directory: (its descriptor, its path)."""
+    return tempfile.mkstemp(prefix=".tparity-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+
+
+def _write_json(path, doc, tensor_file=None):
+    """doc to path atomically: a temporary file in the same directory, then os.replace. With
+    tensor_file (its path and bytes), that file is written the same way first, so that the JSON never
+    names a tensor file that is not whole."""
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".tparity-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+    written = []
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        for target, data in ([tensor_file] if tensor_file else []) + [(path, text.encode("utf-8"))]:
+            fd, tmp = _temporary(target)
+            written.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        for tmp, target in zip(written, ([tensor_file[0]] if tensor_file else []) + [path]):
+            os.replace(tmp, target)
     except BaseException:
-        os.unlink(tmp)
+        for tmp in written:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         raise
 
 
-def write_outputs(path, dtype, outputs, components=None, local=None):
+def _checked(a, where, bfloat16):
+    """a as a float array and its dtype's name ("bfloat16" for a bfloat16 run's float32 arrays, whose
+    every value must be one)."""
+    a = np.asarray(a)
+    if a.dtype not in (np.float16, np.float32, np.float64):
+        raise ValueError(f"{where}: expected a float16, float32 or float64 array, got {a.dtype}")
+    if bfloat16 and a.dtype == np.float32:
+        if not np.array_equal(a, round_bfloat16(a), equal_nan=True):
+            raise ValueError(f"{where}: a bfloat16 run's float32 array holds values that are not bfloat16 "
+                             f"(round them with tparity_io.round_bfloat16)")
+        return a, "bfloat16"
+    return a, a.dtype.name
+
+
+def _tensor_json(a, where, bfloat16=False):
+    """T inline, in the array's own dtype (float32 arrays as "bfloat16" in a bfloat16 run, where each
+    value must be one); floats as Python floats (repr is exact, float32 and float16 values too)."""
+    a, name = _checked(a, where, bfloat16)
+    data = a.astype(np.float64).ravel().tolist()
+    if not np.isfinite(a).all():
+        data = [x if math.isfinite(x) else "nan" if x != x else "inf" if x > 0 else "-inf" for x in data]
+    return {"dtype": name, "shape": list(a.shape), "data": data}
+
+
+# A tensor's bytes in the safetensors file, by its tparity dtype: (safetensors dtype, little-endian bytes).
+_ST_WRITE = {"float64": ("F64", lambda a: a.astype("<f8").tobytes()),
+             "float32": ("F32", lambda a: a.astype("<f4").tobytes()),
+             "float16": ("F16", lambda a: a.astype("<f2").tobytes()),
+             # a bfloat16 value is a float32's high 16 bits (the low ones are zero: _checked)
+             "bfloat16": ("BF16", lambda a: (np.ascontiguousarray(a, "<f4").view("<u4") >> 16).astype("<u2").tobytes())}
+
+
+def _safetensors_bytes(tensors):
+    """A safetensors file holding tensors, a list of (name, tparity dtype, array), in that order."""
+    header, chunks, offset = {}, [], 0
+    for name, dtype, a in tensors:
+        code, to_bytes = _ST_WRITE[dtype]
+        data = to_bytes(a)
+        header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the format's writers align it
+    return len(text).to_bytes(8, "little") + text + b"".join(chunks)
+
+
+def write_outputs(path, dtype, outputs, components=None, local=None, tensors="inline"):
     """Write {"format": "tparity.outputs", "version": 1, "dtype", "outputs", "components"?, "local"?}.
     Each map is name -> float array. Every tensor is written in its own dtype: a float64 array of a
     float32 run is written as float64, for tparity to see, not rounded here. A bfloat16 run's tensors
-    are float32 arrays of bfloat16 values (round_bfloat16), a float16 run's numpy float16 arrays."""
+    are float32 arrays of bfloat16 values (round_bfloat16), a float16 run's numpy float16 arrays.
+    tensors="safetensors" puts the arrays in a safetensors file beside path (its name with the
+    extension .safetensors) instead of inline JSON: a few times smaller and faster to write and read
+    (as `tparity exec --tensors safetensors` hands problems over). The two files are written so that
+    the JSON appears only once its tensor file is whole."""
     if dtype not in ("float32", "float64", "bfloat16", "float16"):
         raise ValueError(f"dtype: expected \"float32\", \"float64\", \"bfloat16\" or \"float16\", got {dtype!r}")
+    if tensors not in ("inline", "safetensors"):
+        raise ValueError(f"tensors: expected \"inline\" or \"safetensors\", got {tensors!r}")
     if "output" not in outputs:
         raise ValueError("outputs: expected an \"output\" entry")
     doc = {"format": "tparity.outputs", "version": 1, "dtype": dtype}
-    for key, tensors in (("outputs", outputs), ("components", components), ("local", local)):
-        if tensors is not None:
-            doc[key] = {name: _tensor_json(a, f"{key}.{name}", dtype == "bfloat16") for name, a in tensors.items()}
-    _write_json(path, doc)
+    stored = []  # (name in the tensor file, dtype, array)
+    for key, group in (("outputs", outputs), ("components", components), ("local", local)):
+        if group is None:
+            continue
+        doc[key] = {}
+        for name, a in group.items():
+            where = f"{key}.{name}"
+            if tensors == "inline":
+                doc[key][name] = _tensor_json(a, where, dtype == "bfloat16")
+                continue
+            a, kind = _checked(a, where, dtype == "bfloat16")
+            stored.append((where, kind, a))
+            doc[key][name] = {"dtype": kind, "shape": list(a.shape), "file": where}
+    tensor_file = None
+    if tensors == "safetensors":
+        st_path = os.path.splitext(os.path.abspath(path))[0] + ".safetensors"
+        if st_path == os.path.abspath(path):
+            raise ValueError(f"{path}: expected an outputs file name not ending in .safetensors (its tensors go "
+                             f"in a .safetensors file beside it)")
+        doc["tensor_file"] = os.path.basename(st_path)
+        tensor_file = (st_path, _safetensors_bytes(stored))
+    _write_json(path, doc, tensor_file)
 
 
 def write_unsupported(path, why):

@@ -93,7 +93,9 @@ def main(argv):
     except KeyError as e:  # a state_dict entry, input or config key the module reads is absent
         print(f"run.py: {problem_path}: missing {e} (a state_dict entry, input or config key)", file=sys.stderr)
         return 1
-    tparity_io.write_outputs(out_path, dtype, outputs, components, local)
+    # Answered in the form asked: tensors in a safetensors file when the problem's came in one.
+    tparity_io.write_outputs(out_path, dtype, outputs, components, local,
+                             tensors="safetensors" if problem.tensor_file else "inline")
     return 0
 
 

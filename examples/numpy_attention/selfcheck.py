@@ -277,6 +277,45 @@ def check_io(tmp):
     ok &= good
     lines.append(f"{'PASS' if good else 'FAIL'} write_outputs writes a bfloat16 run's rounded float32 arrays as "
                  f"bfloat16 and refuses unrounded ones: {msg}")
+
+    # tensors="safetensors": every tensor in the file beside the JSON, bit for bit, read back by the
+    # safetensors package (an independent reader); bfloat16 as BF16; an outputs path that would be
+    # its own tensor file refused.
+    try:
+        from safetensors.numpy import load_file
+        from safetensors.torch import load_file as load_torch  # numpy has no bfloat16
+    except ImportError:
+        load_file = None
+    wide = np.array([1 / 3, 1e300, -0.0, math.nan], dtype=np.float64)
+    for dtype, arrays in (("float32", {"output": x, "attn_weights": wide}), ("bfloat16", {"output": r(x)}),
+                          ("float16", {"output": x.astype(np.float16)})):
+        out = os.path.join(tmp, f"st_{dtype}.json")
+        tparity_io.write_outputs(out, dtype, arrays, {"q": arrays["output"]}, tensors="safetensors")
+        with open(out) as f:
+            doc = json.load(f)
+        st = os.path.join(tmp, f"st_{dtype}.safetensors")
+        good = doc.get("tensor_file") == os.path.basename(st) and os.path.isfile(st)
+        if good and load_file:
+            back = load_file(st) if dtype != "bfloat16" else {
+                k: v.float().numpy() for k, v in load_torch(st).items() if str(v.dtype) == "torch.bfloat16"}
+            for key, group in (("outputs", arrays), ("components", {"q": arrays["output"]})):
+                for name, a in group.items():
+                    got = back.get(f"{key}.{name}", np.zeros(0))
+                    good &= (doc[key][name] == {"dtype": dtype if a.dtype == np.float32 else a.dtype.name,
+                                                "shape": list(a.shape), "file": f"{key}.{name}"}
+                             and got.dtype == a.dtype and np.array_equal(got.view(np.uint8), a.view(np.uint8)))
+        ok &= good
+        lines.append(f"{'PASS' if good else 'FAIL'} write_outputs(tensors=\"safetensors\") in {dtype}: every tensor "
+                     f"bit for bit in the file beside the JSON"
+                     f"{'' if load_file else ' (safetensors not installed: file present only)'}")
+    try:
+        tparity_io.write_outputs(os.path.join(tmp, "o.safetensors"), "float32", {"output": x}, tensors="safetensors")
+        good, msg = False, "accepted"
+    except ValueError as e:
+        good, msg = "not ending in .safetensors" in str(e), str(e)
+    ok &= good
+    lines.append(f"{'PASS' if good else 'FAIL'} write_outputs refuses an outputs path that is its own tensor file: "
+                 f"{msg}")
     return ok, lines
 
 

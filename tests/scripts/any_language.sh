@@ -3,10 +3,12 @@
 # ./scripts/test runs it: tparity exec with the numpy example over every default case (each passes,
 # none declined), its broken copy (scores scaled by 1/sqrt(E)) failing
 # with the first divergence named at scores, the example in bfloat16 and float16 passing and its copy
-# with float16 accumulators failing, and the C example (libc only) on the seeds' attention
-# cases and the committed MultiheadAttention fixtures.
+# with float16 accumulators failing, the C example (libc only) on the seeds' attention
+# cases and the committed MultiheadAttention fixtures, and the numpy example's own selfcheck.
+# Problems and outputs go inline (the C example, the float16 accumulators) and in safetensors (the
+# rest: the numpy example answers in the form it was asked in).
 #   tests/scripts/any_language.sh BUILD_DIR PYTHON [all|numpy|rest]
-# numpy: part 1 alone (the numpy example over every default case); rest: parts 2 to 4. ./scripts/test
+# numpy: part 1 alone (the numpy example over every default case); rest: parts 2 to 5. ./scripts/test
 # runs the two at once.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -38,7 +40,7 @@ fi
 [ "$parts" = numpy ] && exit 0
 
 # 2. Its broken copy must fail, and name the scores as the first divergence.
-if out=$("$build/tparity" exec --case multihead --case block --name "numpy example, broken" \
+if out=$("$build/tparity" exec --tensors safetensors --case multihead --case block --name "numpy example, broken" \
   -- "$python" examples/numpy_attention/broken.py {problem} {out} {dtype}); then
   fail "broken.py passed: the scale by 1/sqrt(E) went unseen"
 fi
@@ -51,7 +53,8 @@ echo "numpy example, broken: $(echo "$out" | summary), first divergence at score
 # E = 512; its copy with float16 accumulators in the linear layers fails in float16, from the first
 # projection on.
 wide=(--case multihead --case block --batch 4 --dim 512 --ffn 2048)
-out=$("$build/tparity" exec "${wide[@]}" --dtype bfloat16,float16 --name "numpy example, low precision" \
+out=$("$build/tparity" exec "${wide[@]}" --tensors safetensors --dtype bfloat16,float16 \
+  --name "numpy example, low precision" \
   -- "$python" examples/numpy_attention/run.py {problem} {out} {dtype}) || {
   echo "$out"
   fail "the numpy example failed in bfloat16 or float16"
@@ -78,3 +81,11 @@ out=$("$build/tparity" exec --case single --case batched --case multihead "${fix
   fail "the C example failed a case"
 }
 echo "C example: $(echo "$out" | summary); $(echo "$out" | grep -c '^skipped') declined"
+
+# 5. The numpy example against every committed fixture's stored results without tparity, and
+# tparity_io's own checks (safetensors read and written bit for bit, malformed files refused by name).
+out=$("$python" examples/numpy_attention/selfcheck.py) || {
+  echo "$out"
+  fail "examples/numpy_attention/selfcheck.py failed"
+}
+echo "numpy example selfcheck: $(echo "$out" | tail -n 1)"
