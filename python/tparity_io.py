@@ -301,24 +301,6 @@ def round_bfloat16(a):
     return out.reshape(np.shape(a))
 
 
-def _tensor_json(a, where, bfloat16=False):
-    """T inline, in the array's own dtype (float32 arrays as "bfloat16" in a bfloat16 run, where each
-    value must be one); floats as Python floats (repr is exact, float32 and float16 values too)."""
-    a = np.asarray(a)
-    if a.dtype not in (np.float16, np.float32, np.float64):
-        raise ValueError(f"{where}: expected a float16, float32 or float64 array, got {a.dtype}")
-    name = a.dtype.name
-    if bfloat16 and a.dtype == np.float32:
-        if not np.array_equal(a, round_bfloat16(a), equal_nan=True):
-            raise ValueError(f"{where}: a bfloat16 run's float32 array holds values that are not bfloat16 "
-                             f"(round them with tparity_io.round_bfloat16)")
-        name = "bfloat16"
-    data = a.astype(np.float64).ravel().tolist()
-    if not np.isfinite(a).all():
-        data = [x if math.isfinite(x) else "nan" if x != x else "inf" if x > 0 else "-inf" for x in data]
-    return {"dtype": name, "shape": list(a.shape), "data": data}
-
-
 def _temporary(path):
     """A new temporary file in path's directory: (its descriptor, its path)."""
     return tempfile.mkstemp(prefix=".tparity-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
@@ -373,8 +355,10 @@ def _tensor_json(a, where, bfloat16=False):
 _ST_WRITE = {"float64": ("F64", lambda a: a.astype("<f8").tobytes()),
              "float32": ("F32", lambda a: a.astype("<f4").tobytes()),
              "float16": ("F16", lambda a: a.astype("<f2").tobytes()),
-             # a bfloat16 value is a float32's high 16 bits (the low ones are zero: _checked)
-             "bfloat16": ("BF16", lambda a: (np.ascontiguousarray(a, "<f4").view("<u4") >> 16).astype("<u2").tobytes())}
+             # a bfloat16 value is a float32's high 16 bits (the low ones are zero: _checked); a NaN
+             # whose payload lies in the low bits alone would become inf, so every NaN is bfloat16's own
+             "bfloat16": ("BF16", lambda a: np.where(np.isnan(a), np.uint16(0x7FC0), (np.ascontiguousarray(
+                 a, "<f4").view("<u4") >> 16).astype("<u2")).astype("<u2").tobytes())}
 
 
 def _safetensors_bytes(tensors):
@@ -396,8 +380,8 @@ def write_outputs(path, dtype, outputs, components=None, local=None, tensors="in
     Each map is name -> float array. Every tensor is written in its own dtype: a float64 array of a
     float32 run is written as float64, for tparity to see, not rounded here. A bfloat16 run's tensors
     are float32 arrays of bfloat16 values (round_bfloat16), a float16 run's numpy float16 arrays.
-    tensors="safetensors" puts the arrays in a safetensors file beside path (its name with the
-    extension .safetensors) instead of inline JSON: a few times smaller and faster to write and read
+    tensors="safetensors" puts the arrays in a safetensors file beside path (its name with ".json"
+    replaced by, or any other name followed by, ".safetensors") instead of inline JSON: a few times smaller and faster to write and read
     (as `tparity exec --tensors safetensors` hands problems over). The two files are written so that
     the JSON appears only once its tensor file is whole."""
     if dtype not in ("float32", "float64", "bfloat16", "float16"):
@@ -422,10 +406,10 @@ def write_outputs(path, dtype, outputs, components=None, local=None, tensors="in
             doc[key][name] = {"dtype": kind, "shape": list(a.shape), "file": where}
     tensor_file = None
     if tensors == "safetensors":
-        st_path = os.path.splitext(os.path.abspath(path))[0] + ".safetensors"
-        if st_path == os.path.abspath(path):
-            raise ValueError(f"{path}: expected an outputs file name not ending in .safetensors (its tensors go "
-                             f"in a .safetensors file beside it)")
+        # As tparity names the tensor file beside a JSON: ".json" replaced, any other name extended (an
+        # outputs path "case.out" must not take the "case.safetensors" of a problem "case.json").
+        full = os.path.abspath(path)
+        st_path = (full[:-5] if full.endswith(".json") and len(os.path.basename(full)) > 5 else full) + ".safetensors"
         doc["tensor_file"] = os.path.basename(st_path)
         tensor_file = (st_path, _safetensors_bytes(stored))
     _write_json(path, doc, tensor_file)

@@ -805,26 +805,46 @@ TEST_CASE("parity: the numeric defects fail the float32 gate alone / the float64
 }
 
 TEST_CASE(
-    "parity: a reference memo reuses LibTorch's run of the same problem only / a changed weight, input or "
-    "config is run again",
+    "parity: a reference memo reuses LibTorch's run of the same problem only / a changed weight, input, "
+    "config or forward option is run again",
     "[parity]") {
-  const CaseSpec s = test::default_case("block");
-  const Problem p = make_problem(s);
   const ReferenceMemo memo;
   CHECK_THROWS_AS(ReferenceMemo(), std::logic_error);  // one at a time
+  const CaseSpec s = test::default_case("block");
+  const Problem p = make_problem(s);
   const CaseReport first = evaluate_problem(p, s.describe(), s.seed, GatePolicy{});
   require_pass(first);
-  // The same problem again: the same report, figure for figure.
+  const size_t made = memo.runs();
+  CHECK(made >= 2);  // torch64, torch32 and any noise samples
+  CHECK(memo.hits() == 0);
+  // The same problem again: every run from the memo, the same report figure for figure.
   CHECK(to_json(evaluate_problem(p, s.describe(), s.seed, GatePolicy{})).dump() == to_json(first).dump());
-  // Each of these changes what LibTorch computes. Served the first run's results, hand64 (which sees
-  // the change) would differ from torch64 far beyond the semantic gate's 1e-10.
+  CHECK(memo.runs() == made);
+  CHECK(memo.hits() == made);
+  // Each of these changes what LibTorch computes: LibTorch runs again (at least torch64 and torch32),
+  // and, were it served the first run's results, hand64 (which sees the change) would differ from
+  // torch64 far beyond the semantic gate's 1e-10.
+  auto changed = [&](const Problem& q, const char* what) {
+    INFO(what);
+    const size_t before = memo.runs();
+    require_pass(evaluate_problem(q, s.describe(), s.seed, GatePolicy{}));
+    CHECK(memo.runs() >= before + 2);
+  };
   Problem weight = p;
   weight.state_dict.begin()->second.data[0] += 0.25;
-  require_pass(evaluate_problem(weight, s.describe(), s.seed, GatePolicy{}));
+  changed(weight, "a weight");
   Problem input = p;
   input.inputs.begin()->second.data[1] += 0.25;
-  require_pass(evaluate_problem(input, s.describe(), s.seed, GatePolicy{}));
+  changed(input, "an input");
   Problem config = p;
   config.encoder.layer_norm_eps = 0.5;
-  require_pass(evaluate_problem(config, s.describe(), s.seed, GatePolicy{}));
+  changed(config, "the config");
+  // MultiheadAttention's forward options are not in its config: with and without weights.
+  const CaseSpec m = test::default_case("multihead");
+  Problem mha = make_problem(m);
+  require_pass(evaluate_problem(mha, m.describe(), m.seed, GatePolicy{}));
+  mha.forward.need_weights = false;
+  changed(mha, "need_weights");
+  mha.forward.need_weights = true, mha.forward.average_attn_weights = false;
+  changed(mha, "average_attn_weights");
 }

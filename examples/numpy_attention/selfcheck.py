@@ -308,14 +308,27 @@ def check_io(tmp):
         lines.append(f"{'PASS' if good else 'FAIL'} write_outputs(tensors=\"safetensors\") in {dtype}: every tensor "
                      f"bit for bit in the file beside the JSON"
                      f"{'' if load_file else ' (safetensors not installed: file present only)'}")
-    try:
-        tparity_io.write_outputs(os.path.join(tmp, "o.safetensors"), "float32", {"output": x}, tensors="safetensors")
-        good, msg = False, "accepted"
-    except ValueError as e:
-        good, msg = "not ending in .safetensors" in str(e), str(e)
+    # The tensor file's name, as tparity names one beside a JSON: never the outputs file itself, never
+    # the tensor file of a problem "case.json" beside an outputs file "case.out".
+    names = {}
+    for name in ("o.safetensors", "case.out", "x.float64.out.json", ".json"):
+        tparity_io.write_outputs(os.path.join(tmp, name), "float32", {"output": x}, tensors="safetensors")
+        with open(os.path.join(tmp, name)) as f:
+            names[name] = json.load(f).get("tensor_file")
+    good = names == {"o.safetensors": "o.safetensors.safetensors", "case.out": "case.out.safetensors",
+                     "x.float64.out.json": "x.float64.out.safetensors", ".json": ".json.safetensors"}
     ok &= good
-    lines.append(f"{'PASS' if good else 'FAIL'} write_outputs refuses an outputs path that is its own tensor file: "
-                 f"{msg}")
+    lines.append(f"{'PASS' if good else 'FAIL'} write_outputs names the tensor file as tparity does: {names}")
+    # A NaN whose payload lies in float32's low 16 bits is a NaN in bfloat16 too, not inf.
+    odd = np.array([1.0, 0.0], dtype=np.float32)
+    odd.view(np.uint32)[1] = 0x7F800001
+    tparity_io.write_outputs(os.path.join(tmp, "nan.json"), "bfloat16", {"output": odd}, tensors="safetensors")
+    good = True
+    if load_file:
+        back = load_torch(os.path.join(tmp, "nan.safetensors"))["outputs.output"].float().numpy()
+        good = back[0] == 1.0 and np.isnan(back[1])
+    ok &= good
+    lines.append(f"{'PASS' if good else 'FAIL'} write_outputs keeps a low-payload NaN a NaN in bfloat16")
     return ok, lines
 
 

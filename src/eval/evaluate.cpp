@@ -39,10 +39,13 @@ Components with_outputs(const Problem& p, const RunResult& run) {
 }
 
 // The live ReferenceMemo, if any (evaluate.hpp): LibTorch's runs by the fingerprint of what they ran.
+// One thread evaluates at a time (the selftest's loop); nothing here is synchronised.
 std::map<std::string, TorchRun>* memo_runs = nullptr;
+size_t memo_hits = 0, memo_misses = 0;
 
-// What a LibTorch run depends on: the problem's name, module and config, its semantics, every state_dict
-// and input tensor (dtype, shape and bits, hashed), and the precision. Equal keys, equal runs.
+// What a LibTorch run depends on: the problem's name, module kind and config, MultiheadAttention's
+// forward options, its semantics, every state_dict and input tensor (each map tagged and counted,
+// each tensor's name, dtype, rank, shape and bits, hashed), and the precision. Equal keys, equal runs.
 std::string fingerprint(const Problem& p, DType dtype) {
   uint64_t h = 0x9e3779b97f4a7c15ULL;
   auto mix = [&h](uint64_t w) {
@@ -50,18 +53,24 @@ std::string fingerprint(const Problem& p, DType dtype) {
     h *= 0xff51afd7ed558ccdULL;
     h ^= h >> 33;
   };
-  for (const TensorMap* m : {&p.state_dict, &p.inputs})
+  uint64_t section = 0;
+  for (const TensorMap* m : {&p.state_dict, &p.inputs}) {
+    mix(++section), mix(m->size());
     for (const auto& [name, t] : *m) {
+      mix(name.size());
       for (char c : name) mix(uint64_t(uint8_t(c)));
-      mix(uint64_t(t.dtype));
+      mix(uint64_t(t.dtype)), mix(t.shape.size());
       for (int64_t d : t.shape) mix(uint64_t(d));
+      mix(t.data.size());
       for (double x : t.data) {
         uint64_t bits;
         std::memcpy(&bits, &x, sizeof bits);
         mix(bits);
       }
     }
-  return fmt::format("{}\n{}\n{}\n{}\n{:016x}", p.name, config_json(p).dump(),
+  }
+  return fmt::format("{}\n{}\n{}\nneed_weights {} average {}\n{}\n{}\n{:016x}", p.name, module_name(p.module),
+                     config_json(p).dump(), p.forward.need_weights, p.forward.average_attn_weights,
                      p.semantics ? semantics_name(*p.semantics) : "unset", dtype_name(dtype), h);
 }
 
@@ -69,9 +78,13 @@ std::string fingerprint(const Problem& p, DType dtype) {
 TorchRun reference_run(const Problem& p, DType dtype, const std::string& where) {
   if (!memo_runs) return run_torch(p, dtype, true, where);
   const std::string key = fingerprint(p, dtype);
-  if (auto it = memo_runs->find(key); it != memo_runs->end()) return it->second;
+  if (auto it = memo_runs->find(key); it != memo_runs->end()) {
+    ++memo_hits;
+    return it->second;
+  }
   TorchRun run = run_torch(p, dtype, true, where);
   memo_runs->emplace(key, run);
+  ++memo_misses;
   return run;
 }
 
@@ -264,7 +277,10 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
 ReferenceMemo::ReferenceMemo() {
   if (memo_runs) throw std::logic_error("ReferenceMemo: one is already live");
   memo_runs = &runs_;
+  memo_hits = memo_misses = 0;
 }
+size_t ReferenceMemo::hits() const { return memo_hits; }
+size_t ReferenceMemo::runs() const { return memo_misses; }
 ReferenceMemo::~ReferenceMemo() { memo_runs = nullptr; }
 
 Implementation hand_core() {

@@ -41,13 +41,16 @@ struct Implementation {
 // model's jittered samples) and reuses them for a problem identical to one it ran: the same name,
 // config, semantics, state_dict and inputs bit for bit, and precision. The selftest evaluates every
 // case once clean and once per planted defect, and a defect planted in the hand core does not change
-// what LibTorch computes.
+// what LibTorch computes. It keeps every run whole until it goes (for the selftest's long_keys case,
+// 2 + 2 x noise samples runs of about 1 M doubles per component): one case's lifetime, not a run's.
 class ReferenceMemo {
  public:
   ReferenceMemo();
   ~ReferenceMemo();
   ReferenceMemo(const ReferenceMemo&) = delete;
   ReferenceMemo& operator=(const ReferenceMemo&) = delete;
+  size_t hits() const;  // runs served from the memo
+  size_t runs() const;  // runs LibTorch made (and the memo keeps)
 
  private:
   std::map<std::string, TorchRun> runs_;
