@@ -61,11 +61,14 @@ TEST_CASE("determinism: a seed gives the same problem and the same outputs, run 
   }
 }
 
-TEST_CASE("determinism: the hand core's outputs do not depend on its thread count", "[determinism]") {
-  // Every default case (outputs alone: the fast path with the fused attention; with components: the
-  // unfused one), on 1 to 4 threads, both precisions, both core paths; and the benchmark shapes'
-  // attention at a size where every kernel splits its work (rows of the GEMM, query blocks of the
-  // fused attention, rows of the softmax and the layer norm).
+namespace {
+
+// Every default case (outputs alone: the fast path with the fused attention; with components: the
+// unfused one), on 1 to 4 threads, on one core path in one precision; and the benchmark shapes'
+// attention at a size where every kernel splits its work (rows of the GEMM, query blocks of the
+// fused attention, rows of the softmax and the layer norm). One test per path and precision, so that
+// ctest spreads them over its jobs (under ASan the four took 110 s as one test).
+void check_thread_count_independence(CorePath path, DType dt) {
   std::vector<CaseSpec> cases = default_cases();
   CaseSpec wide;
   wide.name = "wide", wide.module = ModuleKind::TransformerEncoderLayer, wide.batch = 4, wide.seq = 96;
@@ -75,30 +78,49 @@ TEST_CASE("determinism: the hand core's outputs do not depend on its thread coun
   attn.name = "attn", attn.module = ModuleKind::MultiheadAttention, attn.batch = 1, attn.seq = 600, attn.dim = 64;
   attn.heads = 2, attn.need_weights = false, attn.mask = MaskKind::Padding, attn.seed = 6;
   cases.push_back(attn);
+  const test::ScopedCorePath scoped(path);
   for (const CaseSpec& s : cases) {
     const Problem p = make_problem(s);
-    for (CorePath path : {CorePath::Fast, CorePath::Reference}) {
-      const test::ScopedCorePath scoped(path);
-      for (DType dt : {DType::Float32, DType::Float64})
-        for (bool components : {false, true}) {
-          CAPTURE(s.name, path == CorePath::Fast ? "fast" : "reference", dtype_name(dt), components);
-          RunResult one;
-          {
-            const ScopedThreads t(1);
-            one = run_hand(p, dt, components, s.name);
-          }
-          REQUIRE_FALSE(one.outputs.empty());
-          if (components) REQUIRE_FALSE(one.components.empty());
-          for (int n : {2, 3, 4}) {
-            CAPTURE(n);
-            const ScopedThreads t(n);
-            const RunResult many = run_hand(p, dt, components, s.name);
-            CHECK(same_bits(one.outputs, many.outputs));
-            CHECK(same_bits(one.components, many.components));
-          }
-        }
+    for (bool components : {false, true}) {
+      CAPTURE(s.name, path == CorePath::Fast ? "fast" : "reference", dtype_name(dt), components);
+      RunResult one;
+      {
+        const ScopedThreads t(1);
+        one = run_hand(p, dt, components, s.name);
+      }
+      REQUIRE_FALSE(one.outputs.empty());
+      if (components) REQUIRE_FALSE(one.components.empty());
+      for (int n : {2, 3, 4}) {
+        CAPTURE(n);
+        const ScopedThreads t(n);
+        const RunResult many = run_hand(p, dt, components, s.name);
+        CHECK(same_bits(one.outputs, many.outputs));
+        CHECK(same_bits(one.components, many.components));
+      }
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("determinism: the hand core's outputs do not depend on its thread count / the fast path, float32",
+          "[determinism]") {
+  check_thread_count_independence(CorePath::Fast, DType::Float32);
+}
+
+TEST_CASE("determinism: the hand core's outputs do not depend on its thread count / the fast path, float64",
+          "[determinism]") {
+  check_thread_count_independence(CorePath::Fast, DType::Float64);
+}
+
+TEST_CASE("determinism: the hand core's outputs do not depend on its thread count / the reference path, float32",
+          "[determinism]") {
+  check_thread_count_independence(CorePath::Reference, DType::Float32);
+}
+
+TEST_CASE("determinism: the hand core's outputs do not depend on its thread count / the reference path, float64",
+          "[determinism]") {
+  check_thread_count_independence(CorePath::Reference, DType::Float64);
 }
 
 TEST_CASE("determinism: run_hand(Problem&&) gives run_hand's outputs bit for bit, the weights released on the way",
