@@ -67,6 +67,21 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --case single --kv-heads 1",
             "option --kv-heads: only scaled_dot_product_attention and the LLM blocks take it"},
            {"run --case block --scale 0.5", "option --scale: only scaled_dot_product_attention takes it"},
+           {"run --case block --config rope_theta=1",
+            "option --config rope_theta=1: only the LLM blocks take config keys, not TransformerEncoderLayer (case "
+            "block)"},
+           {"run --case llama --config sliding_window=4",
+            "option --config sliding_window=4: LlamaDecoderLayer has no config key sliding_window (expected one of: "
+            "attention_bias, causal, decode_steps, head_dim, hidden_size, intermediate_size, max_position_embeddings, "
+            "mlp_bias, num_attention_heads, num_key_value_heads, partial_rotary_factor, rms_norm_eps, "
+            "rope_convention, rope_theta)"},
+           {"run --case llama --config rope_theta", "option --config rope_theta: expected KEY=VALUE"},
+           {"run --case llama --config =4", "option --config =4: expected KEY=VALUE"},
+           {"run --case llama --config rope_theta=abc", "option --config rope_theta=abc: malformed JSON"},
+           {"run --case llama --config rope_theta=true",
+            "case llama: --config rope_theta: expected a number, got true"},
+           {"run --case gpt2 --config n_inner=0",
+            "case gpt2: --config n_inner: expected an integer in [1, 2^31], got 0"},
            {"run --case llama --scale 0.5", "option --scale: only scaled_dot_product_attention takes it"},
            {"run --case single --mask is-causal", "option --mask: is-causal is scaled_dot_product_attention's flag"},
            {"run --case batched --max-elements 1000", "above --max-elements 1000"},
@@ -248,6 +263,13 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   for (const char* c : {"Matmul [3, 5, 4] @ [3, 4, 3]", "Matmul [4, 10, 3] @ [3, 6]", "Softmax [100, 100] scale=8",
                         "LayerNorm [100, 64] offset=100 affine"})
     CHECK_THAT(r.out, Catch::Contains(c));
+  // --config sets an LLM block's config key by transformers' name, and the case says so.
+  r = tparity("run --case llama --config rope_theta=500000 --config rms_norm_eps=1e-5 --format json");
+  REQUIRE(r.code == 0);
+  const json llama = json::parse(r.out).at("cases").at(0);
+  CHECK(llama.at("config").at("rope_theta") == 500000);
+  CHECK(llama.at("config").at("rms_norm_eps") == 1e-5);
+  CHECK(llama.at("pass") == true);
   // The selftest's two stress cases run by name, as the README says.
   r = tparity("run --case softmax_hot --case long_keys");
   CHECK(r.code == 0);

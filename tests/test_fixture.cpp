@@ -487,6 +487,17 @@ TEST_CASE("module kinds: one row each / the name read back is the kind / familie
     CHECK(book_module(r.kind) == (book.count(r.name) == 1));
     CHECK(llm_module(r.kind) == (llm.count(r.name) == 1));
     CHECK(fixture_module(r.kind) == (exported.count(r.name) == 1));
+    // the book's and the LLM kinds are answered by their family's code, which knows every one of them
+    CHECK((r.handler == ModuleHandler::Book) == (book.count(r.name) == 1));
+    CHECK((r.handler == ModuleHandler::Llm) == (llm.count(r.name) == 1));
+    if (llm.count(r.name)) {
+      CHECK(llm_row(r.kind).kind == r.kind);
+      CHECK(llm_takes(r.kind, "hidden_size"));
+      CHECK_FALSE(llm_takes(r.kind, "embed_dim"));
+    } else {
+      CHECK_THROWS_AS(llm_row(r.kind), std::logic_error);
+    }
+    if (book.count(r.name)) CHECK_NOTHROW(book_class(r.kind));
   }
   CHECK(rows == kModuleKindCount);
   CHECK_THROWS_AS(module_from_name("Multiheadattention"), std::invalid_argument);  // names are case-sensitive

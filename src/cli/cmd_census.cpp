@@ -101,17 +101,17 @@ CaseSpec census_point(const std::string& name, uint64_t seed, uint64_t index) {
         if (d % k == 0) div.push_back(k);
       return div[size_t(rng.integer(0, int64_t(div.size()) - 1))];
     };
-    switch (base.module) {
-      case ModuleKind::MultiheadAttention:
+    switch (module_handler(base.module)) {
+      case ModuleHandler::MultiheadAttention:
         s.dim = rng.integer(2, 24);
         s.heads = pick_heads(s.dim);
         s.kv_seq = rng.coin() ? 0 : rng.integer(1, 9);
         s.bias = rng.coin();
         s.need_weights = rng.integer(0, 3) != 0;
         break;
-      case ModuleKind::TransformerEncoderLayer:
-      case ModuleKind::TransformerEncoder:
-      case ModuleKind::TransformerDecoderLayer:
+      case ModuleHandler::TransformerEncoderLayer:
+      case ModuleHandler::TransformerEncoder:
+      case ModuleHandler::TransformerDecoderLayer:
         s.dim = rng.integer(2, 24);
         s.heads = pick_heads(s.dim);
         s.ffn = rng.integer(1, 32);
@@ -119,7 +119,7 @@ CaseSpec census_point(const std::string& name, uint64_t seed, uint64_t index) {
         if (base.module == ModuleKind::TransformerEncoder) s.layers = rng.integer(1, 3), s.final_norm = rng.coin();
         if (base.module == ModuleKind::TransformerDecoderLayer) s.kv_seq = rng.integer(1, 9);
         break;
-      case ModuleKind::ScaledDotProductAttention:
+      case ModuleHandler::ScaledDotProductAttention:
         s.batch = rng.integer(1, 3);
         s.kv_seq = rng.integer(1, 9);
         s.dim = rng.integer(1, 24);
@@ -132,7 +132,7 @@ CaseSpec census_point(const std::string& name, uint64_t seed, uint64_t index) {
         if (rng.coin()) s.scale = rng.uniform(-1, 1);
         if (reference_info().torch.rfind("1.", 0) == 0) s.kv_heads = 0, s.scale.reset();
         break;
-      case ModuleKind::TokenEncoder:
+      case ModuleHandler::TokenEncoder:
         s.batch = rng.integer(1, 3);
         s.dim = 2 * rng.integer(1, 12);
         s.heads = pick_heads(s.dim);
@@ -141,7 +141,7 @@ CaseSpec census_point(const std::string& name, uint64_t seed, uint64_t index) {
         s.vocab = rng.integer(2, 50);
         s.mask = MaskKind::None;
         break;
-      case ModuleKind::ViT: {
+      case ModuleHandler::ViT: {
         s.batch = rng.integer(1, 3);
         s.channels = rng.integer(1, 3);
         s.patch = rng.integer(1, 2);

@@ -8,6 +8,7 @@
 
 #include "tparity/api.hpp"
 #include "tparity/harness/book.hpp"
+#include "tparity/harness/io.hpp"
 #include "tparity/harness/llm.hpp"
 
 namespace tparity::cli {
@@ -53,6 +54,20 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
   }
   if (o.seed) s.seed = *o.seed;
   if (o.random_params) s.random_params = true;
+  for (const std::string& kv : o.config) {
+    const size_t eq = kv.find('=');
+    const std::string key = kv.substr(0, eq), where = "option --config " + kv;
+    if (eq == std::string::npos || key.empty())
+      throw InputError(where +
+                       ": expected KEY=VALUE (a config key of the class and a JSON value), e.g. sliding_window=4");
+    if (!llm_module(s.module))
+      throw InputError(where + ": only the LLM blocks take config keys, not " + module_name(s.module) + " (case " +
+                       s.name + ")");
+    if (!llm_takes(s.module, key))
+      throw InputError(where + ": " + module_name(s.module) + " has no config key " + key +
+                       " (expected one of: " + llm_key_list(s.module) + ")");
+    s.config[key] = parse_json(kv.substr(eq + 1), where);
+  }
 }
 
 void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more_names) {
@@ -82,6 +97,9 @@ void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more
                  "none, causal (float -inf above the diagonal), random (bool), padding (bool key padding), "
                  "is-causal (sdpa: the is_causal flag)")
       ->check(CLI::IsMember({"none", "causal", "random", "padding", "is-causal"}));
+  cmd.add_option("--config", o.config,
+                 "The LLM blocks: KEY=VALUE over the class's config, transformers' key names and a JSON value "
+                 "(e.g. --config sliding_window=4); repeatable");
   add_seed_option(cmd, o.seed, "Seed of weights and inputs (default: each case's own)");
   cmd.add_flag("--random-params", o.random_params,
                "Draw biases and LayerNorm affine at random instead of torch's constant init");
@@ -134,10 +152,10 @@ long double largest_tensor(const CaseSpec& s) {
   const long double widest =
       std::max({(long double)s.dim, (long double)s.ffn, (long double)s.value_dim, (long double)s.out_dim * s.heads});
   const long double attention = std::max({B * s.heads * L * S, B * std::max(L, S) * widest, 3.0L * widest * widest});
-  switch (s.module) {
-    case ModuleKind::TokenEncoder:
+  switch (module_handler(s.module)) {
+    case ModuleHandler::TokenEncoder:
       return std::max(attention, (long double)s.vocab * s.dim);
-    case ModuleKind::ViT: {
+    case ModuleHandler::ViT: {
       // seq and dim are checked against the image when the case is made; size by the image itself
       const long double p = s.patch > 0 ? s.patch : 1, n = (s.image_height / p) * (s.image_width / p),
                         d = (long double)s.channels * p * p;
@@ -147,7 +165,7 @@ long double largest_tensor(const CaseSpec& s) {
       for (int64_t w : s.head) m = std::max(m, in * w), in = w;
       return m;
     }
-    case ModuleKind::Matmul: {
+    case ModuleHandler::Matmul: {
       const auto [a, b] = matmul_operands(s);
       long double na = 1, nb = 1, out = 1;
       for (int64_t x : a) na *= x;
@@ -162,23 +180,17 @@ long double largest_tensor(const CaseSpec& s) {
       if (b.size() >= 2) out *= b.back();
       return std::max({na, nb, out});
     }
-    case ModuleKind::Softmax:
+    case ModuleHandler::Softmax:
       return B * L * S;
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::LayerNorm:
       return B * L * s.dim;
-    case ModuleKind::MultiheadAttention:
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerEncoder:
-    case ModuleKind::TransformerDecoderLayer:
-    case ModuleKind::ScaledDotProductAttention:
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::MultiheadAttention:
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoder:
+    case ModuleHandler::TransformerDecoderLayer:
+    case ModuleHandler::ScaledDotProductAttention:
+    case ModuleHandler::Book:
+    case ModuleHandler::Llm:
       return attention;
   }
   return attention;

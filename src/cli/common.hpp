@@ -41,6 +41,7 @@ struct CaseOverrides {
   std::optional<std::string> bias, activation, mask;
   std::optional<uint64_t> seed;
   bool random_params = false;
+  std::vector<std::string> config;  // the LLM blocks: KEY=VALUE, VALUE a JSON value (4, 50.0, null, true)
 };
 void apply_overrides(CaseSpec& s, const CaseOverrides& o);
 

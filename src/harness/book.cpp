@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <set>
+#include <stdexcept>
 
 #include "tparity/harness/io.hpp"
 
@@ -12,18 +13,17 @@ namespace tparity {
 bool book_module(ModuleKind m) { return module_row(m).family == ModuleFamily::Book; }
 
 BookClass book_class(ModuleKind m) {
-  switch (m) {
-    case ModuleKind::SelfAttentionV2:
-      return BookClass::SelfAttentionV2;
-    case ModuleKind::CausalAttention:
-      return BookClass::CausalAttention;
-    case ModuleKind::MultiHeadAttentionWrapper:
-      return BookClass::MultiHeadAttentionWrapper;
-    case ModuleKind::BookMultiHeadAttention:
-      return BookClass::MultiHeadAttention;
-    default:
-      return BookClass::SelfAttentionV1;
-  }
+  // the family's kinds and the core's classes, one line each
+  const std::pair<ModuleKind, BookClass> classes[] = {
+      {ModuleKind::SelfAttentionV1, BookClass::SelfAttentionV1},
+      {ModuleKind::SelfAttentionV2, BookClass::SelfAttentionV2},
+      {ModuleKind::CausalAttention, BookClass::CausalAttention},
+      {ModuleKind::MultiHeadAttentionWrapper, BookClass::MultiHeadAttentionWrapper},
+      {ModuleKind::BookMultiHeadAttention, BookClass::MultiHeadAttention},
+  };
+  for (const auto& [kind, c] : classes)
+    if (kind == m) return c;
+  throw std::logic_error("book_class: " + module_name(m) + " is not one of the book's classes");
 }
 
 namespace {

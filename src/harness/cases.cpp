@@ -66,22 +66,22 @@ std::string CaseSpec::describe() const {
     if (c != BookClass::SelfAttentionV1 && c != BookClass::SelfAttentionV2) s += " causal buffer";
     return s + " (the book's, ch03)";
   }
-  switch (module) {
-    case ModuleKind::TokenEncoder:
+  switch (module_handler(module)) {
+    case ModuleHandler::TokenEncoder:
       return s + fmt::format(" B={} T={} vocab={} d={} heads={} ffn={} {} layers={}{}", batch, seq, vocab, dim, heads,
                              ffn, activation_name(activation), layers, random_params ? " random_params" : "");
-    case ModuleKind::ViT:
+    case ModuleHandler::ViT:
       return s +
              fmt::format(" B={} image={}x{}x{} patch={} ({} patches, d={}) heads={} ffn={} {} layers={} head={} {}{}",
                          batch, channels, image_height, image_width, patch, seq, dim, heads, ffn,
                          activation_name(activation), layers, widths(head), activation_name(head_activation),
                          random_params ? " random_params" : "");
-    case ModuleKind::Matmul: {
+    case ModuleHandler::Matmul: {
       const auto [a, b] = matmul_operands(*this);
       return s + " " + to_string(a) + " @ " + to_string(b);
     }
-    case ModuleKind::Softmax:
-    case ModuleKind::LayerNorm: {
+    case ModuleHandler::Softmax:
+    case ModuleHandler::LayerNorm: {
       Shape shape{seq, module == ModuleKind::Softmax ? (kv_seq ? kv_seq : seq) : dim};
       if (batch) shape.insert(shape.begin(), batch);
       s += " " + to_string(shape);
@@ -89,19 +89,13 @@ std::string CaseSpec::describe() const {
       if (input_scale != 1) s += fmt::format(" scale={:g}", input_scale);
       return s + (module == ModuleKind::Softmax ? " dim=-1" : " affine");
     }
-    case ModuleKind::MultiheadAttention:
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerEncoder:
-    case ModuleKind::TransformerDecoderLayer:
-    case ModuleKind::ScaledDotProductAttention:
-    case ModuleKind::SelfAttentionV1:  // the book's and the LLM blocks' are described above
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::MultiheadAttention:
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoder:
+    case ModuleHandler::TransformerDecoderLayer:
+    case ModuleHandler::ScaledDotProductAttention:
+    case ModuleHandler::Book:  // the book's and the LLM blocks' are described above
+    case ModuleHandler::Llm:
       break;
   }
   s += batch ? fmt::format(" B={}", batch) : std::string(" unbatched");
@@ -451,8 +445,8 @@ Problem make_problem(const CaseSpec& s) {
       layer_params(rng, s, prefix, 2, p.state_dict);
     }
   };
-  switch (s.module) {
-    case ModuleKind::MultiheadAttention: {
+  switch (module_handler(s.module)) {
+    case ModuleHandler::MultiheadAttention: {
       if (s.dim % s.heads)
         throw InputError(fmt::format("case {}: heads {} does not divide dim {}", s.name, s.heads, s.dim));
       p.mha.embed_dim = s.dim;
@@ -467,9 +461,9 @@ Problem make_problem(const CaseSpec& s) {
       add_masks(rng, s, L, S, "attn_mask", "key_padding_mask", p.inputs);
       break;
     }
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerEncoder:
-    case ModuleKind::TransformerDecoderLayer: {
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoder:
+    case ModuleHandler::TransformerDecoderLayer: {
       positive("ffn", s.ffn);
       if (s.dim % s.heads)
         throw InputError(fmt::format("case {}: heads {} does not divide dim {}", s.name, s.heads, s.dim));
@@ -510,7 +504,7 @@ Problem make_problem(const CaseSpec& s) {
       }
       break;
     }
-    case ModuleKind::ScaledDotProductAttention: {
+    case ModuleHandler::ScaledDotProductAttention: {
       // One head: (B, L, E) as seed 004's; more: (B, H, L, E), and k, v with kv_heads (enable_gqa).
       const int64_t G = B ? B : 1, Ev = s.value_dim ? s.value_dim : s.dim, H = s.heads,
                     Hkv = s.kv_heads ? s.kv_heads : s.heads;
@@ -535,7 +529,7 @@ Problem make_problem(const CaseSpec& s) {
       if (s.mask != MaskKind::IsCausal) add_masks(rng, s, L, S, "attn_mask", "", p.inputs, 0, true);
       break;
     }
-    case ModuleKind::TokenEncoder: {
+    case ModuleHandler::TokenEncoder: {
       positive("vocab", s.vocab);
       if (s.dim % 2)
         throw InputError(
@@ -552,7 +546,7 @@ Problem make_problem(const CaseSpec& s) {
       p.inputs["tokens"] = ids;
       break;
     }
-    case ModuleKind::ViT: {
+    case ModuleHandler::ViT: {
       positive("channels", s.channels);
       positive("image height", s.image_height);
       positive("image width", s.image_width);
@@ -589,7 +583,7 @@ Problem make_problem(const CaseSpec& s) {
       p.inputs["image"] = image;
       break;
     }
-    case ModuleKind::Matmul: {
+    case ModuleHandler::Matmul: {
       const auto [a, b] = matmul_operands(s);
       for (const Shape& shape : {a, b})
         for (int64_t d : shape)
@@ -604,15 +598,11 @@ Problem make_problem(const CaseSpec& s) {
       p.inputs["other"] = normal(rng, b);
       break;
     }
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       book_params(rng, s, p);
       break;
-    case ModuleKind::Softmax:
-    case ModuleKind::LayerNorm: {
+    case ModuleHandler::Softmax:
+    case ModuleHandler::LayerNorm: {
       const bool ln = s.module == ModuleKind::LayerNorm;
       const Shape shape = batched(B, L, ln ? s.dim : S);
       if (ln) {
@@ -628,9 +618,7 @@ Problem make_problem(const CaseSpec& s) {
       p.inputs["input"] = x;
       break;
     }
-    case ModuleKind::LlamaDecoderLayer:  // make_llm_problem, above
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:  // make_llm_problem, above
       break;
   }
   validate(p, "case " + s.name);

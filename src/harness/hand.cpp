@@ -141,8 +141,8 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
   RunResult r;
   Collect<T> collector(r.components, teacher);
   Observer<T>* obs = collect ? &collector : nullptr;
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention: {
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention: {
       MhaInputs<T> in{input<T>(p, "query"), input<T>(p, "key"), input<T>(p, "value"), to_mask<T>(p.input("attn_mask")),
                       to_mask<T>(p.input("key_padding_mask"))};
       MhaOutputs<T> out = mha_forward(p.mha, p.forward, mha_weights<T>(p, ""), in, obs);
@@ -150,13 +150,13 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       if (p.forward.need_weights) r.outputs["attn_weights"] = to_dtensor(out.attn_weights);
       break;
     }
-    case ModuleKind::TransformerEncoderLayer: {
+    case ModuleHandler::TransformerEncoderLayer: {
       EncoderInputs<T> in{input<T>(p, "src"), to_mask<T>(p.input("src_mask")),
                           to_mask<T>(p.input("src_key_padding_mask"))};
       r.outputs["output"] = to_dtensor(encoder_layer_forward(p.encoder, encoder_weights<T>(p, ""), in, obs));
       break;
     }
-    case ModuleKind::TransformerEncoder: {
+    case ModuleHandler::TransformerEncoder: {
       EncoderStackWeights<T> w;
       for (int64_t i = 0; i < p.num_layers; ++i)
         w.layers.push_back(encoder_weights<T>(p, "layers." + std::to_string(i) + "."));
@@ -167,7 +167,7 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
           to_dtensor(encoder_forward(EncoderStackConfig{p.encoder, p.num_layers, p.final_norm}, w, in, obs));
       break;
     }
-    case ModuleKind::TransformerDecoderLayer: {
+    case ModuleHandler::TransformerDecoderLayer: {
       DecoderWeights<T> w;
       w.self_attn = mha_weights<T>(p, "self_attn.");
       w.multihead_attn = mha_weights<T>(p, "multihead_attn.");
@@ -190,7 +190,7 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       r.outputs["output"] = to_dtensor(decoder_layer_forward(p.encoder, w, in, obs));
       break;
     }
-    case ModuleKind::ScaledDotProductAttention: {
+    case ModuleHandler::ScaledDotProductAttention: {
       // scaled_dot_product_attention's bool attn_mask is true where a key takes part: the core's is
       // true where it is masked out.
       Mask<T> mask = to_mask<T>(p.input("attn_mask"));
@@ -200,12 +200,12 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
                                                     mask, obs, p.semantics.value_or(TorchSemantics::Torch113), p.sdpa));
       break;
     }
-    case ModuleKind::TokenEncoder: {
+    case ModuleHandler::TokenEncoder: {
       TokenEncoderWeights<T> w{param<T>(p, "embedding.weight"), stack_weights<T>(p, p.token.num_layers)};
       r.outputs["output"] = to_dtensor(token_encoder_forward(p.token, w, ids(p, "tokens"), obs));
       break;
     }
-    case ModuleKind::ViT: {
+    case ModuleHandler::ViT: {
       VitWeights<T> w;
       w.layers = stack_weights<T>(p, p.vit.num_layers);
       for (size_t i = 0; i + 1 < p.vit.head.size(); ++i) {
@@ -219,13 +219,13 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       r.outputs["output"] = to_dtensor(vit_forward(p.vit, w, input<T>(p, "image"), obs));
       break;
     }
-    case ModuleKind::Matmul:
+    case ModuleHandler::Matmul:
       r.outputs["output"] = to_dtensor(matmul(input<T>(p, "input"), input<T>(p, "other"), obs));
       break;
-    case ModuleKind::Softmax:
+    case ModuleHandler::Softmax:
       r.outputs["output"] = to_dtensor(softmax_lastdim(input<T>(p, "input"), obs));
       break;
-    case ModuleKind::LayerNorm: {
+    case ModuleHandler::LayerNorm: {
       const Tensor<T> x = input<T>(p, "input");
       if (x.dim() < 1 || x.size(-1) != p.normalized)
         throw ShapeError("input: expected last dim normalized_shape = " + std::to_string(p.normalized) +
@@ -233,16 +233,10 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
       r.outputs["output"] = to_dtensor(layer_norm_lastdim(x, param<T>(p, "weight"), param<T>(p, "bias"), p.eps, obs));
       break;
     }
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       r.outputs["output"] = to_dtensor(book_attention_forward(p.book, book_weights<T>(p), input<T>(p, "x"), obs));
       break;
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       r.outputs["output"] = to_dtensor(run_llm<T>(p, obs));
       break;
   }
@@ -252,8 +246,8 @@ RunResult run(const Problem& p, bool collect, const Components* teacher) {
 // The forward pass of the transformer modules with weights and inputs converted once, for timing.
 template <class T>
 std::function<void()> prepare(const Problem& p) {
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention: {
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention: {
       auto w = std::make_shared<MhaWeights<T>>(mha_weights<T>(p, ""));
       auto in = std::make_shared<MhaInputs<T>>(MhaInputs<T>{input<T>(p, "query"), input<T>(p, "key"),
                                                             input<T>(p, "value"), to_mask<T>(p.input("attn_mask")),
@@ -262,30 +256,24 @@ std::function<void()> prepare(const Problem& p) {
       const MhaForward f = p.forward;
       return [c, f, w, in] { (void)mha_forward(c, f, *w, *in); };
     }
-    case ModuleKind::TransformerEncoderLayer: {
+    case ModuleHandler::TransformerEncoderLayer: {
       auto w = std::make_shared<EncoderWeights<T>>(encoder_weights<T>(p, ""));
       auto in = std::make_shared<EncoderInputs<T>>(EncoderInputs<T>{input<T>(p, "src"), to_mask<T>(p.input("src_mask")),
                                                                     to_mask<T>(p.input("src_key_padding_mask"))});
       const EncoderConfig c = p.encoder;
       return [c, w, in] { (void)encoder_layer_forward(c, *w, *in); };
     }
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       return prepare_llm<T>(p);
-    case ModuleKind::TransformerEncoder:
-    case ModuleKind::TransformerDecoderLayer:
-    case ModuleKind::ScaledDotProductAttention:
-    case ModuleKind::TokenEncoder:
-    case ModuleKind::ViT:
-    case ModuleKind::Matmul:
-    case ModuleKind::Softmax:
-    case ModuleKind::LayerNorm:
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::TransformerEncoder:
+    case ModuleHandler::TransformerDecoderLayer:
+    case ModuleHandler::ScaledDotProductAttention:
+    case ModuleHandler::TokenEncoder:
+    case ModuleHandler::ViT:
+    case ModuleHandler::Matmul:
+    case ModuleHandler::Softmax:
+    case ModuleHandler::LayerNorm:
+    case ModuleHandler::Book:
       break;
   }
   const Problem copy = p;  // converted at every call: fine where nobody times it
@@ -358,16 +346,16 @@ std::vector<std::string> layer_components(bool norm_first, bool cross) {
 }  // namespace
 
 std::vector<std::string> component_names(const Problem& p) {
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention: {
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention: {
       std::vector<std::string> n{"q", "k", "v", "scores", "attn_weights"};
       if (p.forward.need_weights && p.forward.average_attn_weights) n.push_back("attn_weights_avg");
       n.insert(n.end(), {"context", "output"});
       return n;
     }
-    case ModuleKind::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoderLayer:
       return layer_components(p.encoder.norm_first, false);
-    case ModuleKind::TransformerEncoder: {
+    case ModuleHandler::TransformerEncoder: {
       std::vector<std::string> n;
       for (int64_t i = 0; i < p.num_layers; ++i)
         for (const std::string& c : layer_components(p.encoder.norm_first, false))
@@ -376,12 +364,12 @@ std::vector<std::string> component_names(const Problem& p) {
       n.push_back("output");
       return n;
     }
-    case ModuleKind::TransformerDecoderLayer:
+    case ModuleHandler::TransformerDecoderLayer:
       return layer_components(p.encoder.norm_first, true);
-    case ModuleKind::ScaledDotProductAttention:
+    case ModuleHandler::ScaledDotProductAttention:
       return {"scores", "attn_weights", "output"};
-    case ModuleKind::TokenEncoder:
-    case ModuleKind::ViT: {
+    case ModuleHandler::TokenEncoder:
+    case ModuleHandler::ViT: {
       const bool vit = p.module == ModuleKind::ViT;
       std::vector<std::string> n{vit ? "patches" : "embedding", "pos_encoding"};
       const int64_t layers = vit ? p.vit.num_layers : p.token.num_layers;
@@ -398,20 +386,14 @@ std::vector<std::string> component_names(const Problem& p) {
       n.push_back("output");
       return n;
     }
-    case ModuleKind::Matmul:
-    case ModuleKind::Softmax:
+    case ModuleHandler::Matmul:
+    case ModuleHandler::Softmax:
       return {"output"};
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::LayerNorm:
       return {"mean", "rstd", "output"};
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       return book_component_names(p);
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       return llm_component_names(p);
   }
   return {};

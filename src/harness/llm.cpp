@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <set>
@@ -15,6 +16,61 @@ namespace tparity {
 bool llm_module(ModuleKind m) { return module_row(m).family == ModuleFamily::Llm; }
 
 namespace {
+
+// The keys every Llama-shaped attention takes, then the layer's (the MLP and the norms).
+#define TP_LLAMA_ATTENTION_KEYS                                                              \
+  "hidden_size num_attention_heads num_key_value_heads head_dim rope_theta rope_convention " \
+  "partial_rotary_factor attention_bias max_position_embeddings"
+#define TP_LLAMA_LAYER_KEYS " intermediate_size rms_norm_eps mlp_bias"
+
+// kind, block, config keys, preset
+constexpr LlmRow kLlmRows[] = {
+    {ModuleKind::LlamaDecoderLayer, LlmBlock::Layer, TP_LLAMA_ATTENTION_KEYS TP_LLAMA_LAYER_KEYS, nullptr},
+    {ModuleKind::LlamaAttention, LlmBlock::Attention, TP_LLAMA_ATTENTION_KEYS, nullptr},
+    {ModuleKind::GPT2Block, LlmBlock::Gpt2,
+     "hidden_size num_attention_heads n_inner layer_norm_epsilon max_position_embeddings", nullptr},
+};
+
+std::vector<std::string> split_keys(const char* keys) {
+  std::vector<std::string> out;
+  std::string k;
+  for (const char* c = keys;; ++c) {
+    if (*c == ' ' || *c == '\0') {
+      if (!k.empty()) out.push_back(k), k.clear();
+      if (!*c) break;
+    } else {
+      k += *c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const LlmRow& llm_row(ModuleKind m) {
+  for (const LlmRow& r : kLlmRows)
+    if (r.kind == m) return r;
+  throw std::logic_error("llm_row: " + module_name(m) + " is not an LLM block");
+}
+
+bool llm_takes(ModuleKind m, const std::string& key) {
+  if (key == "causal" || key == "decode_steps") return true;
+  for (const std::string& k : split_keys(llm_row(m).keys))
+    if (k == key) return true;
+  return false;
+}
+
+std::string llm_key_list(ModuleKind m) {
+  std::set<std::string> keys{"causal", "decode_steps"};
+  for (const std::string& k : split_keys(llm_row(m).keys)) keys.insert(k);
+  std::string list;
+  for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
+  return list;
+}
+
+namespace {
+
+bool gpt2_block(const Problem& p) { return llm_row(p.module).block == LlmBlock::Gpt2; }
 
 void llama_attention_state(const LlamaConfig& c, const std::string& pre,
                            std::vector<std::pair<std::string, Shape>>& out) {
@@ -32,11 +88,11 @@ void llama_attention_state(const LlamaConfig& c, const std::string& pre,
 
 void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>& out) {
   const LlamaConfig& c = p.llama;
-  switch (p.module) {
-    case ModuleKind::LlamaAttention:
+  switch (llm_row(p.module).block) {
+    case LlmBlock::Attention:
       llama_attention_state(c, "", out);
       break;
-    case ModuleKind::LlamaDecoderLayer: {
+    case LlmBlock::Layer: {
       const int64_t C = c.hidden_size, I = c.intermediate_size;
       llama_attention_state(c, "self_attn.", out);
       const std::pair<const char*, Shape> mlp[] = {
@@ -49,7 +105,7 @@ void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>
       out.push_back({"post_attention_layernorm.weight", {C}});
       break;
     }
-    case ModuleKind::GPT2Block: {
+    case LlmBlock::Gpt2: {
       const int64_t C = p.gpt2.hidden_size, F = p.gpt2.inner_dim;
       // GPT2Block's order: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj; Conv1D (in, out)
       const std::pair<const char*, Shape> w[] = {{"ln_1.weight", {C}},
@@ -67,8 +123,6 @@ void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>
       for (const auto& [name, shape] : w) out.push_back({name, shape});
       break;
     }
-    default:
-      break;
   }
 }
 
@@ -79,7 +133,24 @@ std::vector<InputSpec> llm_inputs(ModuleKind) {
 }
 
 int64_t llm_max_positions(const Problem& p) {
-  return p.module == ModuleKind::GPT2Block ? p.gpt2.max_position_embeddings : p.llama.max_position_embeddings;
+  return gpt2_block(p) ? p.gpt2.max_position_embeddings : p.llama.max_position_embeddings;
+}
+
+std::pair<int64_t, int64_t> llm_cache_heads(const Problem& p) {
+  if (gpt2_block(p)) return {p.gpt2.num_heads, p.gpt2.hidden_size / p.gpt2.num_heads};
+  return {p.llama.num_kv_heads, p.llama.head_dim};
+}
+
+long double llm_largest_tensor(const Problem& p) {
+  const DTensor* x = p.input("hidden_states");
+  const long double B = x && x->shape.size() == 3 ? (long double)x->shape[0] : 1,
+                    T = x && x->shape.size() == 3 ? (long double)x->shape[1] : 1;
+  const bool gpt2 = gpt2_block(p);
+  const long double H = (long double)(gpt2 ? p.gpt2.num_heads : p.llama.num_heads);
+  const long double width =
+      gpt2 ? std::max(3.0L * (long double)p.gpt2.hidden_size, (long double)p.gpt2.inner_dim)
+           : std::max(3.0L * H * (long double)p.llama.head_dim, 2.0L * (long double)p.llama.intermediate_size);
+  return std::max(B * H * T * T, B * T * width);
 }
 
 void validate_llm(const Problem& p, const std::function<void(const std::string&)>& fail) {
@@ -92,7 +163,7 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
         fmt::format("config.decode_steps: expected fewer than the {} tokens of hidden_states (the prefill needs "
                     "one at least), got {}",
                     x->shape[1], p.decode_steps));
-  if (p.module == ModuleKind::GPT2Block) {
+  if (gpt2_block(p)) {
     const Gpt2Config& c = p.gpt2;
     positive("hidden_size", c.hidden_size);
     positive("num_attention_heads", c.num_heads);
@@ -106,16 +177,15 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
     return;
   }
   const LlamaConfig& c = p.llama;
+  const ModuleKind m = p.module;
   positive("hidden_size", c.hidden_size);
   positive("num_attention_heads", c.num_heads);
   positive("num_key_value_heads", c.num_kv_heads);
   positive("head_dim", c.head_dim);
   positive("max_position_embeddings", c.max_position_embeddings);
-  if (p.module == ModuleKind::LlamaDecoderLayer) {
-    positive("intermediate_size", c.intermediate_size);
-    if (!(c.rms_norm_eps > 0))
-      fail(fmt::format("config.rms_norm_eps: expected a positive number, got {}", c.rms_norm_eps));
-  }
+  if (llm_takes(m, "intermediate_size")) positive("intermediate_size", c.intermediate_size);
+  if (llm_takes(m, "rms_norm_eps") && !(c.rms_norm_eps > 0))
+    fail(fmt::format("config.rms_norm_eps: expected a positive number, got {}", c.rms_norm_eps));
   if (c.num_heads % c.num_kv_heads)
     fail(fmt::format("config.num_key_value_heads: expected a divisor of num_attention_heads {}, got {}", c.num_heads,
                      c.num_kv_heads));
@@ -129,7 +199,8 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
 
 nlohmann::json llm_config_json(const Problem& p) {
   nlohmann::json j;
-  if (p.module == ModuleKind::GPT2Block) {
+  const ModuleKind m = p.module;
+  if (gpt2_block(p)) {
     const Gpt2Config& c = p.gpt2;
     j = {{"hidden_size", c.hidden_size},
          {"num_attention_heads", c.num_heads},
@@ -138,20 +209,24 @@ nlohmann::json llm_config_json(const Problem& p) {
          {"max_position_embeddings", c.max_position_embeddings}};
   } else {
     const LlamaConfig& c = p.llama;
-    j = {{"hidden_size", c.hidden_size},
-         {"num_attention_heads", c.num_heads},
-         {"num_key_value_heads", c.num_kv_heads},
-         {"head_dim", c.head_dim},
-         {"rope_theta", c.rope_theta},
-         {"rope_convention", rope_style_name(c.rope)},
-         {"partial_rotary_factor", c.partial_rotary_factor},
-         {"attention_bias", c.attention_bias},
-         {"max_position_embeddings", c.max_position_embeddings}};
-    if (p.module == ModuleKind::LlamaDecoderLayer) {
-      j["intermediate_size"] = c.intermediate_size;
-      j["rms_norm_eps"] = c.rms_norm_eps;
-      j["mlp_bias"] = c.mlp_bias;
-    }
+    // every key the class takes, in this order
+    const std::pair<const char*, nlohmann::json> values[] = {
+        {"hidden_size", c.hidden_size},
+        {"num_attention_heads", c.num_heads},
+        {"num_key_value_heads", c.num_kv_heads},
+        {"head_dim", c.head_dim},
+        {"rope_theta", c.rope_theta},
+        {"rope_convention", rope_style_name(c.rope)},
+        {"partial_rotary_factor", c.partial_rotary_factor},
+        {"attention_bias", c.attention_bias},
+        {"max_position_embeddings", c.max_position_embeddings},
+        {"intermediate_size", c.intermediate_size},
+        {"rms_norm_eps", c.rms_norm_eps},
+        {"mlp_bias", c.mlp_bias},
+    };
+    j = nlohmann::json::object();
+    for (const auto& [key, value] : values)
+      if (llm_takes(m, key)) j[key] = value;
   }
   j["causal"] = p.causal;
   j["decode_steps"] = p.decode_steps;
@@ -164,7 +239,8 @@ std::string llm_summary(const Problem& p) {
     return t ? to_string(t->shape) : std::string("-");
   };
   std::string s = module_name(p.module);
-  if (p.module == ModuleKind::GPT2Block) {
+  const ModuleKind m = p.module;
+  if (gpt2_block(p)) {
     const Gpt2Config& c = p.gpt2;
     s += fmt::format(" hidden={} heads={} inner={} eps={:g}", c.hidden_size, c.num_heads, c.inner_dim,
                      c.layer_norm_epsilon);
@@ -172,7 +248,7 @@ std::string llm_summary(const Problem& p) {
     const LlamaConfig& c = p.llama;
     s += fmt::format(" hidden={} heads={} kv_heads={} head_dim={}", c.hidden_size, c.num_heads, c.num_kv_heads,
                      c.head_dim);
-    if (p.module == ModuleKind::LlamaDecoderLayer)
+    if (llm_takes(m, "intermediate_size"))
       s += fmt::format(" intermediate={} rms_eps={:g}", c.intermediate_size, c.rms_norm_eps);
     s += fmt::format(" rope={} theta={:g}", rope_style_name(c.rope), c.rope_theta);
     if (c.partial_rotary_factor != 1) s += fmt::format(" rotary_dim={}", c.rotary_dim());
@@ -187,33 +263,22 @@ std::string llm_summary(const Problem& p) {
   return s;
 }
 
-void read_llm_config(const nlohmann::json& j, Problem& p,
-                     const std::function<void(const std::string& field, const std::string& what)>& fail) {
-  const bool gpt2 = p.module == ModuleKind::GPT2Block, layer = p.module == ModuleKind::LlamaDecoderLayer;
-  std::set<std::string> keys{"hidden_size", "num_attention_heads", "max_position_embeddings", "causal", "decode_steps"};
-  if (gpt2)
-    keys.insert({"n_inner", "layer_norm_epsilon"});
-  else
-    keys.insert({"num_key_value_heads", "head_dim", "rope_theta", "rope_convention", "partial_rotary_factor",
-                 "attention_bias"});
-  if (layer) keys.insert({"intermediate_size", "rms_norm_eps", "mlp_bias"});
+void apply_llm_config(const nlohmann::json& j, Problem& p,
+                      const std::function<void(const std::string& field, const std::string& what)>& fail) {
+  const ModuleKind m = p.module;
+  if (!j.is_object()) fail("config", "expected an object, got " + show_json(j));
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (!keys.count(it.key())) {
-      std::string list;
-      for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
-      fail("config." + it.key(), "unexpected key for " + module_name(p.module) + " (expected one of: " + list + ")");
-    }
+    if (!llm_takes(m, it.key()))
+      fail("config." + it.key(),
+           "unexpected key for " + module_name(m) + " (expected one of: " + llm_key_list(m) + ")");
   auto field = [](const char* k) { return std::string("config.") + k; };
   auto find = [&](const char* k) -> const nlohmann::json* {
     auto it = j.find(k);
     return it == j.end() ? nullptr : &*it;
   };
-  auto integer = [&](const char* k, int64_t lo, int64_t& out, bool required) {
+  auto integer = [&](const char* k, int64_t lo, int64_t& out) {
     const nlohmann::json* v = find(k);
-    if (!v) {
-      if (required) fail(field(k), "missing");
-      return;
-    }
+    if (!v) return;
     if (!v->is_number_integer()) fail(field(k), "expected an integer, got " + show_json(*v));
     if (v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t(1) << 31))
       fail(field(k), fmt::format("expected an integer <= {}, got {}", int64_t(1) << 31, v->get<uint64_t>()));
@@ -235,29 +300,24 @@ void read_llm_config(const nlohmann::json& j, Problem& p,
     }
   };
   boolean("causal", p.causal);
-  integer("decode_steps", 0, p.decode_steps, false);
-  if (gpt2) {
+  integer("decode_steps", 0, p.decode_steps);
+  if (gpt2_block(p)) {
     Gpt2Config& c = p.gpt2;
-    integer("hidden_size", 1, c.hidden_size, true);
-    integer("num_attention_heads", 1, c.num_heads, true);
-    c.inner_dim = 4 * c.hidden_size;  // GPT2MLP: n_inner if not None else 4 * hidden_size
-    if (const nlohmann::json* v = find("n_inner"); v && !v->is_null()) integer("n_inner", 1, c.inner_dim, false);
+    integer("hidden_size", 1, c.hidden_size);
+    integer("num_attention_heads", 1, c.num_heads);
+    if (const nlohmann::json* v = find("n_inner"); v && !v->is_null()) integer("n_inner", 1, c.inner_dim);
     number("layer_norm_epsilon", c.layer_norm_epsilon);
-    integer("max_position_embeddings", 1, c.max_position_embeddings, false);
+    integer("max_position_embeddings", 1, c.max_position_embeddings);
     return;
   }
   LlamaConfig& c = p.llama;
-  integer("hidden_size", 1, c.hidden_size, true);
-  integer("num_attention_heads", 1, c.num_heads, true);
-  c.num_kv_heads = c.num_heads;  // LlamaConfig: num_key_value_heads defaults to num_attention_heads
-  integer("num_key_value_heads", 1, c.num_kv_heads, false);
-  c.head_dim = c.hidden_size / c.num_heads;  // LlamaConfig: head_dim defaults to hidden_size // heads
-  integer("head_dim", 1, c.head_dim, false);
-  if (layer) {
-    integer("intermediate_size", 1, c.intermediate_size, true);
-    number("rms_norm_eps", c.rms_norm_eps);
-    boolean("mlp_bias", c.mlp_bias);
-  }
+  integer("hidden_size", 1, c.hidden_size);
+  integer("num_attention_heads", 1, c.num_heads);
+  integer("num_key_value_heads", 1, c.num_kv_heads);
+  integer("head_dim", 1, c.head_dim);
+  integer("intermediate_size", 1, c.intermediate_size);
+  number("rms_norm_eps", c.rms_norm_eps);
+  boolean("mlp_bias", c.mlp_bias);
   number("rope_theta", c.rope_theta);
   if (const nlohmann::json* v = find("rope_convention")) {
     if (!v->is_string()) fail(field("rope_convention"), "expected \"half\" or \"interleaved\", got " + show_json(*v));
@@ -269,7 +329,27 @@ void read_llm_config(const nlohmann::json& j, Problem& p,
   }
   number("partial_rotary_factor", c.partial_rotary_factor);
   boolean("attention_bias", c.attention_bias);
-  integer("max_position_embeddings", 1, c.max_position_embeddings, false);
+  integer("max_position_embeddings", 1, c.max_position_embeddings);
+}
+
+void read_llm_config(const nlohmann::json& j, Problem& p,
+                     const std::function<void(const std::string& field, const std::string& what)>& fail) {
+  const ModuleKind m = p.module;
+  auto missing = [&](const char* k) {
+    if (llm_takes(m, k) && !j.contains(k)) fail(std::string("config.") + k, "missing");
+  };
+  // the class's defaults, then the keys the file gives
+  if (j.is_object()) missing("hidden_size"), missing("num_attention_heads"), missing("intermediate_size");
+  apply_llm_config(j, p, fail);
+  if (gpt2_block(p)) {  // GPT2MLP: n_inner if not None else 4 * hidden_size
+    if (auto it = j.find("n_inner"); it == j.end() || it->is_null()) p.gpt2.inner_dim = 4 * p.gpt2.hidden_size;
+    return;
+  }
+  LlamaConfig& c = p.llama;
+  if (const LlmRow& row = llm_row(m); row.preset) row.preset(c);
+  // LlamaConfig: num_key_value_heads defaults to num_attention_heads, head_dim to hidden_size // heads
+  if (!j.contains("num_key_value_heads")) c.num_kv_heads = c.num_heads;
+  if (!j.contains("head_dim")) c.head_dim = c.hidden_size / c.num_heads;
 }
 
 namespace {
@@ -370,30 +450,38 @@ LlmInputs<T> llm_inputs_of(const Problem& p) {
 // One call of the problem's module over part of the tokens.
 template <class T>
 struct LlmCall {
-  ModuleKind module;
+  LlmBlock block;
   LlamaConfig llama;
   Gpt2Config gpt2cfg;
   bool causal;
   std::shared_ptr<const LlamaLayerWeights<T>> layer;
   std::shared_ptr<const LlamaAttentionWeights<T>> attn;
   std::shared_ptr<const Gpt2Weights<T>> gpt2;
-  explicit LlmCall(const Problem& p) : module(p.module), llama(p.llama), gpt2cfg(p.gpt2), causal(p.causal) {
-    switch (p.module) {
-      case ModuleKind::LlamaDecoderLayer:
+  explicit LlmCall(const Problem& p)
+      : block(llm_row(p.module).block), llama(p.llama), gpt2cfg(p.gpt2), causal(p.causal) {
+    switch (block) {
+      case LlmBlock::Layer:
         layer = std::make_shared<LlamaLayerWeights<T>>(llama_layer_weights<T>(p));
         break;
-      case ModuleKind::LlamaAttention:
+      case LlmBlock::Attention:
         attn = std::make_shared<LlamaAttentionWeights<T>>(llama_attention_weights<T>(p, ""));
         break;
-      default:
+      case LlmBlock::Gpt2:
         gpt2 = std::make_shared<Gpt2Weights<T>>(gpt2_weights<T>(p));
+        break;
     }
   }
   Tensor<T> operator()(const Tensor<T>& x, const DecoderMask& m, KvCache<T>* cache, Observer<T>* obs) const {
     DecoderMask mm = m;
     mm.causal = causal;
-    if (layer) return llama_layer_forward(llama, *layer, x, mm, cache, obs);
-    if (attn) return llama_attention_forward(llama, *attn, x, mm, cache, obs);
+    switch (block) {
+      case LlmBlock::Layer:
+        return llama_layer_forward(llama, *layer, x, mm, cache, obs);
+      case LlmBlock::Attention:
+        return llama_attention_forward(llama, *attn, x, mm, cache, obs);
+      case LlmBlock::Gpt2:
+        break;
+    }
     return gpt2_block_forward(gpt2cfg, *gpt2, x, mm, cache, obs);
   }
 };
@@ -402,8 +490,7 @@ template <class T>
 Tensor<T> run_with(const Problem& p, const LlmCall<T>& call, const LlmInputs<T>& in, Observer<T>* obs) {
   if (p.decode_steps == 0) return call(in.x, in.mask(), nullptr, obs);
   const int64_t B = in.x.size(0), Tn = in.x.size(1);
-  const int64_t Hkv = p.module == ModuleKind::GPT2Block ? p.gpt2.num_heads : p.llama.num_kv_heads;
-  const int64_t D = p.module == ModuleKind::GPT2Block ? p.gpt2.hidden_size / p.gpt2.num_heads : p.llama.head_dim;
+  const auto [Hkv, D] = llm_cache_heads(p);
   KvCache<T> cache = make_cache<T>(B, Hkv, Tn, D);
   auto layer = [&](const Tensor<T>& part, const DecoderMask& m, KvCache<T>& c, Observer<T>* o) {
     return call(part, m, &c, o);
@@ -413,19 +500,27 @@ Tensor<T> run_with(const Problem& p, const LlmCall<T>& call, const LlmInputs<T>&
 
 // One call's components, in dataflow order.
 std::vector<std::string> call_components(const Problem& p, bool cached) {
+  const LlmBlock block = llm_row(p.module).block;
   std::vector<std::string> attn{"q", "k", "v"};
-  if (p.module != ModuleKind::GPT2Block) attn.insert(attn.end(), {"q_rot", "k_rot"});
+  if (block != LlmBlock::Gpt2) attn.insert(attn.end(), {"q_rot", "k_rot"});
   if (cached) attn.insert(attn.end(), {"cache.k", "cache.v"});
   attn.insert(attn.end(), {"scores", "attn_weights", "context", "output"});
-  if (p.module == ModuleKind::LlamaAttention) return attn;
-  const bool llama = p.module == ModuleKind::LlamaDecoderLayer;
-  std::vector<std::string> n{llama ? "input_layernorm" : "ln_1"};
-  for (const std::string& a : attn) n.push_back("attn." + a);
-  n.push_back("attn_residual");
-  if (llama)
-    n.insert(n.end(), {"post_attention_layernorm", "mlp.gate", "mlp.up", "mlp.act", "mlp.down", "output"});
-  else
-    n.insert(n.end(), {"ln_2", "mlp.fc", "mlp.act", "mlp.proj", "output"});
+  std::vector<std::string> n;
+  switch (block) {
+    case LlmBlock::Attention:
+      return attn;
+    case LlmBlock::Layer:
+      n.push_back("input_layernorm");
+      for (const std::string& a : attn) n.push_back("attn." + a);
+      n.insert(n.end(),
+               {"attn_residual", "post_attention_layernorm", "mlp.gate", "mlp.up", "mlp.act", "mlp.down", "output"});
+      break;
+    case LlmBlock::Gpt2:
+      n.push_back("ln_1");
+      for (const std::string& a : attn) n.push_back("attn." + a);
+      n.insert(n.end(), {"attn_residual", "ln_2", "mlp.fc", "mlp.act", "mlp.proj", "output"});
+      break;
+  }
   return n;
 }
 
@@ -449,8 +544,7 @@ std::function<void()> prepare_llm(const Problem& p) {
   // A decode session times its steps alone: the prefill runs once here, each timed call rewinds the
   // cache to it and runs the steps (their k and v overwrite the previous call's).
   const int64_t B = in->x.size(0), Tn = in->x.size(1), C = in->x.size(2), P = Tn - p.decode_steps;
-  const int64_t Hkv = p.module == ModuleKind::GPT2Block ? p.gpt2.num_heads : p.llama.num_kv_heads;
-  const int64_t D = p.module == ModuleKind::GPT2Block ? p.gpt2.hidden_size / p.gpt2.num_heads : p.llama.head_dim;
+  const auto [Hkv, D] = llm_cache_heads(p);
   auto cache = std::make_shared<KvCache<T>>(make_cache<T>(B, Hkv, Tn, D));
   auto parts = std::make_shared<std::vector<Tensor<T>>>();
   for (int64_t t0 = 0; t0 < Tn; t0 = t0 ? t0 + 1 : P) {

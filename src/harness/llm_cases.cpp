@@ -6,33 +6,60 @@
 #include <cmath>
 
 #include "tparity/harness/cases.hpp"
+#include "tparity/harness/io.hpp"
 #include "tparity/harness/llm.hpp"
 #include "tparity/harness/rng.hpp"
 
 namespace tparity {
 
+namespace {
+
+// One default case, as data (ggml's one line per case).
+struct LlmCase {
+  const char* name;
+  ModuleKind module;
+  int64_t batch, seq, dim, heads, kv_heads, head_dim, ffn;
+  bool attention_bias;
+  MaskKind mask;
+  int64_t decode_steps, position_offset;
+  const char* config;  // JSON object over the class's config keys ("" none)
+  uint64_t seed;
+};
+
+// name, kind, B, T, hidden, heads, kv heads, head dim, ffn, attention bias, mask, decode steps,
+// position offset, config, seed
+const LlmCase kLlmCases[] = {
+    {"llama", ModuleKind::LlamaDecoderLayer, 2, 9, 64, 4, 2, 24, 172, false, MaskKind::None, 2, 3, "", 16},
+    {"gpt2", ModuleKind::GPT2Block, 2, 10, 64, 4, 0, 0, 256, true, MaskKind::Padding, 0, -1, "", 17},
+};
+
+}  // namespace
+
 std::vector<CaseSpec> llm_default_cases() {
-  CaseSpec llama;
-  llama.name = "llama", llama.module = ModuleKind::LlamaDecoderLayer;
-  llama.batch = 2, llama.seq = 9, llama.dim = 64, llama.heads = 4, llama.kv_heads = 2, llama.head_dim = 24;
-  llama.ffn = 172, llama.bias = false, llama.decode_steps = 2, llama.position_offset = 3, llama.seed = 16;
-  CaseSpec gpt2;
-  gpt2.name = "gpt2", gpt2.module = ModuleKind::GPT2Block;
-  gpt2.batch = 2, gpt2.seq = 10, gpt2.dim = 64, gpt2.heads = 4, gpt2.ffn = 256, gpt2.mask = MaskKind::Padding;
-  gpt2.seed = 17;
-  return {llama, gpt2};
+  std::vector<CaseSpec> out;
+  for (const LlmCase& l : kLlmCases) {
+    CaseSpec s;
+    s.name = l.name, s.module = l.module, s.batch = l.batch, s.seq = l.seq, s.dim = l.dim, s.heads = l.heads;
+    s.kv_heads = l.kv_heads, s.head_dim = l.head_dim, s.ffn = l.ffn, s.bias = l.attention_bias, s.mask = l.mask;
+    s.decode_steps = l.decode_steps, s.position_offset = l.position_offset, s.seed = l.seed;
+    if (*l.config) s.config = parse_json(l.config, std::string("case ") + l.name + " config");
+    out.push_back(s);
+  }
+  return out;
 }
 
 std::string llm_describe(const CaseSpec& s) {
   std::string d = module_name(s.module) + fmt::format(" B={} T={} hidden={} heads={}", s.batch, s.seq, s.dim, s.heads);
-  if (s.module != ModuleKind::GPT2Block) {
+  const LlmBlock block = llm_row(s.module).block;
+  if (block != LlmBlock::Gpt2) {
     d += fmt::format(" kv_heads={} head_dim={}", s.kv_heads ? s.kv_heads : s.heads,
                      s.head_dim ? s.head_dim : s.dim / s.heads);
     d += fmt::format(" rope={}", rope_style_name(s.rope));
     if (s.rotary_fraction != 1) d += fmt::format(" rotary={:g}", s.rotary_fraction);
     if (s.bias) d += " attention_bias";
   }
-  if (s.module != ModuleKind::LlamaAttention) d += fmt::format(" ffn={}", s.ffn);
+  if (block != LlmBlock::Attention) d += fmt::format(" ffn={}", s.ffn);
+  for (auto it = s.config.begin(); it != s.config.end(); ++it) d += " " + it.key() + "=" + it.value().dump();
   d += s.mask == MaskKind::Padding ? " mask=causal+padding" : " mask=causal";
   if (s.position_offset >= 0) d += fmt::format(" positions+{}", s.position_offset);
   if (s.decode_steps) d += fmt::format(" decode={} steps", s.decode_steps);
@@ -72,11 +99,16 @@ Problem make_llm_problem(const CaseSpec& s) {
     for (double& x : t.data) x = round_to_float(1.0 + x);
     return t;
   };
-  if (s.module == ModuleKind::GPT2Block) {
+  auto config_fail = [&](const std::string& field, const std::string& what) {
+    throw InputError(fmt::format("case {}: --config {}: {}", s.name, field.substr(field.find('.') + 1), what));
+  };
+  const LlmBlock block = llm_row(s.module).block;
+  if (block == LlmBlock::Gpt2) {
     if (s.dim % s.heads) fail(fmt::format("heads {} does not divide hidden {}", s.heads, s.dim));
     Gpt2Config& c = p.gpt2;
     c.hidden_size = C, c.num_heads = s.heads, c.inner_dim = s.ffn > 0 ? s.ffn : 4 * C;
     c.max_position_embeddings = std::max<int64_t>(1024, Tn);
+    apply_llm_config(s.config, p, config_fail);
     const int64_t F = c.inner_dim;
     // Conv1D(nf, nx): weight (nx, nf), drawn as a Linear of fan_in nx would be
     auto conv1d = [&](const std::string& name, int64_t in, int64_t out) {
@@ -99,17 +131,21 @@ Problem make_llm_problem(const CaseSpec& s) {
     c.head_dim = s.head_dim ? s.head_dim : s.dim / s.heads;
     c.intermediate_size = s.ffn;
     c.rope = s.rope, c.partial_rotary_factor = s.rotary_fraction, c.rope_theta = s.rope_theta;
+    if (s.bias && !llm_takes(s.module, "attention_bias"))
+      fail("bias on: " + module_name(s.module) + " has no attention_bias (its projections have no bias)");
     c.attention_bias = s.bias;
     c.max_position_embeddings = std::max<int64_t>(2048, std::max<int64_t>(s.position_offset, 0) + 5 * B + Tn);
+    if (const LlmRow& row = llm_row(s.module); row.preset) row.preset(c);
+    apply_llm_config(s.config, p, config_fail);
     if (c.num_heads % c.num_kv_heads)
       fail(fmt::format("kv_heads {} does not divide heads {}", c.num_kv_heads, c.num_heads));
     const int64_t H = c.num_heads, K = c.num_kv_heads, D = c.head_dim;
-    const std::string pre = s.module == ModuleKind::LlamaDecoderLayer ? "self_attn." : "";
+    const std::string pre = block == LlmBlock::Layer ? "self_attn." : "";
     linear(pre + "q_proj", H * D, C, c.attention_bias);
     linear(pre + "k_proj", K * D, C, c.attention_bias);
     linear(pre + "v_proj", K * D, C, c.attention_bias);
     linear(pre + "o_proj", C, H * D, c.attention_bias);
-    if (s.module == ModuleKind::LlamaDecoderLayer) {
+    if (block == LlmBlock::Layer) {
       if (s.ffn <= 0) fail(fmt::format("ffn (intermediate_size) must be positive, got {}", s.ffn));
       linear("mlp.gate_proj", s.ffn, C, false);
       linear("mlp.up_proj", s.ffn, C, false);

@@ -21,26 +21,30 @@ const Activation kAllActivations[] = {Activation::Relu, Activation::Gelu,     Ac
                                       Activation::Silu, Activation::Softplus, Activation::LeakyRelu};
 
 using F = ModuleFamily;
-// kind, name, family, fixture v1, Python fixtures
+using MH = ModuleHandler;
+// kind, name, family, handler, fixture v1, Python fixtures
 constexpr ModuleRow kModuleRows[] = {
-    {ModuleKind::MultiheadAttention, "MultiheadAttention", F::TorchNn, true, true},
-    {ModuleKind::TransformerEncoderLayer, "TransformerEncoderLayer", F::TorchNn, true, true},
-    {ModuleKind::TransformerEncoder, "TransformerEncoder", F::TorchNn, true, true},
-    {ModuleKind::TransformerDecoderLayer, "TransformerDecoderLayer", F::TorchNn, true, true},
-    {ModuleKind::ScaledDotProductAttention, "ScaledDotProductAttention", F::Op, false, false},
-    {ModuleKind::TokenEncoder, "TokenEncoder", F::Seed, false, false},
-    {ModuleKind::ViT, "ViT", F::Seed, false, false},
-    {ModuleKind::Matmul, "Matmul", F::Op, false, false},
-    {ModuleKind::Softmax, "Softmax", F::Op, false, false},
-    {ModuleKind::LayerNorm, "LayerNorm", F::Op, false, false},
-    {ModuleKind::SelfAttentionV1, "SelfAttention_v1", F::Book, false, true},
-    {ModuleKind::SelfAttentionV2, "SelfAttention_v2", F::Book, false, true},
-    {ModuleKind::CausalAttention, "CausalAttention", F::Book, false, true},
-    {ModuleKind::MultiHeadAttentionWrapper, "MultiHeadAttentionWrapper", F::Book, false, true},
-    {ModuleKind::BookMultiHeadAttention, "MultiHeadAttention", F::Book, false, true},
-    {ModuleKind::LlamaDecoderLayer, "LlamaDecoderLayer", F::Llm, false, true},
-    {ModuleKind::LlamaAttention, "LlamaAttention", F::Llm, false, true},
-    {ModuleKind::GPT2Block, "GPT2Block", F::Llm, false, true},
+    {ModuleKind::MultiheadAttention, "MultiheadAttention", F::TorchNn, MH::MultiheadAttention, true, true},
+    {ModuleKind::TransformerEncoderLayer, "TransformerEncoderLayer", F::TorchNn, MH::TransformerEncoderLayer, true,
+     true},
+    {ModuleKind::TransformerEncoder, "TransformerEncoder", F::TorchNn, MH::TransformerEncoder, true, true},
+    {ModuleKind::TransformerDecoderLayer, "TransformerDecoderLayer", F::TorchNn, MH::TransformerDecoderLayer, true,
+     true},
+    {ModuleKind::ScaledDotProductAttention, "ScaledDotProductAttention", F::Op, MH::ScaledDotProductAttention, false,
+     false},
+    {ModuleKind::TokenEncoder, "TokenEncoder", F::Seed, MH::TokenEncoder, false, false},
+    {ModuleKind::ViT, "ViT", F::Seed, MH::ViT, false, false},
+    {ModuleKind::Matmul, "Matmul", F::Op, MH::Matmul, false, false},
+    {ModuleKind::Softmax, "Softmax", F::Op, MH::Softmax, false, false},
+    {ModuleKind::LayerNorm, "LayerNorm", F::Op, MH::LayerNorm, false, false},
+    {ModuleKind::SelfAttentionV1, "SelfAttention_v1", F::Book, MH::Book, false, true},
+    {ModuleKind::SelfAttentionV2, "SelfAttention_v2", F::Book, MH::Book, false, true},
+    {ModuleKind::CausalAttention, "CausalAttention", F::Book, MH::Book, false, true},
+    {ModuleKind::MultiHeadAttentionWrapper, "MultiHeadAttentionWrapper", F::Book, MH::Book, false, true},
+    {ModuleKind::BookMultiHeadAttention, "MultiHeadAttention", F::Book, MH::Book, false, true},
+    {ModuleKind::LlamaDecoderLayer, "LlamaDecoderLayer", F::Llm, MH::Llm, false, true},
+    {ModuleKind::LlamaAttention, "LlamaAttention", F::Llm, MH::Llm, false, true},
+    {ModuleKind::GPT2Block, "GPT2Block", F::Llm, MH::Llm, false, true},
 };
 constexpr bool rows_in_enum_order() {
   for (size_t i = 0; i < std::size(kModuleRows); ++i)
@@ -49,6 +53,14 @@ constexpr bool rows_in_enum_order() {
 }
 static_assert(std::size(kModuleRows) == kModuleKindCount, "one row per ModuleKind: a kind was added without its row");
 static_assert(rows_in_enum_order(), "kModuleRows must list the kinds in ModuleKind's order");
+constexpr bool families_and_handlers_agree() {
+  for (const ModuleRow& r : kModuleRows)
+    if ((r.family == ModuleFamily::Book) != (r.handler == ModuleHandler::Book) ||
+        (r.family == ModuleFamily::Llm) != (r.handler == ModuleHandler::Llm))
+      return false;
+  return true;
+}
+static_assert(families_and_handlers_agree(), "the book's and the LLM kinds are handled by their family's code");
 
 }  // namespace
 
@@ -181,54 +193,48 @@ void vit_head_state(const VitConfig& v, std::vector<std::pair<std::string, Shape
 std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p) {
   std::vector<std::pair<std::string, Shape>> out;
   const EncoderConfig& c = p.encoder;
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention:
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention:
       mha_state(p.mha, "", out);
       break;
-    case ModuleKind::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoderLayer:
       mha_state(c.self_attn(), "self_attn.", out);
       layer_state(c, "", 2, out);
       break;
-    case ModuleKind::TransformerEncoder:
+    case ModuleHandler::TransformerEncoder:
       layers_state(c, p.num_layers, out);
       if (p.final_norm) {
         out.push_back({"norm.weight", {c.d_model}});
         out.push_back({"norm.bias", {c.d_model}});
       }
       break;
-    case ModuleKind::TransformerDecoderLayer:
+    case ModuleHandler::TransformerDecoderLayer:
       mha_state(c.self_attn(), "self_attn.", out);
       mha_state(c.self_attn(), "multihead_attn.", out);
       layer_state(c, "", 3, out);
       break;
-    case ModuleKind::TokenEncoder:
+    case ModuleHandler::TokenEncoder:
       out.push_back({"embedding.weight", {p.token.vocab, p.token.layer.d_model}});
       layers_state(p.token.layer, p.token.num_layers, out);
       break;
-    case ModuleKind::ViT:
+    case ModuleHandler::ViT:
       layers_state(p.vit.layer, p.vit.num_layers, out);
       vit_head_state(p.vit, out);
       break;
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::LayerNorm:
       if (p.affine) {
         out.push_back({"weight", {p.normalized}});
         out.push_back({"bias", {p.normalized}});
       }
       break;
-    case ModuleKind::ScaledDotProductAttention:
-    case ModuleKind::Matmul:
-    case ModuleKind::Softmax:
+    case ModuleHandler::ScaledDotProductAttention:
+    case ModuleHandler::Matmul:
+    case ModuleHandler::Softmax:
       break;  // no parameters
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       book_state_dict(p, out);
       break;
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       llm_state_dict(p, out);
       break;
   }
@@ -237,44 +243,38 @@ std::vector<std::pair<std::string, Shape>> expected_state_dict(const Problem& p)
 
 std::vector<InputSpec> expected_inputs(ModuleKind m) {
   constexpr InputKind F = InputKind::Float, M = InputKind::Mask;
-  switch (m) {
-    case ModuleKind::MultiheadAttention:
+  switch (module_handler(m)) {
+    case ModuleHandler::MultiheadAttention:
       return {{"query", true, F},
               {"key", true, F},
               {"value", true, F},
               {"attn_mask", false, M},
               {"key_padding_mask", false, M}};
-    case ModuleKind::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoderLayer:
       return {{"src", true, F}, {"src_mask", false, M}, {"src_key_padding_mask", false, M}};
-    case ModuleKind::TransformerEncoder:
+    case ModuleHandler::TransformerEncoder:
       return {{"src", true, F}, {"mask", false, M}, {"src_key_padding_mask", false, M}};
-    case ModuleKind::TransformerDecoderLayer:
+    case ModuleHandler::TransformerDecoderLayer:
       return {{"tgt", true, F},
               {"memory", true, F},
               {"tgt_mask", false, M},
               {"memory_mask", false, M},
               {"tgt_key_padding_mask", false, M},
               {"memory_key_padding_mask", false, M}};
-    case ModuleKind::ScaledDotProductAttention:
+    case ModuleHandler::ScaledDotProductAttention:
       return {{"query", true, F}, {"key", true, F}, {"value", true, F}, {"attn_mask", false, M}};
-    case ModuleKind::TokenEncoder:
+    case ModuleHandler::TokenEncoder:
       return {{"tokens", true, InputKind::Ids}};
-    case ModuleKind::ViT:
+    case ModuleHandler::ViT:
       return {{"image", true, F}};
-    case ModuleKind::Matmul:
+    case ModuleHandler::Matmul:
       return {{"input", true, F}, {"other", true, F}};
-    case ModuleKind::Softmax:
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::Softmax:
+    case ModuleHandler::LayerNorm:
       return {{"input", true, F}};
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       return book_inputs();
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       return llm_inputs(m);
   }
   return {};
@@ -348,8 +348,8 @@ long double largest_tensor(const Problem& p) {
   auto layer_width = [](const EncoderConfig& c) {
     return std::max(3.0L * (long double)c.d_model, (long double)c.dim_feedforward);
   };
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention: {
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention: {
       const MhaConfig& c = p.mha;
       const auto [B, L] = batch_and_length(shape("query"), c.batch_first);
       const auto [B2, S] = batch_and_length(shape("key"), c.batch_first);
@@ -357,20 +357,20 @@ long double largest_tensor(const Problem& p) {
       (void)B2;
       break;
     }
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerEncoder: {
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoder: {
       const auto [B, L] = batch_and_length(shape("src"), p.encoder.batch_first);
       attention(B, L, L, (long double)p.encoder.nhead, layer_width(p.encoder));
       break;
     }
-    case ModuleKind::TransformerDecoderLayer: {
+    case ModuleHandler::TransformerDecoderLayer: {
       const auto [B, L] = batch_and_length(shape("tgt"), p.encoder.batch_first);
       const auto [B2, S] = batch_and_length(shape("memory"), p.encoder.batch_first);
       attention(B, L, std::max(L, S), (long double)p.encoder.nhead, layer_width(p.encoder));
       (void)B2;
       break;
     }
-    case ModuleKind::ScaledDotProductAttention: {
+    case ModuleHandler::ScaledDotProductAttention: {
       const Shape q = shape("query"), k = shape("key"), v = shape("value");
       if (q.size() >= 2 && k.size() >= 2 && v.size() >= 2) {  // torch broadcasts all three batches
         const long double batch = broadcast_size(
@@ -380,13 +380,13 @@ long double largest_tensor(const Problem& p) {
       }
       break;
     }
-    case ModuleKind::TokenEncoder: {
+    case ModuleHandler::TokenEncoder: {
       const Shape t = shape("tokens");
       const long double B = t.size() >= 2 ? (long double)t[0] : 1, T = t.empty() ? 1 : (long double)t.back();
       attention(B, T, T, (long double)p.token.layer.nhead, layer_width(p.token.layer));
       break;
     }
-    case ModuleKind::ViT: {
+    case ModuleHandler::ViT: {
       const Shape im = shape("image");
       const long double B = im.size() == 4 ? (long double)im[0] : 1, n = (long double)p.vit.num_patches();
       attention(B, n, n, (long double)p.vit.layer.nhead, layer_width(p.vit.layer));
@@ -394,7 +394,7 @@ long double largest_tensor(const Problem& p) {
       for (int64_t w : p.vit.head) m = std::max(m, B * std::max(in, (long double)w)), in = (long double)w;
       break;
     }
-    case ModuleKind::Matmul: {
+    case ModuleHandler::Matmul: {
       const Shape a = shape("input"), b = shape("other");
       // (..., M, K) @ (..., K, N) -> (broadcast(...), M, N); a 1-d operand has no M (or N).
       const long double M = a.size() >= 2 ? (long double)a[a.size() - 2] : 1,
@@ -404,14 +404,10 @@ long double largest_tensor(const Problem& p) {
       m = std::max(m, broadcast_size({ba, bb}) * M * N);
       break;
     }
-    case ModuleKind::Softmax:
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::Softmax:
+    case ModuleHandler::LayerNorm:
       break;
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention: {
+    case ModuleHandler::Book: {
       const Shape x = shape("x");
       const auto [B, T] = batch_and_length(x, true);
       const BookConfig& c = p.book;
@@ -419,18 +415,9 @@ long double largest_tensor(const Problem& p) {
                 std::max(3.0L * (long double)c.d_out * (long double)c.heads(), (long double)c.out_dim()));
       break;
     }
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block: {
-      const auto [B, T] = batch_and_length(shape("hidden_states"), true);
-      const bool gpt2 = p.module == ModuleKind::GPT2Block;
-      const long double H = (long double)(gpt2 ? p.gpt2.num_heads : p.llama.num_heads);
-      const long double width =
-          gpt2 ? std::max(3.0L * (long double)p.gpt2.hidden_size, (long double)p.gpt2.inner_dim)
-               : std::max(3.0L * H * (long double)p.llama.head_dim, 2.0L * (long double)p.llama.intermediate_size);
-      attention(B, T, T, H, width);
+    case ModuleHandler::Llm:
+      m = std::max(m, llm_largest_tensor(p));
       break;
-    }
   }
   return m;
 }
@@ -460,8 +447,8 @@ void validate(const Problem& p, const std::string& where) {
                       "columns), got {}",
                       d));
   };
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention:
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention:
       positive("embed_dim", p.mha.embed_dim);
       positive("num_heads", p.mha.num_heads);
       positive("kdim", p.mha.key_dim());
@@ -470,20 +457,20 @@ void validate(const Problem& p, const std::string& where) {
         fail(fmt::format("config.num_heads: expected a divisor of embed_dim {}, got {}", p.mha.embed_dim,
                          p.mha.num_heads));
       break;
-    case ModuleKind::TransformerEncoder:
+    case ModuleHandler::TransformerEncoder:
       positive("num_layers", p.num_layers);
       [[fallthrough]];
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerDecoderLayer:
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerDecoderLayer:
       layer_config(p.encoder);
       break;
-    case ModuleKind::TokenEncoder:
+    case ModuleHandler::TokenEncoder:
       positive("num_embeddings", p.token.vocab);
       positive("num_layers", p.token.num_layers);
       layer_config(p.token.layer);
       even_d(p.token.layer.d_model);
       break;
-    case ModuleKind::ViT: {
+    case ModuleHandler::ViT: {
       const VitConfig& v = p.vit;
       positive("channels", v.channels);
       positive("image_size", std::min(v.image_height, v.image_width));
@@ -503,29 +490,23 @@ void validate(const Problem& p, const std::string& where) {
       if (!(v.bn_eps > 0)) fail(fmt::format("config.bn_eps: expected a positive number, got {}", v.bn_eps));
       break;
     }
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::LayerNorm:
       positive("normalized_shape", p.normalized);
       if (!(p.eps > 0)) fail(fmt::format("config.eps: expected a positive number, got {}", p.eps));
       break;
-    case ModuleKind::ScaledDotProductAttention:
+    case ModuleHandler::ScaledDotProductAttention:
       if (p.sdpa.is_causal && p.input("attn_mask"))
         fail("config.is_causal: true beside inputs.attn_mask; torch refuses the two together (expected one of them)");
       if (p.sdpa.scale && !std::isfinite(*p.sdpa.scale))
         fail(fmt::format("config.scale: expected a finite number or null, got {}", *p.sdpa.scale));
       break;
-    case ModuleKind::Matmul:
-    case ModuleKind::Softmax:
+    case ModuleHandler::Matmul:
+    case ModuleHandler::Softmax:
       break;
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       validate_book(p, fail);
       break;
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       validate_llm(p, fail);
       break;
   }
@@ -594,17 +575,17 @@ void validate(const Problem& p, const std::string& where) {
 
 nlohmann::json config_json(const Problem& p) {
   nlohmann::json j;
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention: {
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention: {
       const MhaConfig& c = p.mha;
       j = {{"embed_dim", c.embed_dim},     {"num_heads", c.num_heads},         {"bias", c.bias},
            {"add_bias_kv", c.add_bias_kv}, {"add_zero_attn", c.add_zero_attn}, {"kdim", c.key_dim()},
            {"vdim", c.value_dim()},        {"batch_first", c.batch_first}};
       break;
     }
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerEncoder:
-    case ModuleKind::TransformerDecoderLayer: {
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoder:
+    case ModuleHandler::TransformerDecoderLayer: {
       const EncoderConfig& c = p.encoder;
       j = {{"d_model", c.d_model},
            {"nhead", c.nhead},
@@ -619,7 +600,7 @@ nlohmann::json config_json(const Problem& p) {
       }
       break;
     }
-    case ModuleKind::TokenEncoder: {
+    case ModuleHandler::TokenEncoder: {
       const EncoderConfig& c = p.token.layer;
       j = {{"num_embeddings", p.token.vocab},
            {"d_model", c.d_model},
@@ -630,7 +611,7 @@ nlohmann::json config_json(const Problem& p) {
            {"num_layers", p.token.num_layers}};
       break;
     }
-    case ModuleKind::ViT: {
+    case ModuleHandler::ViT: {
       const VitConfig& v = p.vit;
       j = {{"channels", v.channels},
            {"image_size", {v.image_height, v.image_width}},
@@ -646,30 +627,24 @@ nlohmann::json config_json(const Problem& p) {
            {"bn_eps", v.bn_eps}};
       break;
     }
-    case ModuleKind::Softmax:
+    case ModuleHandler::Softmax:
       j = {{"dim", -1}};
       break;
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::LayerNorm:
       j = {{"normalized_shape", {p.normalized}}, {"eps", p.eps}, {"elementwise_affine", p.affine}};
       break;
-    case ModuleKind::ScaledDotProductAttention:
+    case ModuleHandler::ScaledDotProductAttention:
       j = {{"is_causal", p.sdpa.is_causal},
            {"scale", p.sdpa.scale ? nlohmann::json(*p.sdpa.scale) : nlohmann::json(nullptr)},
            {"enable_gqa", p.sdpa.enable_gqa}};
       break;
-    case ModuleKind::Matmul:
+    case ModuleHandler::Matmul:
       j = nlohmann::json::object();
       break;
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       j = book_config_json(p);
       break;
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       j = llm_config_json(p);
       break;
   }
@@ -685,8 +660,8 @@ std::string summary(const Problem& p) {
     const DTensor* t = p.input(n);
     return t ? fmt::format(" {}={}{}", n, dtype_name(t->dtype), to_string(t->shape)) : "";
   };
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention: {
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention: {
       const MhaConfig& c = p.mha;
       std::string s =
           fmt::format("MultiheadAttention E={} heads={} bias={}", c.embed_dim, c.num_heads, c.bias ? "on" : "off");
@@ -699,9 +674,9 @@ std::string summary(const Problem& p) {
              (p.forward.need_weights ? (p.forward.average_attn_weights ? "" : " per-head weights")
                                      : " need_weights=False");
     }
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerEncoder:
-    case ModuleKind::TransformerDecoderLayer: {
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoder:
+    case ModuleHandler::TransformerDecoderLayer: {
       const EncoderConfig& c = p.encoder;
       std::string s = module_name(p.module);
       if (p.module == ModuleKind::TransformerEncoder)
@@ -714,18 +689,18 @@ std::string summary(const Problem& p) {
                                         : fmt::format(" {}={}", in.name, shape_of(in.name.c_str()));
       return s;
     }
-    case ModuleKind::ScaledDotProductAttention:
+    case ModuleHandler::ScaledDotProductAttention:
       return fmt::format("scaled dot-product attention q={} k={} v={}", shape_of("query"), shape_of("key"),
                          shape_of("value")) +
              mask_of("attn_mask") + (p.sdpa.is_causal ? " is_causal" : "") +
              (p.sdpa.scale ? fmt::format(" scale={:g}", *p.sdpa.scale) : "") + (p.sdpa.enable_gqa ? " enable_gqa" : "");
-    case ModuleKind::TokenEncoder: {
+    case ModuleHandler::TokenEncoder: {
       const EncoderConfig& c = p.token.layer;
       return fmt::format("TokenEncoder vocab={} d={} heads={} ffn={} {} layers={} tokens={}", p.token.vocab, c.d_model,
                          c.nhead, c.dim_feedforward, activation_name(c.activation), p.token.num_layers,
                          shape_of("tokens"));
     }
-    case ModuleKind::ViT: {
+    case ModuleHandler::ViT: {
       const VitConfig& v = p.vit;
       std::string head;
       for (int64_t w : v.head) head += (head.empty() ? "" : ", ") + std::to_string(w);
@@ -734,22 +709,16 @@ std::string summary(const Problem& p) {
                          v.layer.dim_feedforward, activation_name(v.layer.activation), v.num_layers, head,
                          activation_name(v.head_activation));
     }
-    case ModuleKind::Matmul:
+    case ModuleHandler::Matmul:
       return fmt::format("matmul input={} other={}", shape_of("input"), shape_of("other"));
-    case ModuleKind::Softmax:
+    case ModuleHandler::Softmax:
       return fmt::format("softmax dim=-1 input={}", shape_of("input"));
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::LayerNorm:
       return fmt::format("layer_norm normalized_shape=[{}] eps={:g}{} input={}", p.normalized, p.eps,
                          p.affine ? " affine" : "", shape_of("input"));
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       return book_summary(p);
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       return llm_summary(p);
   }
   return "";
@@ -810,18 +779,18 @@ bool any_dead_row(const DTensor* attn, const DTensor* kpm, int64_t H, TorchSeman
 }  // namespace
 
 bool has_fully_masked_rows(const Problem& p, TorchSemantics s) {
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention:
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention:
       return any_dead_row(p.input("attn_mask"), p.input("key_padding_mask"), p.mha.num_heads, s,
                           (p.mha.add_bias_kv ? 1 : 0) + (p.mha.add_zero_attn ? 1 : 0));
-    case ModuleKind::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoderLayer:
       return any_dead_row(p.input("src_mask"), p.input("src_key_padding_mask"), p.encoder.nhead, s, 0);
-    case ModuleKind::TransformerEncoder:
+    case ModuleHandler::TransformerEncoder:
       return any_dead_row(p.input("mask"), p.input("src_key_padding_mask"), p.encoder.nhead, s, 0);
-    case ModuleKind::TransformerDecoderLayer:
+    case ModuleHandler::TransformerDecoderLayer:
       return any_dead_row(p.input("tgt_mask"), p.input("tgt_key_padding_mask"), p.encoder.nhead, s, 0) ||
              any_dead_row(p.input("memory_mask"), p.input("memory_key_padding_mask"), p.encoder.nhead, s, 0);
-    case ModuleKind::ScaledDotProductAttention: {  // (L, S); bool true = the key takes part
+    case ModuleHandler::ScaledDotProductAttention: {  // (L, S); bool true = the key takes part
       const DTensor* m = p.input("attn_mask");
       if (!m || p.sdpa.is_causal || m->shape.size() != 2) return false;  // is_causal leaves key 0 to every row
       const int64_t L = m->shape[0], S = m->shape[1];
@@ -854,17 +823,17 @@ std::vector<std::string> semantic_differences(const Problem& p) {
         "scaled_dot_product_attention zero weights");
   // Each attention's (attn_mask, key_padding_mask) pair.
   std::vector<std::pair<const char*, const char*>> pairs;
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention:
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention:
       pairs = {{"attn_mask", "key_padding_mask"}};
       break;
-    case ModuleKind::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoderLayer:
       pairs = {{"src_mask", "src_key_padding_mask"}};
       break;
-    case ModuleKind::TransformerEncoder:
+    case ModuleHandler::TransformerEncoder:
       pairs = {{"mask", "src_key_padding_mask"}};
       break;
-    case ModuleKind::TransformerDecoderLayer:
+    case ModuleHandler::TransformerDecoderLayer:
       pairs = {{"tgt_mask", "tgt_key_padding_mask"}, {"memory_mask", "memory_key_padding_mask"}};
       break;
     default:

@@ -196,14 +196,15 @@ struct Call {
   }
 
   TT operator()(const TT& x, int64_t t0, Cache& cache, bool observe, const Sink& sink) const {
-    switch (p.module) {
-      case ModuleKind::LlamaDecoderLayer:
+    switch (llm_row(p.module).block) {
+      case LlmBlock::Layer:
         return llama_layer(x, t0, cache, observe, sink);
-      case ModuleKind::LlamaAttention:
+      case LlmBlock::Attention:
         return llama_attention(x, t0, "", cache, observe, sink);
-      default:
-        return gpt2_block(x, cache, observe, sink);
+      case LlmBlock::Gpt2:
+        break;
     }
+    return gpt2_block(x, cache, observe, sink);
   }
 };
 

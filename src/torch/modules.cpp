@@ -282,32 +282,26 @@ ModuleRun layer_norm(const Problem& p, DType dtype) {
 }  // namespace
 
 ModuleRun run_module(const Problem& p, DType dtype) {
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention:
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention:
       return mha(p, dtype);
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerEncoder:
-    case ModuleKind::TransformerDecoderLayer:
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoder:
+    case ModuleHandler::TransformerDecoderLayer:
       return layers(p, dtype);
-    case ModuleKind::ScaledDotProductAttention:
+    case ModuleHandler::ScaledDotProductAttention:
       return sdpa(p, dtype);
-    case ModuleKind::TokenEncoder:
+    case ModuleHandler::TokenEncoder:
       return token_encoder(p, dtype);
-    case ModuleKind::ViT:
+    case ModuleHandler::ViT:
       return vit(p, dtype);
-    case ModuleKind::Softmax:
+    case ModuleHandler::Softmax:
       return softmax(p, dtype);
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::LayerNorm:
       return layer_norm(p, dtype);
-    case ModuleKind::Matmul:  // module_limitation: none of these is a torch::nn module
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
-    case ModuleKind::LlamaDecoderLayer:  // transformers' modules are Python's: the fixtures verify these
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Matmul:  // module_limitation: none of these is a torch::nn module
+    case ModuleHandler::Book:
+    case ModuleHandler::Llm:  // transformers' modules are Python's: the fixtures verify these
       break;
   }
   throw std::logic_error("run_module: no module for " + module_name(p.module));

@@ -61,14 +61,14 @@ std::string module_limitation(const Problem& p) {
       (p.module != ModuleKind::MultiheadAttention || !p.forward.need_weights))
     return "rows whose every key is masked: the C++ module keeps torch 1.13's NaN, Python " + torch_version() +
            "'s scaled_dot_product_attention (need_weights=False) gives them zero weights";
-  switch (p.module) {
-    case ModuleKind::MultiheadAttention:
+  switch (module_handler(p.module)) {
+    case ModuleHandler::MultiheadAttention:
       if (p.mha.key_dim() != p.mha.value_dim())
         return "kdim != vdim: the 1.13 C++ module asserts key.sizes() == value.sizes()";
       return mha_limitation(p, "attn_mask", "key_padding_mask");
-    case ModuleKind::TransformerEncoderLayer:
-    case ModuleKind::TransformerEncoder:
-    case ModuleKind::TransformerDecoderLayer: {
+    case ModuleHandler::TransformerEncoderLayer:
+    case ModuleHandler::TransformerEncoder:
+    case ModuleHandler::TransformerDecoderLayer: {
       const std::string name =
           p.module == ModuleKind::TransformerDecoderLayer ? "TransformerDecoderLayer" : "TransformerEncoderLayer";
       if (p.encoder.norm_first) return "norm_first: the 1.13 C++ " + name + " has no norm_first option";
@@ -81,29 +81,23 @@ std::string module_limitation(const Problem& p) {
       return mha_limitation(p, p.module == ModuleKind::TransformerEncoder ? "mask" : "src_mask",
                             "src_key_padding_mask");
     }
-    case ModuleKind::TokenEncoder:
-    case ModuleKind::ViT: {
+    case ModuleHandler::TokenEncoder:
+    case ModuleHandler::ViT: {
       const EncoderConfig& c = p.module == ModuleKind::ViT ? p.vit.layer : p.token.layer;
       if (c.norm_first) return "norm_first: the 1.13 C++ TransformerEncoderLayer has no norm_first option";
       if (c.layer_norm_eps != 1e-5)
         return "layer_norm_eps != 1e-5: the 1.13 C++ TransformerEncoderLayer has no layer_norm_eps option";
       return "";
     }
-    case ModuleKind::ScaledDotProductAttention:
-    case ModuleKind::Matmul:
-    case ModuleKind::Softmax:
-    case ModuleKind::LayerNorm:
+    case ModuleHandler::ScaledDotProductAttention:
+    case ModuleHandler::Matmul:
+    case ModuleHandler::Softmax:
+    case ModuleHandler::LayerNorm:
       return "";
-    case ModuleKind::SelfAttentionV1:
-    case ModuleKind::SelfAttentionV2:
-    case ModuleKind::CausalAttention:
-    case ModuleKind::MultiHeadAttentionWrapper:
-    case ModuleKind::BookMultiHeadAttention:
+    case ModuleHandler::Book:
       return module_name(p.module) +
              " is the book's Python class (LLMs-from-scratch ch03): LibTorch has no such module";
-    case ModuleKind::LlamaDecoderLayer:
-    case ModuleKind::LlamaAttention:
-    case ModuleKind::GPT2Block:
+    case ModuleHandler::Llm:
       return module_name(p.module) + " is transformers' (Python): LibTorch has no such module";
   }
   return "";
@@ -132,34 +126,28 @@ TorchRun run_torch(const Problem& p, DType dtype, bool collect_components, const
   using namespace torch_ref;
   c10::NoGradGuard no_grad;
   try {
-    switch (p.module) {
-      case ModuleKind::MultiheadAttention:
+    switch (module_handler(p.module)) {
+      case ModuleHandler::MultiheadAttention:
         return run_mha(p, dtype, collect_components);
-      case ModuleKind::TransformerEncoderLayer:
-      case ModuleKind::TransformerEncoder:
-      case ModuleKind::TransformerDecoderLayer:
+      case ModuleHandler::TransformerEncoderLayer:
+      case ModuleHandler::TransformerEncoder:
+      case ModuleHandler::TransformerDecoderLayer:
         return run_layers(p, dtype, collect_components);
-      case ModuleKind::ScaledDotProductAttention:
+      case ModuleHandler::ScaledDotProductAttention:
         return run_sdpa(p, dtype, collect_components);
-      case ModuleKind::TokenEncoder:
+      case ModuleHandler::TokenEncoder:
         return run_token_encoder(p, dtype, collect_components);
-      case ModuleKind::ViT:
+      case ModuleHandler::ViT:
         return run_vit(p, dtype, collect_components);
-      case ModuleKind::Matmul:
+      case ModuleHandler::Matmul:
         return run_matmul(p, dtype, collect_components);
-      case ModuleKind::Softmax:
+      case ModuleHandler::Softmax:
         return run_softmax(p, dtype, collect_components);
-      case ModuleKind::LayerNorm:
+      case ModuleHandler::LayerNorm:
         return run_layer_norm(p, dtype, collect_components);
-      case ModuleKind::SelfAttentionV1:
-      case ModuleKind::SelfAttentionV2:
-      case ModuleKind::CausalAttention:
-      case ModuleKind::MultiHeadAttentionWrapper:
-      case ModuleKind::BookMultiHeadAttention:
+      case ModuleHandler::Book:
         return run_book(p, dtype, collect_components);
-      case ModuleKind::LlamaDecoderLayer:
-      case ModuleKind::LlamaAttention:
-      case ModuleKind::GPT2Block:
+      case ModuleHandler::Llm:
         return run_llm(p, dtype, collect_components);
     }
   } catch (const c10::Error& e) {

@@ -58,6 +58,9 @@ struct CaseSpec {
   RopeStyle rope = RopeStyle::HalfSplit;
   double rotary_fraction = 1.0;  // partial_rotary_factor
   double rope_theta = 10000;
+  // The LLM blocks: config keys by transformers' names over the case's own (--config KEY=VALUE), e.g.
+  // {"sliding_window": 4}; each must be a key the class takes (harness/llm.hpp, LlmRow::keys).
+  nlohmann::json config = nlohmann::json::object();
   uint64_t seed = 0;
 
   std::string describe() const;  // "MultiheadAttention B=50 T=100 d=64 heads=4 bias=off mask=causal"

@@ -27,6 +27,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tparity/harness/components.hpp"
@@ -35,6 +36,29 @@
 namespace tparity {
 
 bool llm_module(ModuleKind m);
+
+// Which core function (and which composition of the reference's) runs a kind's block.
+enum class LlmBlock {
+  Attention,  // llama_attention_forward: the attention alone (LlamaAttention)
+  Layer,      // llama_layer_forward: RMSNorm, attention, RMSNorm, gated MLP (LlamaDecoderLayer)
+  Gpt2,       // gpt2_block_forward: GPT2Config, Conv1D weights (GPT2Block)
+};
+
+// One LLM kind as data: what the family's code asks of it. A kind of this family is its ModuleRow
+// (problem.cpp) and this row (llm.cpp's kLlmRows); its config keys are transformers' names, read,
+// written and validated once for the family, each kind taking the keys its row lists.
+struct LlmRow {
+  ModuleKind kind;
+  LlmBlock block;
+  const char* keys;  // the config keys the class reads, space-separated (besides causal, decode_steps)
+  // What the class fixes that LlamaConfig leaves open (norms, activation, ...); null: nothing.
+  void (*preset)(LlamaConfig&);
+};
+const LlmRow& llm_row(ModuleKind m);  // throws std::logic_error for a kind of another family
+// Whether the kind's config takes `key`.
+bool llm_takes(ModuleKind m, const std::string& key);
+// "hidden_size, num_attention_heads, ..." for messages.
+std::string llm_key_list(ModuleKind m);
 
 // problem.cpp's questions, for the LLM kinds.
 void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>& out);
@@ -46,10 +70,18 @@ std::string llm_summary(const Problem& p);
 // The largest position id plus one (position_ids must lie below it).
 int64_t llm_max_positions(const Problem& p);
 
-// Reads the fixture's config object into p.llama / p.gpt2 / p.decode_steps / p.causal. `fail(field,
-// what)` throws; every key must be one of the kind's.
+// Reads the fixture's config object into p.llama / p.gpt2 / p.decode_steps / p.causal, from the
+// class's defaults. `fail(field, what)` throws; every key must be one of the kind's.
 void read_llm_config(const nlohmann::json& j, Problem& p,
                      const std::function<void(const std::string& field, const std::string& what)>& fail);
+// Sets the keys `j` holds over the problem's config as it stands (a case's --config KEY=VALUE).
+void apply_llm_config(const nlohmann::json& j, Problem& p,
+                      const std::function<void(const std::string& field, const std::string& what)>& fail);
+
+// The largest tensor a run makes (problem.cpp's largest_tensor): the scores, the projections, the MLP.
+long double llm_largest_tensor(const Problem& p);
+// The kv heads and head dim of the block's cache.
+std::pair<int64_t, int64_t> llm_cache_heads(const Problem& p);
 
 // The hand core on the problem (hand.cpp's run): outputs["output"], components through obs.
 template <class T>

@@ -56,11 +56,33 @@ enum class ModuleFamily {
   Llm,      // transformers' decoder blocks (harness/llm.hpp)
 };
 
+// Which code answers for a kind where tparity's layers dispatch (hand runner, fixture reader, cases,
+// LibTorch reference, ...): the torch.nn, op and seed kinds each have their own branch; the book's
+// classes and the LLM blocks are one branch each, whose family file (harness/book.hpp,
+// harness/llm.hpp) tells its kinds apart by their rows. A switch over the handler, never over
+// ModuleKind: adding a kind to the book or LLM family then touches no switch, and -Wswitch names
+// every switch a new handler must join.
+enum class ModuleHandler {
+  MultiheadAttention,
+  TransformerEncoderLayer,
+  TransformerEncoder,
+  TransformerDecoderLayer,
+  ScaledDotProductAttention,
+  TokenEncoder,
+  ViT,
+  Matmul,
+  Softmax,
+  LayerNorm,
+  Book,  // harness/book.hpp
+  Llm,   // harness/llm.hpp
+};
+
 // One row per module kind, as data: what the rest of tparity looks up about a kind by its key.
 struct ModuleRow {
   ModuleKind kind;
   const char* name;  // the class name in files and on the command line (module_name)
   ModuleFamily family;
+  ModuleHandler handler;
   bool fixture_v1;      // fixture format v1 holds it
   bool python_fixture;  // Python's exporters (fixtures/export_*.py) write fixtures of it
 };
@@ -73,6 +95,7 @@ struct ModuleRows {
   const ModuleRow* end() const { return module_rows_end(); }
 };
 inline ModuleRows module_rows() { return {}; }
+inline ModuleHandler module_handler(ModuleKind m) { return module_row(m).handler; }
 
 // The modules Python fixtures are exported for (torch.nn's four, the book's classes, the LLM blocks);
 // fixture format v1 knows torch.nn's four, and their names for messages. Format v2 (a problem file,
