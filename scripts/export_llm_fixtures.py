@@ -15,17 +15,30 @@ module, built from a small config with random weights (nothing is loaded from a 
   gptj_attention         GPTJAttention (interleaved rotary pairs, rotary_dim 4 of 8) as a LlamaAttention
   neox_attention         GPTNeoXAttention (fused per-head query_key_value, rotary_pct 0.25, bias) as a
                          LlamaAttention
+  qwen3_layer            Qwen3DecoderLayer: per-head q_norm / k_norm before rotary, 4 heads over 2 kv heads,
+                         head_dim 12 != 32 / 4, full attention, position ids with offsets, a right-padded element
+  qwen3_decode           Qwen3DecoderLayer decode session: a padded prompt of 5 prefilled, then 3 steps
+  mistral_layer          MistralDecoderLayer: sliding window 3, a right-padded element
+  mistral_decode         MistralDecoderLayer decode session, sliding window 3: a padded prompt of 5, then 4 steps
+                         past the window (DynamicCache's DynamicSlidingWindowLayer keeps only 2 keys)
+  gemma2_layer_sliding   Gemma2DecoderLayer layer 0 (sliding_attention, window 4): query_pre_attn_scalar 12 !=
+                         head_dim 8, attn_logit_softcapping 1.5, RMSNorm (1 + weight) before and after attention
+                         and MLP, gelu_pytorch_tanh, a right-padded element
+  gemma2_layer_full      Gemma2DecoderLayer layer 1 (full_attention: no window), the same sizes and soft-cap
+  gemma2_decode          Gemma2DecoderLayer layer 0 decode session, sliding window 3: a padded prompt of 5,
+                         then 4 steps
 
-Precision policy. transformers computes in float32 in places even for a float64 module: LlamaRMSNorm
-(hidden_states.to(torch.float32)), the rotary angles (inv_freq and position_ids .float()), eager
-attention's softmax(dtype=torch.float32) (Llama, NeoX), GPT-J's _attn (query and key .to(float32))
-and its float32 sincos table. The fixtures' float64 results ("outputs", "components") are the
-mathematics in float64: the same modules run with those casts patched to the input's dtype, every
-other line transformers' own. The script checks that the patched modules run in float32 give
-transformers' float32 results bit for bit (so the patches change the casts and nothing else), and
-records in each fixture's "reference" block how far transformers' own float64 module (with its
-casts) lies from that float64 truth ("hf_float64_casts_rel_l2"). "outputs_float32" and
-"components_float32" are transformers' float32 module as is.
+Precision policy. transformers computes in float32 in places even for a float64 module: LlamaRMSNorm,
+Qwen3RMSNorm and MistralRMSNorm (hidden_states.to(torch.float32)), Gemma2RMSNorm (x.float() and
+1.0 + weight.float()), the rotary angles (inv_freq and position_ids .float()), eager attention's
+softmax(dtype=torch.float32) (Llama, NeoX, Qwen3, Mistral, Gemma2 after its soft-cap), GPT-J's _attn
+(query and key .to(float32)) and its float32 sincos table. The fixtures' float64 results ("outputs",
+"components") are the mathematics in float64: the same modules run with those casts patched to the
+input's dtype, every other line transformers' own. The script checks that the patched modules run
+in float32 give transformers' float32 results bit for bit (so the patches change the casts and
+nothing else), and records in each fixture's "reference" block how far transformers' own float64
+module (with its casts) lies from that float64 truth ("hf_float64_casts_rel_l2"). "outputs_float32"
+and "components_float32" are transformers' float32 module as is.
 
 Components come from a line-by-line replay of each module with transformers' own submodules and
 functions (apply_rotary_pos_emb, repeat_kv, the Linear / Conv1D / RMSNorm modules), checked bit
@@ -33,7 +46,13 @@ for bit against the module's output and, in decode, against the DynamicCache's c
 
 The masks: the modules take transformers' 4-D additive mask, built here as masking_utils builds it
 for eager attention: 0 where a key is visible, torch.finfo(dtype).min where it is causal-masked or
-padding.
+padding, or (a layer with a sliding window w) where key j <= i - w for query i, both absolute indices
+(masking_utils.sliding_window_overlay). In a decode session a sliding layer's DynamicCache layer
+(DynamicSlidingWindowLayer) keeps only the last w - 1 keys and values and hands the attention those
+plus the step's own; the module gets the mask's columns for those keys, as masking_utils slices them.
+The replays keep every key (the components cache.k / cache.v), check the cache's contents against
+their tail, run the attention over the same keys as transformers and widen scores / attn_weights
+back to all keys with -inf / 0.
 """
 import argparse
 import copy
@@ -46,12 +65,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import GPT2Config, GPTJConfig, GPTNeoXConfig, LlamaConfig  # noqa: E402
-from transformers.cache_utils import DynamicCache  # noqa: E402
+from transformers import (Gemma2Config, GPT2Config, GPTJConfig, GPTNeoXConfig, LlamaConfig,  # noqa: E402
+                          MistralConfig, Qwen3Config)
+from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer  # noqa: E402
+from transformers.models.gemma2 import modeling_gemma2 as MG2  # noqa: E402
 from transformers.models.gpt2 import modeling_gpt2 as MG  # noqa: E402
 from transformers.models.gpt_neox import modeling_gpt_neox as MN  # noqa: E402
 from transformers.models.gptj import modeling_gptj as MJ  # noqa: E402
 from transformers.models.llama import modeling_llama as ML  # noqa: E402
+from transformers.models.mistral import modeling_mistral as MM  # noqa: E402
+from transformers.models.qwen3 import modeling_qwen3 as MQ  # noqa: E402
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +98,12 @@ def rms_true(self, hidden_states):  # LlamaRMSNorm.forward without .to(torch.flo
     return self.weight * hidden_states
 
 
+def gemma2_rms_true(self, x):  # Gemma2RMSNorm.forward without .float(): x and (1 + weight) in x's dtype
+    output = self._norm(x)
+    output = output * (1.0 + self.weight)
+    return output.type_as(x)
+
+
 def eager_true(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     # modeling_llama.eager_attention_forward with softmax in the query's dtype (not dtype=torch.float32)
     key_states = ML.repeat_kv(key, module.num_key_value_groups)
@@ -96,6 +125,25 @@ def neox_eager_true(module, query, key, value, attention_mask, scaling, dropout=
     return attn_output.transpose(1, 2).contiguous(), attn_weights
 
 
+def gemma2_eager_true(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+    # modeling_gemma2.eager_attention_forward (scaling, then the soft-cap, then the mask) with softmax in the
+    # query's dtype
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    key_states = MG2.repeat_kv(key, module.num_key_value_groups)
+    value_states = MG2.repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if softcap is not None:
+        attn_weights = attn_weights / softcap
+        attn_weights = torch.tanh(attn_weights)
+        attn_weights = attn_weights * softcap
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1)
+    attn_output = torch.matmul(attn_weights, value_states)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
 def gptj_attn_true(self, query, key, value, attention_mask=None):  # GPTJAttention._attn without .to(float32)
     attn_weights = torch.matmul(query, key.transpose(-1, -2))
     attn_weights = attn_weights / self.scale_attn
@@ -113,11 +161,23 @@ class Patched:
         self.saved = [(ML.LlamaRMSNorm, "forward", ML.LlamaRMSNorm.forward),
                       (ML, "eager_attention_forward", ML.eager_attention_forward),
                       (MN, "eager_attention_forward", MN.eager_attention_forward),
-                      (MJ.GPTJAttention, "_attn", MJ.GPTJAttention._attn)]
+                      (MJ.GPTJAttention, "_attn", MJ.GPTJAttention._attn),
+                      (MQ.Qwen3RMSNorm, "forward", MQ.Qwen3RMSNorm.forward),
+                      (MQ, "eager_attention_forward", MQ.eager_attention_forward),
+                      (MM.MistralRMSNorm, "forward", MM.MistralRMSNorm.forward),
+                      (MM, "eager_attention_forward", MM.eager_attention_forward),
+                      (MG2.Gemma2RMSNorm, "forward", MG2.Gemma2RMSNorm.forward),
+                      (MG2, "eager_attention_forward", MG2.eager_attention_forward)]
         ML.LlamaRMSNorm.forward = rms_true
         ML.eager_attention_forward = eager_true
         MN.eager_attention_forward = neox_eager_true
         MJ.GPTJAttention._attn = gptj_attn_true
+        MQ.Qwen3RMSNorm.forward = rms_true  # Qwen3's and Mistral's RMSNorm and eager attention are Llama's
+        MQ.eager_attention_forward = eager_true
+        MM.MistralRMSNorm.forward = rms_true
+        MM.eager_attention_forward = eager_true
+        MG2.Gemma2RMSNorm.forward = gemma2_rms_true
+        MG2.eager_attention_forward = gemma2_eager_true
         return self
 
     def __exit__(self, *exc):
@@ -125,12 +185,16 @@ class Patched:
             setattr(obj, name, value)
 
 
+ROTARY = {LlamaConfig: ML.LlamaRotaryEmbedding, GPTNeoXConfig: MN.GPTNeoXRotaryEmbedding,
+          Qwen3Config: MQ.Qwen3RotaryEmbedding, MistralConfig: MM.MistralRotaryEmbedding,
+          Gemma2Config: MG2.Gemma2RotaryEmbedding}
+
+
 def rope(config, position_ids, dtype, true):
-    """LlamaRotaryEmbedding / GPTNeoXRotaryEmbedding.forward (default rope): transformers' own in
-    float32 then cast to dtype, or (true) its code in dtype throughout."""
+    """LlamaRotaryEmbedding / GPTNeoXRotaryEmbedding / Qwen3, Mistral, Gemma2RotaryEmbedding.forward (default
+    rope): transformers' own in float32 then cast to dtype, or (true) its code in dtype throughout."""
     if not true:
-        cls = ML.LlamaRotaryEmbedding if isinstance(config, LlamaConfig) else MN.GPTNeoXRotaryEmbedding
-        return cls(config)(torch.zeros(1, dtype=dtype), position_ids)
+        return ROTARY[type(config)](config)(torch.zeros(1, dtype=dtype), position_ids)
     base = config.rope_parameters["rope_theta"]
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
@@ -150,10 +214,14 @@ def gptj_table(module, dtype, true):
     return torch.cat((torch.sin(sinusoid_inp), torch.cos(sinusoid_inp)), dim=1)
 
 
-def additive_mask(B, L, S, padding, dtype):
-    """(B, 1, L, S): 0 where query i (absolute S - L + i) sees key j, finfo(dtype).min elsewhere."""
+def additive_mask(B, L, S, padding, dtype, sliding_window=None):
+    """(B, 1, L, S): 0 where query i (absolute S - L + i) sees key j, finfo(dtype).min elsewhere. With a
+    sliding window w, key j is visible only if j > i - w too (masking_utils.sliding_window_overlay)."""
     past = S - L
-    masked = torch.ones(L, S, dtype=torch.bool).triu(past + 1)[None, None].expand(B, 1, L, S)
+    masked = torch.ones(L, S, dtype=torch.bool).triu(past + 1)
+    if sliding_window is not None:
+        masked = masked | (torch.arange(S)[None, :] <= torch.arange(past, S)[:, None] - sliding_window)
+    masked = masked[None, None].expand(B, 1, L, S)
     if padding is not None:
         masked = masked | padding[:, None, None, :S]
     return torch.zeros(B, 1, L, S, dtype=dtype).masked_fill(masked, torch.finfo(dtype).min)
@@ -175,13 +243,17 @@ class Sink:
         return Sink(self.comps, self.prefix + prefix)
 
 
-def eager_replay(scores_mask, q, k, v, groups, scaling, sink, true, divide=None):
+def eager_replay(scores_mask, q, k, v, groups, scaling, sink, true, divide=None, softcap=None):
     k, v = ML.repeat_kv(k, groups), ML.repeat_kv(v, groups)
     if divide is None:
         scores = torch.matmul(q, k.transpose(2, 3)) * scaling
     else:  # GPT-J: (query.float() @ key.float()^T) / scale_attn
         qq, kk = (q, k) if true else (q.to(torch.float32), k.to(torch.float32))
         scores = torch.matmul(qq, kk.transpose(-1, -2)) / divide
+    if softcap is not None:  # Gemma2: softcap * tanh(scores / softcap), before the mask
+        scores = scores / softcap
+        scores = torch.tanh(scores)
+        scores = scores * softcap
     scores = scores + scores_mask
     sink.put("scores", scores)
     if divide is not None:
@@ -231,6 +303,93 @@ def llama_layer_replay(layer, x, cos, sin, mask, cache, sink, true, cached):
     down = layer.mlp.down_proj(act)
     sink.put("mlp.down", down)
     out = x1 + down
+    sink.put("output", out)
+    return out
+
+
+def decoder_attention_replay(attn, M, h, cos, sin, mask, cache, sink, true, cached, visible, softcap=None):
+    """Qwen3Attention (qk_norm: q_norm / k_norm on the (B, T, heads, D) view, before the transpose),
+    MistralAttention, Gemma2Attention (soft-cap). cache holds every key so far; attention runs over the last
+    `visible` of them, those transformers' cache hands the module (a DynamicSlidingWindowLayer keeps only
+    sliding_window - 1), and scores / attn_weights are widened back to all keys (-inf / 0: the keys left out
+    lie outside the window, masked)."""
+    B, T, _ = h.shape
+    D = attn.head_dim
+    q = attn.q_proj(h).view(B, T, -1, D)
+    k = attn.k_proj(h).view(B, T, -1, D)
+    v = attn.v_proj(h).view(B, T, -1, D).transpose(1, 2)
+    sink.put("q", q.transpose(1, 2)), sink.put("k", k.transpose(1, 2)), sink.put("v", v)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        sink.put("q_norm", q.transpose(1, 2)), sink.put("k_norm", k.transpose(1, 2))
+    q_rot, k_rot = M.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    sink.put("q_rot", q_rot), sink.put("k_rot", k_rot)
+    cache["k"] = k_rot if cache.get("k") is None else torch.cat([cache["k"], k_rot], dim=-2)
+    cache["v"] = v if cache.get("v") is None else torch.cat([cache["v"], v], dim=-2)
+    if cached:
+        sink.put("cache.k", cache["k"]), sink.put("cache.v", cache["v"])
+    S = cache["k"].shape[-2]
+    if visible == S:
+        ctx = eager_replay(mask, q_rot, cache["k"], cache["v"], attn.num_key_value_groups, attn.scaling, sink, true,
+                           softcap=softcap)
+    else:
+        cut = S - visible
+        assert bool((mask[..., :cut] == torch.finfo(mask.dtype).min).all()), "keys left out of the cache not masked"
+        inner = {}
+        ctx = eager_replay(mask[..., cut:], q_rot, cache["k"][:, :, cut:].contiguous(),
+                           cache["v"][:, :, cut:].contiguous(), attn.num_key_value_groups, attn.scaling, Sink(inner),
+                           true, softcap=softcap)
+        scores, weights = inner["scores"], inner["attn_weights"]
+        sink.put("scores", torch.cat([scores.new_full(scores.shape[:-1] + (cut,), float("-inf")), scores], dim=-1))
+        sink.put("attn_weights", torch.cat([weights.new_zeros(weights.shape[:-1] + (cut,)), weights], dim=-1))
+        sink.put("context", inner["context"])
+    out = attn.o_proj(ctx)
+    sink.put("output", out)
+    return out
+
+
+def rms_layer_replay(layer, M, x, cos, sin, mask, cache, sink, true, cached, visible):
+    """Qwen3DecoderLayer, MistralDecoderLayer (LlamaDecoderLayer's lines)."""
+    h = layer.input_layernorm(x)
+    sink.put("input_layernorm", h)
+    a = decoder_attention_replay(layer.self_attn, M, h, cos, sin, mask, cache, sink.sub("attn."), true, cached,
+                                 visible)
+    x1 = x + a
+    sink.put("attn_residual", x1)
+    h2 = layer.post_attention_layernorm(x1)
+    sink.put("post_attention_layernorm", h2)
+    gate, up = layer.mlp.gate_proj(h2), layer.mlp.up_proj(h2)
+    sink.put("mlp.gate", gate), sink.put("mlp.up", up)
+    act = layer.mlp.act_fn(gate) * up
+    sink.put("mlp.act", act)
+    down = layer.mlp.down_proj(act)
+    sink.put("mlp.down", down)
+    out = x1 + down
+    sink.put("output", out)
+    return out
+
+
+def gemma2_layer_replay(layer, M, x, cos, sin, mask, cache, sink, true, cached, visible):
+    """Gemma2DecoderLayer: RMSNorm (1 + weight) before and after both the attention and the MLP."""
+    h = layer.input_layernorm(x)
+    sink.put("input_layernorm", h)
+    a = decoder_attention_replay(layer.self_attn, M, h, cos, sin, mask, cache, sink.sub("attn."), true, cached,
+                                 visible, softcap=layer.self_attn.attn_logit_softcapping)
+    a = layer.post_attention_layernorm(a)
+    sink.put("post_attention_layernorm", a)
+    x1 = x + a
+    sink.put("attn_residual", x1)
+    h2 = layer.pre_feedforward_layernorm(x1)
+    sink.put("pre_feedforward_layernorm", h2)
+    gate, up = layer.mlp.gate_proj(h2), layer.mlp.up_proj(h2)
+    sink.put("mlp.gate", gate), sink.put("mlp.up", up)
+    act = layer.mlp.act_fn(gate) * up
+    sink.put("mlp.act", act)
+    down = layer.mlp.down_proj(act)
+    sink.put("mlp.down", down)
+    m = layer.post_feedforward_layernorm(down)
+    sink.put("post_feedforward_layernorm", m)
+    out = x1 + m
     sink.put("output", out)
     return out
 
@@ -454,6 +613,128 @@ def finish(name, desc, module, config, sd, inputs, runs, reference):
             "components": comps64, "components_float32": comps32, "reference": reference}
 
 
+DECODERS = {"Qwen3DecoderLayer": (MQ, rms_layer_replay), "MistralDecoderLayer": (MM, rms_layer_replay),
+            "Gemma2DecoderLayer": (MG2, gemma2_layer_replay)}
+
+
+def softcap_effect(comps, scaling, groups):
+    """How far Gemma2's soft-capped scores lie from the uncapped q_rot k_rot^T * scaling (visible keys)."""
+    capped, raw = [], []
+    for key in comps:
+        if not key.endswith("attn.scores"):
+            continue
+        p = key[: -len("scores")]
+        k = comps.get(p + "cache.k", comps[p + "k_rot"])
+        s = torch.matmul(comps[p + "q_rot"], ML.repeat_kv(k, groups).transpose(2, 3)) * scaling
+        ok = torch.isfinite(comps[key])
+        capped.append(comps[key][ok]), raw.append(s[ok])
+    capped, raw = torch.cat(capped), torch.cat(raw)
+    return rel_l2(capped, raw), float(raw.abs().max())
+
+
+def decoder_fixture(name, desc, kind, cfg, B, T, seed, positions, padding, decode_steps=0, layer_idx=0):
+    """Qwen3DecoderLayer, MistralDecoderLayer, Gemma2DecoderLayer: one call, or a decode session (prefill, then
+    one-token steps through DynamicCache) whose output is the full causal forward."""
+    M, replay = DECODERS[kind]
+    assert cfg.rope_parameters["rope_type"] == "default", "the rotary tables here are the default rope's"
+    torch.manual_seed(seed)
+    module = getattr(M, kind)(cfg, layer_idx=layer_idx).eval()
+    randomize(module, seed)
+    for n, p in module.named_parameters():  # Gemma2's RMSNorm weights start at zero, Qwen3's q/k norms at one
+        if "norm" in n:
+            assert bool((p != 0).all()) and len(set(p.tolist())) == p.numel(), f"{name}: {n} not random"
+    rotary = ROTARY[type(cfg)](cfg)
+    assert rotary.rope_type == "default" and rotary.attention_scaling == 1.0
+    # the layer's effective window: Mistral's attention takes config.sliding_window, Qwen3's and Gemma2's
+    # theirs only where config.layer_types[layer_idx] is "sliding_attention"
+    window = cfg.sliding_window if kind == "MistralDecoderLayer" else module.self_attn.sliding_window
+    x32 = torch.randn(B, T, cfg.hidden_size)
+    P = T - decode_steps
+    runs = {}
+    for label, dtype, true in (("true64", torch.float64, True), ("hf32", torch.float32, False),
+                               ("hf64", torch.float64, False), ("patched32", torch.float32, True)):
+        m = copy.deepcopy(module).to(dtype)
+        x = x32.to(dtype)
+        ctx = Patched() if true else _Nothing()
+        comps = {}
+        with torch.no_grad(), ctx:
+            def call(t0, t1, cache, hf_cache, sink, cached):
+                pos = positions[:, t0:t1]
+                cos, sin = rope(cfg, pos, dtype, true)
+                mask = additive_mask(B, t1 - t0, t1, padding, dtype, window)
+                # the keys transformers' cache hands the attention (masking_utils slices the mask to them)
+                visible = t1 if hf_cache is None else hf_cache.layers[layer_idx].get_mask_sizes(t1 - t0)[0]
+                xs = x[:, t0:t1]
+                ref = m(xs, attention_mask=mask[..., t1 - visible:], position_ids=pos, past_key_values=hf_cache,
+                        use_cache=hf_cache is not None, position_embeddings=(cos, sin))
+                out = replay(m, M, xs, cos, sin, mask, cache, sink, true, cached, visible)
+                assert_equal(out, ref, f"{name} {label} tokens {t0}..{t1}")
+                if hf_cache is not None:
+                    layer = hf_cache.layers[layer_idx]
+                    kept = t1 if window is None else min(t1, window - 1)
+                    assert isinstance(layer, DynamicSlidingWindowLayer) == (window is not None)
+                    assert layer.keys.shape[-2] == kept and layer.values.shape[-2] == kept
+                    assert_equal(cache["k"][:, :, t1 - kept:], layer.keys, f"{name} {label} cache.k")
+                    assert_equal(cache["v"][:, :, t1 - kept:], layer.values, f"{name} {label} cache.v")
+                return out
+            if decode_steps == 0:
+                full = call(0, T, {}, None, Sink(comps), False)
+                outs = full
+            else:
+                hf_cache, cache = DynamicCache(config=cfg), {}
+                parts = [call(0, P, cache, hf_cache, Sink(comps, "prefill."), True)]
+                for t in range(P, T):
+                    parts.append(call(t, t + 1, cache, hf_cache, Sink(comps, f"step.{t - P}."), True))
+                outs = torch.cat(parts, dim=1)
+                full = call(0, T, {}, None, Sink({}), False)  # the full causal forward over all T tokens
+                comps["output"] = full
+        runs[label] = {"module": m, "comps": comps, "output": full, "session": outs}
+    # the patches change the casts and nothing else: in float32 they give transformers' bits
+    for k in runs["hf32"]["comps"]:
+        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
+    extra = {"hf_float64_casts_rel_l2": f"{rel_l2(runs['hf64']['output'], runs['true64']['output']):.3g}"
+                                        + nonfinite_note(runs['hf64']['output']),
+             "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}"}
+    if decode_steps:
+        extra["decode_vs_full_float64_rel_l2"] = f"{rel_l2(runs['true64']['session'], runs['true64']['output']):.3g}"
+        extra["decode_vs_full_float32_rel_l2"] = f"{rel_l2(runs['hf32']['session'], runs['hf32']['output']):.3g}"
+        extra["cache"] = "transformers' DynamicCache (cache_utils.DynamicLayer.update: torch.cat after rotary)"
+        if window is not None:
+            extra["cache"] = (
+                f"transformers' DynamicCache, whose layer here is a DynamicSlidingWindowLayer: it keeps the last "
+                f"sliding_window - 1 = {window - 1} keys and values (after rotary) and hands the attention those "
+                f"plus the step's own (the mask's columns sliced to them, as masking_utils does); the components "
+                f"cache.k / cache.v hold every key so far (the layer's contents checked equal to their tail), "
+                f"scores -inf and attn_weights 0 on the keys outside the window")
+    if window is not None:
+        extra["mask"] = (f"sliding window {window}: key j visible to query i (absolute indices, not position ids) "
+                         f"iff i - {window} < j <= i and j is not padding (masking_utils.sliding_window_overlay)")
+    sa = module.self_attn
+    if getattr(sa, "attn_logit_softcapping", None) is not None:
+        moved, biggest = softcap_effect(runs["true64"]["comps"], sa.scaling, sa.num_key_value_groups)
+        desc += (f"; the soft-cap {sa.attn_logit_softcapping:g} moves the visible scores by rel_l2 {moved:.3g} from "
+                 f"the uncapped ones (largest |uncapped score| {biggest:.3g})")
+    sd = {k: tensor_json(v, "float32") for k, v in module.state_dict().items()}
+    config = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": sa.head_dim,
+              "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
+              "rope_theta": cfg.rope_parameters["rope_theta"]}
+    if kind == "Qwen3DecoderLayer":
+        config.update({"attention_bias": cfg.attention_bias, "sliding_window": window})
+    elif kind == "MistralDecoderLayer":
+        config.update({"sliding_window": window})
+    else:
+        assert cfg.hidden_activation == "gelu_pytorch_tanh"
+        config.update({"attention_bias": cfg.attention_bias, "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
+                       "attn_logit_softcapping": cfg.attn_logit_softcapping, "sliding_window": window})
+    config.update({"max_position_embeddings": cfg.max_position_embeddings, "causal": True,
+                   "decode_steps": decode_steps})
+    inputs = {"hidden_states": tensor_json(x32, "float32"), "position_ids": tensor_json(positions)}
+    if padding is not None:
+        inputs["key_padding_mask"] = tensor_json(padding)
+    return finish(name, desc, kind, config, sd, inputs, runs, reference_block(kind, extra))
+
+
 def gpt2_fixture(name, desc, B, T, seed, padding, decode_steps=0):
     cfg = GPT2Config(n_embd=32, n_head=4, n_inner=None, n_positions=64, attn_implementation="eager",
                      layer_norm_epsilon=1e-5)
@@ -583,6 +864,9 @@ def neox_fixture(name, desc, B, T, seed):
                   reference_block("GPTNeoXAttention", extra))
 
 
+GEMMA2_SOFTCAP = 1.5  # attn_logit_softcapping, small enough that tanh bends the scores visibly (up to |4|)
+
+
 def fixtures():
     def llama_cfg(**kw):
         base = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=12, intermediate_size=48,
@@ -629,6 +913,63 @@ def fixtures():
     out["neox_attention"] = lambda: neox_fixture(
         "neox_attention", "transformers' GPTNeoXAttention (fused per-head query_key_value, rotary_pct 0.25, "
         "bias) as a LlamaAttention", B, T, 26)
+
+    common = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                  rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096, attn_implementation="eager")
+
+    def qwen3_cfg(**kw):
+        return Qwen3Config(**{**common, "head_dim": 12, "attention_bias": False, "num_hidden_layers": 1, **kw})
+
+    def mistral_cfg(**kw):
+        return MistralConfig(**{**common, "head_dim": 8, "num_hidden_layers": 1, **kw})
+
+    def gemma2_cfg(**kw):
+        return Gemma2Config(**{**common, "head_dim": 8, "num_hidden_layers": 2, "query_pre_attn_scalar": 12,
+                               "attn_logit_softcapping": GEMMA2_SOFTCAP, **kw})
+
+    def offset(T, offsets):
+        return torch.arange(T).unsqueeze(0).repeat(len(offsets), 1) + torch.tensor(offsets)[:, None]
+
+    # the decode sessions pad element 1's prompt tokens 1 and 2, as llama_decode does (every query row keeps a key)
+    def session_pad(T):
+        return torch.tensor([[False] * T, [False, True, True] + [False] * (T - 3)])
+
+    out["qwen3_layer"] = lambda: decoder_fixture(
+        "qwen3_layer", "transformers' Qwen3DecoderLayer: per-head q_norm / k_norm (RMSNorm over head_dim, before "
+        "rotary), 4 heads over 2 kv heads, head_dim 12 (hidden 32), no bias, full attention, positions offset by "
+        "2 and 5, element 1 right-padded by 2", "Qwen3DecoderLayer", qwen3_cfg(), B, 7, 27, offset(7, [2, 5]),
+        right_pad(B, 7, [0, 2]))
+    out["qwen3_decode"] = lambda: decoder_fixture(
+        "qwen3_decode", "transformers' Qwen3DecoderLayer decoding: a prompt of 5 (element 1 with 2 padding tokens) "
+        "prefilled in one call, then 3 steps of one token through DynamicCache; output is the full causal forward",
+        "Qwen3DecoderLayer", qwen3_cfg(), B, 8, 28, offset(8, [0, 4]), session_pad(8), decode_steps=3)
+    out["mistral_layer"] = lambda: decoder_fixture(
+        "mistral_layer", "transformers' MistralDecoderLayer: sliding window 3 (key j visible to query i iff "
+        "i - 3 < j <= i), 4 heads over 2 kv heads, head_dim 8, positions offset by 0 and 5, element 1 right-padded "
+        "by 2", "MistralDecoderLayer", mistral_cfg(sliding_window=3), B, 8, 29, offset(8, [0, 5]),
+        right_pad(B, 8, [0, 2]))
+    out["mistral_decode"] = lambda: decoder_fixture(
+        "mistral_decode", "transformers' MistralDecoderLayer decoding with sliding window 3: a prompt of 5 "
+        "(element 1 with 2 padding tokens) prefilled in one call, then 4 steps of one token through DynamicCache "
+        "(a DynamicSlidingWindowLayer, which keeps 2 keys); output is the full causal forward",
+        "MistralDecoderLayer", mistral_cfg(sliding_window=3), B, 9, 30, offset(9, [0, 4]), session_pad(9),
+        decode_steps=4)
+    out["gemma2_layer_sliding"] = lambda: decoder_fixture(
+        "gemma2_layer_sliding", "transformers' Gemma2DecoderLayer, layer 0 (layer_types: sliding_attention), "
+        "sliding window 4, query_pre_attn_scalar 12 != head_dim 8, RMSNorm (1 + weight) around both the "
+        "attention and the MLP, gelu_pytorch_tanh, positions offset by 0 and 6, element 1 right-padded by 3",
+        "Gemma2DecoderLayer", gemma2_cfg(sliding_window=4), B, 8, 31, offset(8, [0, 6]), right_pad(B, 8, [0, 3]))
+    out["gemma2_layer_full"] = lambda: decoder_fixture(
+        "gemma2_layer_full", "transformers' Gemma2DecoderLayer, layer 1 (layer_types: full_attention, so no window "
+        "though config.sliding_window is 4), query_pre_attn_scalar 12 != head_dim 8, positions offset by 0 and 6, "
+        "element 1 right-padded by 3", "Gemma2DecoderLayer", gemma2_cfg(sliding_window=4), B, 8, 32,
+        offset(8, [0, 6]), right_pad(B, 8, [0, 3]), layer_idx=1)
+    out["gemma2_decode"] = lambda: decoder_fixture(
+        "gemma2_decode", "transformers' Gemma2DecoderLayer decoding, layer 0 (sliding_attention, window 3): a "
+        "prompt of 5 (element 1 with 2 padding tokens) prefilled in one call, then 4 steps of one token through "
+        "DynamicCache (a DynamicSlidingWindowLayer, which keeps 2 keys); output is the full causal forward",
+        "Gemma2DecoderLayer", gemma2_cfg(sliding_window=3), B, 9, 33, offset(9, [0, 4]), session_pad(9),
+        decode_steps=4)
     return out
 
 

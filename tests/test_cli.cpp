@@ -40,7 +40,8 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --format xml", "--format"},
            {"run --case nope",
             "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
-            "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, llama, gpt2, softmax_hot, long_keys, minilm, got "
+            "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, llama, gpt2, mistral, softmax_hot, long_keys, "
+            "minilm, got "
             "\"nope\""},
            {"run --case block --out-dim 3",
             "option --out-dim: only the book's attention classes take it (d_out), not TransformerEncoderLayer"},
@@ -220,12 +221,13 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   }
   Result r = tparity("run");
   CHECK(r.code == 0);
-  for (const char* c : {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder",
-                        "case decoder", "case embed", "case vit", "case matmul", "case bmm", "case softmax",
-                        "case layernorm", "case selfattn_v1", "case book_mha", "case llama", "case gpt2"})
+  for (const char* c :
+       {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder", "case decoder",
+        "case embed", "case vit", "case matmul", "case bmm", "case softmax", "case layernorm", "case selfattn_v1",
+        "case book_mha", "case llama", "case gpt2", "case mistral"})
     CHECK_THAT(r.out, Catch::Contains(c));
-  // The 17 generated cases, and the pretrained one (two reports) unless its package is missing here.
-  CHECK(std::regex_search(r.out, std::regex("\\n(17|19) case\\(s\\): \\1 passed, 0 failed\\n")));
+  // The 18 generated cases, and the pretrained one (two reports) unless its package is missing here.
+  CHECK(std::regex_search(r.out, std::regex("\\n(18|20) case\\(s\\): \\1 passed, 0 failed\\n")));
 
   r = tparity("run --case sdpa --case single --format json");
   REQUIRE(r.code == 0);
@@ -372,9 +374,9 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(r.code == 0);
   const json doc = json::parse(r.out);
   CHECK(doc.at("pass") == true);
-  REQUIRE(doc.at("clean").size() == 19);  // the 17 default cases, softmax_hot, long_keys
+  REQUIRE(doc.at("clean").size() == 20);  // the 18 default cases, softmax_hot, long_keys
   for (const json& c : doc.at("clean")) CHECK(c.at("alarm") == false);
-  REQUIRE(doc.at("defects").size() == 25);  // 20 semantic (1 of the book's classes, 7 of the LLM blocks), 5 numeric
+  REQUIRE(doc.at("defects").size() == 27);  // 22 semantic (1 of the book's classes, 9 of the LLM blocks), 5 numeric
   std::map<std::string, std::map<std::string, json>> cell;
   for (const json& d : doc.at("defects")) {
     CAPTURE(d.at("name"));
@@ -420,6 +422,11 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
                         "gate-up-swapped", "cache-before-rotary"})
     CHECK(cell[d]["gpt2"].at("caught") == false);  // GPT-2 has none of these
   CHECK(cell["conv1d-untransposed"]["llama"].at("caught") == false);
+  // Mistral's sliding window: one key too many shows at the prefill's scores; a window the decode
+  // steps forget shows at the first step past it, not in the prefill. Llama has no window.
+  CHECK(first("window-off-by-one", "mistral") == "prefill.attn.scores");
+  CHECK(first("window-prefill-only", "mistral") == "step.0.attn.scores");
+  for (const char* d : {"window-off-by-one", "window-prefill-only"}) CHECK(cell[d]["llama"].at("caught") == false);
   // The numeric defects: only float32 is spoilt, so they show on the float32 gate alone, where the
   // float32 error exceeds LibTorch's noise: in every product (accumulated in 16 bits), where exp
   // overflows, over 16384 keys, around an offset.

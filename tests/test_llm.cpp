@@ -3,6 +3,8 @@
 // path against the explicit one, and a decode session against the full causal forward.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "tparity/core/defects.hpp"
@@ -170,4 +172,54 @@ TEST_CASE("llm: a decode session gives the full causal forward's rows / the fuse
   KvCache<double> cache2 = make_cache<double>(B, 2, Tn, 8);
   const Tensor<double> off = decode_session(layer, x, P, m, cache2, static_cast<Observer<double>*>(nullptr));
   CHECK(rel_diff(off, full) > 1e-6);
+}
+
+TEST_CASE("llm: a sliding window of one key: each token attends to itself alone / the window through a decode",
+          "[llm]") {
+  // MistralAttention with sliding_window 1: query i sees key i only (j > i - 1), so its weights are
+  // one-hot and the context is the token's own value, whatever q and k are.
+  LlamaConfig c;
+  c.hidden_size = 8, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 4, c.sliding_window = 1;
+  LlamaAttentionWeights<double> w;
+  w.q_proj_weight = random_tensor<double>({16, 8}, 1), w.k_proj_weight = random_tensor<double>({8, 8}, 2);
+  w.v_proj_weight = random_tensor<double>({8, 8}, 3), w.o_proj_weight = random_tensor<double>({8, 16}, 4);
+  const int64_t B = 2, Tn = 5, H = 4, D = 4, groups = 2;
+  const Tensor<double> x = random_tensor<double>({B, Tn, 8}, 5);
+  struct Keep final : Observer<double> {
+    std::map<std::string, Tensor<double>> seen;
+    void on(const std::string& n, Tensor<double>& t) override { seen[n] = t; }
+  } keep;
+  const Tensor<double> out =
+      llama_attention_forward(c, w, x, DecoderMask{}, static_cast<KvCache<double>*>(nullptr), &keep);
+  const Tensor<double>&v = keep.seen.at("v"), &ctx = keep.seen.at("context");  // (B, Hkv, T, D), (B, T, H D)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tn; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          CHECK(ctx.data[size_t((b * Tn + t) * H * D + h * D + d)] ==
+                Approx(v.data[size_t(((b * 2 + h / groups) * Tn + t) * D + d)]).epsilon(1e-15));
+  CHECK(rel_diff(llama_attention_forward(c, w, x, DecoderMask{}), out) < 1e-15);  // the fused path
+  {  // a window of one key too many is another attention
+    ScopedDefect d(Defect::WindowOffByOne);
+    CHECK(rel_diff(llama_attention_forward(c, w, x, DecoderMask{}), out) > 1e-3);
+  }
+  // Window 2 through a decode session past it: the steps give the full forward's rows, on the fused
+  // path and the explicit one, and the window forgotten in the steps breaks them, not the prefill.
+  c.sliding_window = 2;
+  const Tensor<double> full = llama_attention_forward(c, w, x, DecoderMask{});
+  auto call = [&](const Tensor<double>& part, const DecoderMask& m, KvCache<double>& kv, Observer<double>* o) {
+    return llama_attention_forward(c, w, part, m, &kv, o);
+  };
+  for (bool observed : {false, true}) {
+    KvCache<double> cache = make_cache<double>(B, 2, Tn, D);
+    const Tensor<double> session =
+        decode_session(call, x, 2, DecoderMask{}, cache,
+                       observed ? static_cast<Observer<double>*>(&keep) : static_cast<Observer<double>*>(nullptr));
+    CHECK(rel_diff(session, full) < 1e-14);
+  }
+  ScopedDefect d(Defect::WindowPrefillOnly);
+  KvCache<double> cache = make_cache<double>(B, 2, Tn, D);
+  const Tensor<double> session =
+      decode_session(call, x, 2, DecoderMask{}, cache, static_cast<Observer<double>*>(nullptr));
+  CHECK(rel_diff(session, full) > 1e-3);
 }

@@ -189,7 +189,9 @@ TEST_CASE("parity: the default cases pass / with the reference verified against 
                                                  {"book_mha", 7},
                                                  // llama: 19 per call (prefill and two decode steps), then output
                                                  {"llama", 58},
-                                                 {"gpt2", 14}};
+                                                 {"gpt2", 14},
+                                                 // mistral: the prefill and three decode steps, then output
+                                                 {"mistral", 77}};
     CHECK(r.components.size() == expected.at(s.name));
     // Each precision's reference is verified against what LibTorch runs for real: its modules bit for
     // bit, or for matmul at::bmm over the broadcast operands (bit for bit, or within the bound of

@@ -622,15 +622,18 @@ def repeat_kv(x, groups):
     return x if groups == 1 else np.repeat(x, groups, axis=1)
 
 
-def visible_keys(key_padding_mask, B, L, S, causal):
+def visible_keys(key_padding_mask, B, L, S, causal, window=0):
     # which key j each query i of a call sees: query i is token past + i of the session (past = S - L keys
-    # were in the cache before the call); causal: j <= past + i; key_padding_mask is (B, T_total) bool, True
+    # were in the cache before the call); causal: j <= past + i; a sliding window w > 0 (Mistral's):
+    # j > past + i - w (masking_utils.sliding_window_overlay); key_padding_mask is (B, T_total) bool, True
     # at a padding token, over every token of the session (key j is column j), or None
     # out will be (B, 1, L, S) bool, True where the key takes part
     past = S - L
     seen = np.ones((B, 1, L, S), dtype=bool)
     if causal:
         seen &= np.arange(S)[None, :] <= past + np.arange(L)[:, None]
+    if window:
+        seen &= np.arange(S)[None, :] > past + np.arange(L)[:, None] - window
     if key_padding_mask is not None:
         seen &= ~key_padding_mask[:, None, None, :S]
     return seen
@@ -691,7 +694,7 @@ def llama_attention(x, sd, c, positions, key_padding_mask, cache, tape, prefix="
     k = tape(prefix + "k_rot", rotary(k, cos, sin, c["rotary_dim"], c["rope_convention"]))
     # past_key_values.update(key_states, value_states): the cache holds k after rotary
     ks, vs = cache_update(cache, k, v, c["session"], tape, prefix)
-    seen = visible_keys(key_padding_mask, B, L, ks.shape[2], c["causal"])
+    seen = visible_keys(key_padding_mask, B, L, ks.shape[2], c["causal"], c["sliding_window"])
     context = cached_attention(q, ks, vs, seen, tape, prefix)
     return tape(prefix + "output", linear(context, sd["o_proj.weight"], sd.get("o_proj.bias"))), (ks, vs)
 
@@ -762,7 +765,8 @@ def llm_config(module, config):
              rope_theta=config.get("rope_theta", 10000.0), rope_convention=config.get("rope_convention", "half"),
              max_positions=config.get("max_position_embeddings", 2048),
              rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-             sd_prefix="self_attn." if module == "LlamaDecoderLayer" else "")
+             sliding_window=config.get("sliding_window") or 0,  # MistralConfig's; None: full attention
+             sd_prefix="" if module == "LlamaAttention" else "self_attn.")
     # GPT-NeoX's rotary_ndims = int(head_dim * partial_rotary_factor): the first r dims of a head rotate
     c["rotary_dim"] = int(c["head_dim"] * config.get("partial_rotary_factor", 1.0))
     if c["rope_convention"] not in ("half", "interleaved"):
@@ -782,7 +786,8 @@ def llm_module(module):
     # in order (B, T, hidden)
     # inputs: position_ids (B, T) int64 (default: the cache's length + arange), key_padding_mask (B, T) bool
     # (True at a padding token: transformers' attention_mask negated)
-    call = {"LlamaDecoderLayer": llama_layer, "LlamaAttention": llama_attention, "GPT2Block": gpt2_block}[module]
+    call = {"LlamaDecoderLayer": llama_layer, "LlamaAttention": llama_attention, "GPT2Block": gpt2_block,
+            "MistralDecoderLayer": llama_layer}[module]
 
     def forward(config, _forward, sd, inputs, torch2, tape):
         c = llm_config(module, config)
@@ -912,6 +917,7 @@ MODULES = {
     "LayerNorm": layer_norm_module,
     "TokenEncoder": token_encoder,
     "ViT": vit,
-    **{name: llm_module(name) for name in ("LlamaDecoderLayer", "LlamaAttention", "GPT2Block")},
+    **{name: llm_module(name) for name in ("LlamaDecoderLayer", "LlamaAttention", "GPT2Block",
+                                           "MistralDecoderLayer")},
     **{name: book_module(name) for name in BOOK_CLASSES},
 }

@@ -36,6 +36,8 @@ const Entry kEntries[] = {
     {Defect::GateUpSwapped, "gate-up-swapped", "SwiGLU gate_proj and up_proj swapped"},
     {Defect::Conv1dUntransposed, "conv1d-untransposed", "GPT-2 Conv1D (in, out) weight read as (out, in)"},
     {Defect::CacheBeforeRotary, "cache-before-rotary", "KV cache appended before the rotary embedding"},
+    {Defect::WindowOffByOne, "window-off-by-one", "sliding window of w keys sees w + 1"},
+    {Defect::WindowPrefillOnly, "window-prefill-only", "sliding window not applied in the decode steps"},
     {Defect::Bf16Accumulate, "bf16-accumulate", "float32 dot products accumulated in bfloat16"},
     {Defect::Fp16Accumulate, "fp16-accumulate", "float32 dot products accumulated in float16"},
     {Defect::SoftmaxNoMax, "softmax-no-max", "float32 softmax without subtracting the row maximum"},

@@ -117,8 +117,14 @@ void observe_cache(Observer<T>* obs, KvCache<T>& c) {
 struct Visibility {
   const DecoderMask& m;
   int64_t past;
+  int64_t window;  // the sliding window as the defects leave it; 0: none
+  Visibility(const DecoderMask& mask, int64_t past_) : m(mask), past(past_), window(mask.window) {
+    if (window > 0 && injected_defect() == Defect::WindowOffByOne) window += 1;  // window + 1 keys
+    if (past > 0 && injected_defect() == Defect::WindowPrefillOnly) window = 0;  // the steps see all
+  }
   bool operator()(int64_t b, int64_t i, int64_t j) const {
     if (m.causal && j > past + i) return false;
+    if (window > 0 && j <= past + i - window) return false;  // slid out of the window
     return !(m.key_padding && m.key_padding[b * m.key_padding_stride + j]);
   }
 };
@@ -237,10 +243,16 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
     const T ninf = -std::numeric_limits<T>::infinity();
     std::vector<T> attn, bias;
     AttentionMasks<T> m;
-    if (mask.causal && L > 1) {  // one query (decoding) sees every key: S = past + 1
+    // causal and the window, the same for every row of the batch (one decoding query sees every key
+    // of the cache unless some slid out of the window)
+    if ((mask.causal && L > 1) || (visible.window > 0 && S > visible.window)) {
       attn.assign(size_t(L * S), T(0));
+      DecoderMask order = mask;
+      order.key_padding = nullptr;  // the padding goes in key_bias
+      const Visibility in_order{order, past};
       for (int64_t i = 0; i < L; ++i)
-        for (int64_t j = past + i + 1; j < S; ++j) attn[size_t(i * S + j)] = ninf;
+        for (int64_t j = 0; j < S; ++j)
+          if (!in_order(0, i, j)) attn[size_t(i * S + j)] = ninf;
       m.attn = attn.data();
     }
     if (mask.key_padding) {
@@ -347,7 +359,9 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
   kv.length = past + Tn;
   phase.reset();
   if (cache) observe_cache(obs, kv);
-  Tensor<T> ctx = cached_attention(q_rot, kv, c.groups(), T(std::pow(double(D), -0.5)), mask, obs);
+  DecoderMask windowed = mask;
+  windowed.window = c.sliding_window;
+  Tensor<T> ctx = cached_attention(q_rot, kv, c.groups(), T(std::pow(double(D), -0.5)), windowed, obs);
   if (obs) obs->on("context", ctx);
   profile::Scope o_proj(profile::Op::OutProj);
   Tensor<T> out({B, Tn, C});

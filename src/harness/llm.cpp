@@ -29,6 +29,10 @@ constexpr LlmRow kLlmRows[] = {
     {ModuleKind::LlamaAttention, LlmBlock::Attention, TP_LLAMA_ATTENTION_KEYS, nullptr},
     {ModuleKind::GPT2Block, LlmBlock::Gpt2,
      "hidden_size num_attention_heads n_inner layer_norm_epsilon max_position_embeddings", nullptr},
+    {ModuleKind::MistralDecoderLayer, LlmBlock::Layer,
+     "hidden_size num_attention_heads num_key_value_heads head_dim intermediate_size rms_norm_eps rope_theta "
+     "sliding_window max_position_embeddings",
+     nullptr},
 };
 
 std::vector<std::string> split_keys(const char* keys) {
@@ -195,6 +199,8 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
   if (c.rotary_dim() % 2)
     fail(fmt::format("config.partial_rotary_factor: head_dim x factor = {} rotary dims, expected an even number",
                      c.rotary_dim()));
+  if (c.sliding_window && !p.causal)
+    fail("config.causal: expected true with a sliding_window (the window slides over a causal mask), got false");
 }
 
 nlohmann::json llm_config_json(const Problem& p) {
@@ -223,6 +229,7 @@ nlohmann::json llm_config_json(const Problem& p) {
         {"intermediate_size", c.intermediate_size},
         {"rms_norm_eps", c.rms_norm_eps},
         {"mlp_bias", c.mlp_bias},
+        {"sliding_window", c.sliding_window ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr)},
     };
     j = nlohmann::json::object();
     for (const auto& [key, value] : values)
@@ -254,6 +261,7 @@ std::string llm_summary(const Problem& p) {
     if (c.partial_rotary_factor != 1) s += fmt::format(" rotary_dim={}", c.rotary_dim());
     if (c.attention_bias) s += " attention_bias";
     if (c.mlp_bias) s += " mlp_bias";
+    if (c.sliding_window) s += fmt::format(" sliding_window={}", c.sliding_window);
   }
   s += " hidden_states=" + shape_of("hidden_states");
   if (p.input("position_ids")) s += " position_ids";
@@ -330,6 +338,12 @@ void apply_llm_config(const nlohmann::json& j, Problem& p,
   number("partial_rotary_factor", c.partial_rotary_factor);
   boolean("attention_bias", c.attention_bias);
   integer("max_position_embeddings", 1, c.max_position_embeddings);
+  if (const nlohmann::json* v = find("sliding_window")) {  // null: full attention
+    if (v->is_null())
+      c.sliding_window = 0;
+    else
+      integer("sliding_window", 1, c.sliding_window);
+  }
 }
 
 void read_llm_config(const nlohmann::json& j, Problem& p,

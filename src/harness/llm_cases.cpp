@@ -31,6 +31,8 @@ struct LlmCase {
 const LlmCase kLlmCases[] = {
     {"llama", ModuleKind::LlamaDecoderLayer, 2, 9, 64, 4, 2, 24, 172, false, MaskKind::None, 2, 3, "", 16},
     {"gpt2", ModuleKind::GPT2Block, 2, 10, 64, 4, 0, 0, 256, true, MaskKind::Padding, 0, -1, "", 17},
+    {"mistral", ModuleKind::MistralDecoderLayer, 2, 10, 64, 4, 2, 16, 128, false, MaskKind::None, 3, 2,
+     R"({"sliding_window": 4})", 18},
 };
 
 }  // namespace

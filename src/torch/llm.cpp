@@ -65,14 +65,14 @@ TT repeat_kv(const TT& x, int64_t n_rep) {
 }
 
 // The additive mask of a call: (B, 1, L, S), 0 where key j is visible to query i (absolute past + i),
-// torch.finfo(dtype).min where it is not (causal, padding).
-TT additive_mask(const TT& padding, int64_t B, int64_t L, int64_t S, bool causal, at::ScalarType st) {
+// torch.finfo(dtype).min where it is not (causal, padding, and, with a sliding window w > 0, keys
+// j <= i - w: masking_utils.sliding_window_overlay's kv_idx > q_idx - w negated).
+TT additive_mask(const TT& padding, int64_t B, int64_t L, int64_t S, bool causal, int64_t window, at::ScalarType st) {
   const auto ob = at::TensorOptions().dtype(at::kBool);
   TT masked = at::zeros({B, 1, L, S}, ob);
-  if (causal) {
-    const int64_t past = S - L;
-    masked = masked | at::ones({L, S}, ob).triu(past + 1).view({1, 1, L, S});
-  }
+  const int64_t past = S - L;
+  if (causal) masked = masked | at::ones({L, S}, ob).triu(past + 1).view({1, 1, L, S});
+  if (window > 0) masked = masked | at::ones({L, S}, ob).tril(past - window).view({1, 1, L, S});
   if (padding.defined()) masked = masked | padding.slice(1, 0, S).view({B, 1, 1, S});
   double lowest = std::numeric_limits<double>::lowest();
   if (st == at::kFloat) lowest = double(std::numeric_limits<float>::lowest());
@@ -99,7 +99,8 @@ struct Call {
     const TT k = repeat_kv(c.k, groups), v = repeat_kv(c.v, groups);
     const double scaling = std::pow(double(q.size(3)), -0.5);
     TT scores = at::matmul(q, k.transpose(2, 3)) * scaling;
-    const TT mask = additive_mask(padding, B, L, S, p.causal, st);
+    const int64_t window = llm_row(p.module).block == LlmBlock::Gpt2 ? 0 : p.llama.sliding_window;
+    const TT mask = additive_mask(padding, B, L, S, p.causal, window, st);
     scores = scores + mask;
     // the component: -inf where masked (canonical whatever the dtype), the computation: finfo.min
     if (sink.out) sink.put("scores", scores.masked_fill(mask != 0, -std::numeric_limits<double>::infinity()));

@@ -32,6 +32,8 @@ enum class Defect {
   GateUpSwapped,        // SwiGLU with gate_proj and up_proj swapped: silu(up(x)) * gate(x)
   Conv1dUntransposed,   // GPT-2's Conv1D (in, out) weight read as nn.Linear's (out, in)
   CacheBeforeRotary,    // the KV cache stores k before the rotary embedding is applied
+  WindowOffByOne,       // a sliding window of w keys lets a query see w + 1 (j >= i - w, not j > i - w)
+  WindowPrefillOnly,    // the sliding window applied in the prefill and not in the decode steps
   // Numeric defects: the semantics intact (the float64 core is untouched), float32 computed badly.
   // What a float32 gate exists to catch.
   Bf16Accumulate,    // float32 dot products accumulated in bfloat16 (every partial sum rounded to 8 bits)

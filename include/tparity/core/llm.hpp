@@ -52,6 +52,9 @@ struct LlamaConfig {
   bool attention_bias = false;
   bool mlp_bias = false;
   int64_t max_position_embeddings = 2048;  // positions must lie below it
+  // Mistral's sliding window (and the sliding layers' of Gemma 2 and Qwen3): query i (absolute) sees
+  // keys j with i - sliding_window < j <= i, masking_utils.sliding_window_overlay; 0: no window.
+  int64_t sliding_window = 0;
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor); }
   int64_t groups() const { return num_kv_heads ? num_heads / num_kv_heads : 0; }  // queries per kv head
 };
@@ -101,6 +104,7 @@ struct KvCache {
 //     (the cache's and this call's: column j is key j); empty: none
 //   causal: query i of this call (absolute index past + i, past = the cache's length before the call)
 //     sees keys j <= past + i
+//   window: > 0, query i sees only keys j > past + i - window (a sliding window, causal only); 0: none
 // Masked scores are set to the dtype's lowest value, as transformers' additive masks make them
 // (torch.finfo(dtype).min added to the score), not -inf; a query row whose every key is masked (a
 // left-padded prompt's padding) then gets uniform weights over the masked keys, as in transformers.
@@ -110,6 +114,7 @@ struct DecoderMask {
   const uint8_t* key_padding = nullptr;
   int64_t key_padding_stride = 0;  // S_total
   bool causal = true;
+  int64_t window = 0;
 };
 
 // mirrors LlamaRMSNorm.forward (in T, not float32): y = weight * (x * rsqrt(mean(x^2) + eps)).
@@ -171,7 +176,9 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
                            const DecoderMask& mask, Observer<T>* obs = nullptr);
 
 // mirrors LlamaAttention.forward (eager attention, transformers' DynamicCache when `cache` is given):
-// q, k, v projections, rotary on q and k, k and v appended to the cache, attention, o_proj.
+// q, k, v projections, rotary on q and k, k and v appended to the cache, attention, o_proj. With
+// c.sliding_window, MistralAttention's: the window in the mask (the cache keeps every key; the ones
+// that slid out are masked, which gives transformers' DynamicSlidingWindowLayer's weights).
 // x is (B, T, hidden); output will be (B, T, hidden). Without a cache, a fresh one for this call.
 // Components: q, k, v (B, H|Hkv, T, D) projected; q_rot, k_rot after rotary; cache.k, cache.v
 // (B, Hkv, S, D) the cache after the update; scores, attn_weights (B, H, T, S); context (B, T, H D);

@@ -37,14 +37,15 @@ enum class ModuleKind {
   MultiHeadAttentionWrapper,  // MultiHeadAttentionWrapper: CausalAttention heads concatenated, out_proj
   BookMultiHeadAttention,     // the book's MultiHeadAttention (torch's is MultiheadAttention)
   // Hugging Face transformers' decoder blocks (harness/llm.hpp, README "The LLM blocks"):
-  LlamaDecoderLayer,  // LlamaDecoderLayer: RMSNorm, rotary, grouped-query attention, SwiGLU
-  LlamaAttention,     // LlamaAttention alone (GPT-J's and GPT-NeoX's attentions map onto it)
-  GPT2Block,          // GPT2Block: pre-LN, fused Conv1D c_attn, gelu_new
+  LlamaDecoderLayer,    // LlamaDecoderLayer: RMSNorm, rotary, grouped-query attention, SwiGLU
+  LlamaAttention,       // LlamaAttention alone (GPT-J's and GPT-NeoX's attentions map onto it)
+  GPT2Block,            // GPT2Block: pre-LN, fused Conv1D c_attn, gelu_new
+  MistralDecoderLayer,  // MistralDecoderLayer: LlamaDecoderLayer with a sliding window
 };
 
 // The last kind above: a new kind goes before it or becomes it (the kinds' table checks its length
 // against this at compile time).
-constexpr ModuleKind kLastModuleKind = ModuleKind::GPT2Block;
+constexpr ModuleKind kLastModuleKind = ModuleKind::MistralDecoderLayer;
 constexpr size_t kModuleKindCount = size_t(kLastModuleKind) + 1;
 
 // Where a kind comes from, which decides its config, its readers, its runners and its exporter.
