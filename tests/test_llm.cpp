@@ -223,3 +223,36 @@ TEST_CASE("llm: a sliding window of one key: each token attends to itself alone 
       decode_session(call, x, 2, DecoderMask{}, cache, static_cast<Observer<double>*>(nullptr));
   CHECK(rel_diff(session, full) > 1e-3);
 }
+
+TEST_CASE("llm: Qwen3's q_norm and k_norm: each head's q and k of mean square ms / (ms + eps), before rotary",
+          "[llm]") {
+  LlamaConfig c;
+  c.hidden_size = 8, c.num_heads = 2, c.num_kv_heads = 1, c.head_dim = 6, c.qk_norm = true, c.rms_norm_eps = 0.25;
+  LlamaAttentionWeights<double> w;
+  w.q_proj_weight = random_tensor<double>({12, 8}, 11), w.k_proj_weight = random_tensor<double>({6, 8}, 12);
+  w.v_proj_weight = random_tensor<double>({6, 8}, 13), w.o_proj_weight = random_tensor<double>({8, 12}, 14);
+  w.q_norm = Tensor<double>({6}, 1.0), w.k_norm = Tensor<double>({6}, 1.0);
+  const Tensor<double> x = random_tensor<double>({1, 3, 8}, 15);
+  struct Keep final : Observer<double> {
+    std::map<std::string, Tensor<double>> seen;
+    void on(const std::string& n, Tensor<double>& t) override { seen[n] = t; }
+  } keep;
+  const Tensor<double> out =
+      llama_attention_forward(c, w, x, DecoderMask{}, static_cast<KvCache<double>*>(nullptr), &keep);
+  for (const char* pair : {"q", "k"}) {
+    const Tensor<double>&raw = keep.seen.at(pair), &normed = keep.seen.at(std::string(pair) + "_norm");
+    REQUIRE(raw.shape == normed.shape);
+    for (int64_t row = 0; row < raw.numel() / 6; ++row) {  // RMSNorm of weight 1: x / sqrt(ms + eps)
+      double ms = 0, ms_normed = 0;
+      for (int64_t d = 0; d < 6; ++d)
+        ms += raw.data[size_t(row * 6 + d)] * raw.data[size_t(row * 6 + d)] / 6,
+            ms_normed += normed.data[size_t(row * 6 + d)] * normed.data[size_t(row * 6 + d)] / 6;
+      CHECK(ms_normed == Approx(ms / (ms + 0.25)).epsilon(1e-13));
+    }
+  }
+  // A non-uniform norm weight does not commute with the rotation: the norm after rotary is another layer.
+  w.q_norm = random_tensor<double>({6}, 16), w.k_norm = random_tensor<double>({6}, 17);
+  const Tensor<double> right = llama_attention_forward(c, w, x, DecoderMask{});
+  ScopedDefect d(Defect::QkNormAfterRotary);
+  CHECK(rel_diff(llama_attention_forward(c, w, x, DecoderMask{}), right) > 1e-3);
+}

@@ -672,8 +672,8 @@ def llama_attention(x, sd, c, positions, key_padding_mask, cache, tape, prefix="
     # (None and no session: a lone call, its cache not a component); sd: q_proj, k_proj, v_proj (weight,
     # bias with attention_bias), o_proj
     # out will be output (B, L, hidden) and the cache (k, v), each (B, Hkv, S, D), S = its keys so far
-    # components: q (B, H, L, D), k, v (B, Hkv, L, D) projected; q_rot, k_rot after rotary; cache.k, cache.v
-    # (in a session); scores, attn_weights (B, H, L, S); context (B, L, H*D); output (B, L, hidden)
+    # components: q (B, H, L, D), k, v (B, Hkv, L, D) projected; q_norm, k_norm (Qwen3); q_rot, k_rot after
+    # rotary; cache.k, cache.v (in a session); scores, attn_weights (B, H, L, S); context (B, L, H*D); output (B, L, hidden)
     H, Hkv, D = c["heads"], c["kv_heads"], c["head_dim"]
     B, L, _ = x.shape
     if H % Hkv:
@@ -689,6 +689,9 @@ def llama_attention(x, sd, c, positions, key_padding_mask, cache, tape, prefix="
     q = tape(prefix + "q", split_heads(linear(x, sd["q_proj.weight"], sd.get("q_proj.bias")), H))
     k = tape(prefix + "k", split_heads(linear(x, sd["k_proj.weight"], sd.get("k_proj.bias")), Hkv))
     v = tape(prefix + "v", split_heads(linear(x, sd["v_proj.weight"], sd.get("v_proj.bias")), Hkv))
+    if c["qk_norm"]:  # Qwen3Attention: q_norm and k_norm (RMSNorm over each head's dims) before rotary
+        q = tape(prefix + "q_norm", rms_norm(q, sd["q_norm.weight"], c["rms_norm_eps"]))
+        k = tape(prefix + "k_norm", rms_norm(k, sd["k_norm.weight"], c["rms_norm_eps"]))
     cos, sin = rope_tables(positions, c["rotary_dim"], c["rope_theta"], x.dtype)
     q = tape(prefix + "q_rot", rotary(q, cos, sin, c["rotary_dim"], c["rope_convention"]))
     k = tape(prefix + "k_rot", rotary(k, cos, sin, c["rotary_dim"], c["rope_convention"]))
@@ -766,6 +769,7 @@ def llm_config(module, config):
              max_positions=config.get("max_position_embeddings", 2048),
              rms_norm_eps=config.get("rms_norm_eps", 1e-6),
              sliding_window=config.get("sliding_window") or 0,  # MistralConfig's; None: full attention
+             qk_norm=module == "Qwen3DecoderLayer",
              sd_prefix="" if module == "LlamaAttention" else "self_attn.")
     # GPT-NeoX's rotary_ndims = int(head_dim * partial_rotary_factor): the first r dims of a head rotate
     c["rotary_dim"] = int(c["head_dim"] * config.get("partial_rotary_factor", 1.0))
@@ -787,7 +791,7 @@ def llm_module(module):
     # inputs: position_ids (B, T) int64 (default: the cache's length + arange), key_padding_mask (B, T) bool
     # (True at a padding token: transformers' attention_mask negated)
     call = {"LlamaDecoderLayer": llama_layer, "LlamaAttention": llama_attention, "GPT2Block": gpt2_block,
-            "MistralDecoderLayer": llama_layer}[module]
+            "MistralDecoderLayer": llama_layer, "Qwen3DecoderLayer": llama_layer}[module]
 
     def forward(config, _forward, sd, inputs, torch2, tape):
         c = llm_config(module, config)
@@ -918,6 +922,6 @@ MODULES = {
     "TokenEncoder": token_encoder,
     "ViT": vit,
     **{name: llm_module(name) for name in ("LlamaDecoderLayer", "LlamaAttention", "GPT2Block",
-                                           "MistralDecoderLayer")},
+                                           "MistralDecoderLayer", "Qwen3DecoderLayer")},
     **{name: book_module(name) for name in BOOK_CLASSES},
 }

@@ -38,6 +38,7 @@ const Entry kEntries[] = {
     {Defect::CacheBeforeRotary, "cache-before-rotary", "KV cache appended before the rotary embedding"},
     {Defect::WindowOffByOne, "window-off-by-one", "sliding window of w keys sees w + 1"},
     {Defect::WindowPrefillOnly, "window-prefill-only", "sliding window not applied in the decode steps"},
+    {Defect::QkNormAfterRotary, "qk-norm-after-rotary", "Qwen3's q_norm and k_norm after rotary, not before"},
     {Defect::Bf16Accumulate, "bf16-accumulate", "float32 dot products accumulated in bfloat16"},
     {Defect::Fp16Accumulate, "fp16-accumulate", "float32 dot products accumulated in float16"},
     {Defect::SoftmaxNoMax, "softmax-no-max", "float32 softmax without subtracting the row maximum"},

@@ -333,6 +333,15 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
   Tensor<T> k = project(w.k_proj_weight, w.k_proj_bias, Hkv);
   Tensor<T> v = project(w.v_proj_weight, w.v_proj_bias, Hkv);
   if (obs) obs->on("q", q), obs->on("k", k), obs->on("v", v);
+  // Qwen3: q_norm and k_norm over each head's D dims, before rotary (the defect: after it)
+  const bool qk_norm_late = c.qk_norm && injected_defect() == Defect::QkNormAfterRotary;
+  auto head_norm = [&](Tensor<T>& t, const Tensor<T>& weight, const char* name) {
+    need_shape(weight, std::string("self_attn.") + name + ".weight", {D});
+    profile::Scope scope(profile::Op::Norms);
+    rms_norm_forward(t.ptr(), t.ptr(), weight.ptr(), T(c.rms_norm_eps), t.numel() / D, D);
+  };
+  if (c.qk_norm && !qk_norm_late) head_norm(q, w.q_norm, "q_norm"), head_norm(k, w.k_norm, "k_norm");
+  if (c.qk_norm && obs) obs->on("q_norm", q), obs->on("k_norm", k);
   // position_embeddings: cos and sin at each token's position (position_ids; else the cache's length on)
   std::vector<int64_t> pos(static_cast<size_t>(N));
   const bool off_by_one = past > 0 && injected_defect() == Defect::RopeDecodeOffset;
@@ -351,6 +360,7 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
   Tensor<T> q_rot = q, k_rot = k;
   rotary_forward(q_rot.ptr(), cos.data(), sin.data(), B, H, Tn, D, r, c.rope);
   rotary_forward(k_rot.ptr(), cos.data(), sin.data(), B, Hkv, Tn, D, r, c.rope);
+  if (qk_norm_late) head_norm(q_rot, w.q_norm, "q_norm"), head_norm(k_rot, w.k_norm, "k_norm");
   if (obs) obs->on("q_rot", q_rot), obs->on("k_rot", k_rot);
   // past_key_values.update(key_states, value_states): the cache holds k after rotary
   cache_reserve(kv, B, Hkv, D, past + Tn);

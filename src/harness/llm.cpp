@@ -33,6 +33,10 @@ constexpr LlmRow kLlmRows[] = {
      "hidden_size num_attention_heads num_key_value_heads head_dim intermediate_size rms_norm_eps rope_theta "
      "sliding_window max_position_embeddings",
      nullptr},
+    {ModuleKind::Qwen3DecoderLayer, LlmBlock::Layer,
+     "hidden_size num_attention_heads num_key_value_heads head_dim intermediate_size rms_norm_eps rope_theta "
+     "attention_bias sliding_window max_position_embeddings",
+     [](LlamaConfig& c) { c.qk_norm = true; }},
 };
 
 std::vector<std::string> split_keys(const char* keys) {
@@ -86,6 +90,7 @@ void llama_attention_state(const LlamaConfig& c, const std::string& pre,
     out.push_back({pre + name + ".weight", shape});
     if (c.attention_bias) out.push_back({pre + name + ".bias", {shape[0]}});
   }
+  if (c.qk_norm) out.push_back({pre + "q_norm.weight", {D}}), out.push_back({pre + "k_norm.weight", {D}});
 }
 
 }  // namespace
@@ -262,6 +267,7 @@ std::string llm_summary(const Problem& p) {
     if (c.attention_bias) s += " attention_bias";
     if (c.mlp_bias) s += " mlp_bias";
     if (c.sliding_window) s += fmt::format(" sliding_window={}", c.sliding_window);
+    if (c.qk_norm) s += " qk_norm";
   }
   s += " hidden_states=" + shape_of("hidden_states");
   if (p.input("position_ids")) s += " position_ids";
@@ -385,6 +391,8 @@ LlamaAttentionWeights<T> llama_attention_weights(const Problem& p, const std::st
   w.v_proj_bias = param<T>(p, pre + "v_proj.bias");
   w.o_proj_weight = param<T>(p, pre + "o_proj.weight");
   w.o_proj_bias = param<T>(p, pre + "o_proj.bias");
+  w.q_norm = param<T>(p, pre + "q_norm.weight");
+  w.k_norm = param<T>(p, pre + "k_norm.weight");
   return w;
 }
 
@@ -516,6 +524,7 @@ Tensor<T> run_with(const Problem& p, const LlmCall<T>& call, const LlmInputs<T>&
 std::vector<std::string> call_components(const Problem& p, bool cached) {
   const LlmBlock block = llm_row(p.module).block;
   std::vector<std::string> attn{"q", "k", "v"};
+  if (block != LlmBlock::Gpt2 && p.llama.qk_norm) attn.insert(attn.end(), {"q_norm", "k_norm"});
   if (block != LlmBlock::Gpt2) attn.insert(attn.end(), {"q_rot", "k_rot"});
   if (cached) attn.insert(attn.end(), {"cache.k", "cache.v"});
   attn.insert(attn.end(), {"scores", "attn_weights", "context", "output"});

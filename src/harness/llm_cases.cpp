@@ -33,6 +33,7 @@ const LlmCase kLlmCases[] = {
     {"gpt2", ModuleKind::GPT2Block, 2, 10, 64, 4, 0, 0, 256, true, MaskKind::Padding, 0, -1, "", 17},
     {"mistral", ModuleKind::MistralDecoderLayer, 2, 10, 64, 4, 2, 16, 128, false, MaskKind::None, 3, 2,
      R"({"sliding_window": 4})", 18},
+    {"qwen3", ModuleKind::Qwen3DecoderLayer, 2, 8, 64, 4, 2, 32, 96, false, MaskKind::None, 2, 1, "", 19},
 };
 
 }  // namespace
@@ -147,6 +148,8 @@ Problem make_llm_problem(const CaseSpec& s) {
     linear(pre + "k_proj", K * D, C, c.attention_bias);
     linear(pre + "v_proj", K * D, C, c.attention_bias);
     linear(pre + "o_proj", C, H * D, c.attention_bias);
+    if (c.qk_norm)
+      p.state_dict[pre + "q_norm.weight"] = around_one(D), p.state_dict[pre + "k_norm.weight"] = around_one(D);
     if (block == LlmBlock::Layer) {
       if (s.ffn <= 0) fail(fmt::format("ffn (intermediate_size) must be positive, got {}", s.ffn));
       linear("mlp.gate_proj", s.ffn, C, false);

@@ -127,8 +127,13 @@ struct Call {
           .view({B, Tn, -1, D})
           .transpose(1, 2);
     };
-    const TT q = proj("q_proj"), k = proj("k_proj"), v = proj("v_proj");
+    TT q = proj("q_proj"), k = proj("k_proj"), v = proj("v_proj");
     sink.put("q", q), sink.put("k", k), sink.put("v", v);
+    if (c.qk_norm) {  // Qwen3Attention: q_norm(q_proj(x).view(...)), k_norm likewise, over each head's dims
+      q = rms_norm(q, param(ps, pre + "q_norm.weight"), c.rms_norm_eps);
+      k = rms_norm(k, param(ps, pre + "k_norm.weight"), c.rms_norm_eps);
+      sink.put("q_norm", q), sink.put("k_norm", k);
+    }
     const auto [cos, sin] = rope_angles(positions_all.slice(1, t0, t0 + Tn), r, c.rope_theta, st);
     const TT q_rot = apply_rotary(q, cos, sin, r, c.rope), k_rot = apply_rotary(k, cos, sin, r, c.rope);
     sink.put("q_rot", q_rot), sink.put("k_rot", k_rot);

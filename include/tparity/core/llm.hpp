@@ -55,6 +55,9 @@ struct LlamaConfig {
   // Mistral's sliding window (and the sliding layers' of Gemma 2 and Qwen3): query i (absolute) sees
   // keys j with i - sliding_window < j <= i, masking_utils.sliding_window_overlay; 0: no window.
   int64_t sliding_window = 0;
+  // Qwen3's q_norm and k_norm: an RMSNorm (weight (head_dim), rms_norm_eps) over each head's dims of the
+  // projected q and k, before rotary.
+  bool qk_norm = false;
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor); }
   int64_t groups() const { return num_kv_heads ? num_heads / num_kv_heads : 0; }  // queries per kv head
 };
@@ -74,6 +77,7 @@ template <class T>
 struct LlamaAttentionWeights {
   Tensor<T> q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight,
       o_proj_bias;
+  Tensor<T> q_norm, k_norm;  // Qwen3's (head_dim), with c.qk_norm
 };
 template <class T>
 struct LlamaLayerWeights {
@@ -178,9 +182,11 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
 // mirrors LlamaAttention.forward (eager attention, transformers' DynamicCache when `cache` is given):
 // q, k, v projections, rotary on q and k, k and v appended to the cache, attention, o_proj. With
 // c.sliding_window, MistralAttention's: the window in the mask (the cache keeps every key; the ones
-// that slid out are masked, which gives transformers' DynamicSlidingWindowLayer's weights).
-// x is (B, T, hidden); output will be (B, T, hidden). Without a cache, a fresh one for this call.
-// Components: q, k, v (B, H|Hkv, T, D) projected; q_rot, k_rot after rotary; cache.k, cache.v
+// that slid out are masked, which gives transformers' DynamicSlidingWindowLayer's weights). With
+// c.qk_norm, Qwen3Attention's: q = q_norm(q_proj(x)), k = k_norm(k_proj(x)) over each head's dims,
+// then rotary.
+// Components: q, k, v (B, H|Hkv, T, D) projected; q_norm, k_norm after the norms (c.qk_norm); q_rot,
+// k_rot after rotary; cache.k, cache.v
 // (B, Hkv, S, D) the cache after the update; scores, attn_weights (B, H, T, S); context (B, T, H D);
 // output (B, T, hidden).
 template <class T>

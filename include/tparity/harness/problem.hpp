@@ -41,11 +41,12 @@ enum class ModuleKind {
   LlamaAttention,       // LlamaAttention alone (GPT-J's and GPT-NeoX's attentions map onto it)
   GPT2Block,            // GPT2Block: pre-LN, fused Conv1D c_attn, gelu_new
   MistralDecoderLayer,  // MistralDecoderLayer: LlamaDecoderLayer with a sliding window
+  Qwen3DecoderLayer,    // Qwen3DecoderLayer: LlamaDecoderLayer with RMSNorm on q and k per head
 };
 
 // The last kind above: a new kind goes before it or becomes it (the kinds' table checks its length
 // against this at compile time).
-constexpr ModuleKind kLastModuleKind = ModuleKind::MistralDecoderLayer;
+constexpr ModuleKind kLastModuleKind = ModuleKind::Qwen3DecoderLayer;
 constexpr size_t kModuleKindCount = size_t(kLastModuleKind) + 1;
 
 // Where a kind comes from, which decides its config, its readers, its runners and its exporter.
