@@ -40,7 +40,7 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --format xml", "--format"},
            {"run --case nope",
             "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
-            "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, llama, gpt2, mistral, qwen3, softmax_hot, "
+            "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, llama, gpt2, mistral, qwen3, gemma2, softmax_hot, "
             "long_keys, "
             "minilm, got "
             "\"nope\""},
@@ -222,13 +222,13 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   }
   Result r = tparity("run");
   CHECK(r.code == 0);
-  for (const char* c :
-       {"case single", "case batched", "case multihead", "case block", "case sdpa", "case encoder", "case decoder",
-        "case embed", "case vit", "case matmul", "case bmm", "case softmax", "case layernorm", "case selfattn_v1",
-        "case book_mha", "case llama", "case gpt2", "case mistral", "case qwen3"})
+  for (const char* c : {"case single",  "case batched", "case multihead", "case block",       "case sdpa",
+                        "case encoder", "case decoder", "case embed",     "case vit",         "case matmul",
+                        "case bmm",     "case softmax", "case layernorm", "case selfattn_v1", "case book_mha",
+                        "case llama",   "case gpt2",    "case mistral",   "case qwen3",       "case gemma2"})
     CHECK_THAT(r.out, Catch::Contains(c));
-  // The 19 generated cases, and the pretrained one (two reports) unless its package is missing here.
-  CHECK(std::regex_search(r.out, std::regex("\\n(19|21) case\\(s\\): \\1 passed, 0 failed\\n")));
+  // The 20 generated cases, and the pretrained one (two reports) unless its package is missing here.
+  CHECK(std::regex_search(r.out, std::regex("\\n(20|22) case\\(s\\): \\1 passed, 0 failed\\n")));
 
   r = tparity("run --case sdpa --case single --format json");
   REQUIRE(r.code == 0);
@@ -375,9 +375,9 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   CHECK(r.code == 0);
   const json doc = json::parse(r.out);
   CHECK(doc.at("pass") == true);
-  REQUIRE(doc.at("clean").size() == 21);  // the 19 default cases, softmax_hot, long_keys
+  REQUIRE(doc.at("clean").size() == 22);  // the 20 default cases, softmax_hot, long_keys
   for (const json& c : doc.at("clean")) CHECK(c.at("alarm") == false);
-  REQUIRE(doc.at("defects").size() == 28);  // 23 semantic (1 of the book's classes, 10 of the LLM blocks), 5 numeric
+  REQUIRE(doc.at("defects").size() == 31);  // 26 semantic (1 of the book's classes, 13 of the LLM blocks), 5 numeric
   std::map<std::string, std::map<std::string, json>> cell;
   for (const json& d : doc.at("defects")) {
     CAPTURE(d.at("name"));
@@ -431,6 +431,13 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
   // Qwen3's per-head norms moved after rotary: the first step that differs is the norm's own output.
   CHECK(first("qk-norm-after-rotary", "qwen3") == "prefill.attn.q_norm");
   CHECK(cell["qk-norm-after-rotary"]["llama"].at("caught") == false);
+  // Gemma 2's: its norms by weight alone show at the first norm; the soft-cap missing, or after the
+  // mask, at the scores. No other block has these.
+  CHECK(first("gemma-norm-weight", "gemma2") == "prefill.input_layernorm");
+  CHECK(first("softcap-missing", "gemma2") == "prefill.attn.scores");
+  CHECK(first("softcap-after-mask", "gemma2") == "prefill.attn.scores");
+  for (const char* d : {"gemma-norm-weight", "softcap-missing", "softcap-after-mask"})
+    for (const char* c : {"llama", "mistral", "qwen3"}) CHECK(cell[d][c].at("caught") == false);
   // The numeric defects: only float32 is spoilt, so they show on the float32 gate alone, where the
   // float32 error exceeds LibTorch's noise: in every product (accumulated in 16 bits), where exp
   // overflows, over 16384 keys, around an offset.

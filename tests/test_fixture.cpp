@@ -144,7 +144,7 @@ TEST_CASE("fixtures: bad files are refused with one message naming the file and 
        "\"Softmax\", "
        "\"LayerNorm\", \"SelfAttention_v1\", \"SelfAttention_v2\", \"CausalAttention\", \"MultiHeadAttentionWrapper\", "
        "\"MultiHeadAttention\", \"LlamaDecoderLayer\", \"LlamaAttention\", \"GPT2Block\", \"MistralDecoderLayer\", "
-       "\"Qwen3DecoderLayer\", got "
+       "\"Qwen3DecoderLayer\", \"Gemma2DecoderLayer\", got "
        "\"Transformer\""},
       {[](nlohmann::json& j) { j.erase("state_dict"); }, "bad.json: state_dict: missing"},
       {[](nlohmann::json& j) { j["state_dict"].erase("out_proj.weight"); },
@@ -469,8 +469,8 @@ TEST_CASE("module kinds: one row each / the name read back is the kind / familie
   // What the rows must say, written out here rather than derived from them.
   const std::set<std::string> book{"SelfAttention_v1", "SelfAttention_v2", "CausalAttention",
                                    "MultiHeadAttentionWrapper", "MultiHeadAttention"};
-  const std::set<std::string> llm{"LlamaDecoderLayer", "LlamaAttention", "GPT2Block", "MistralDecoderLayer",
-                                  "Qwen3DecoderLayer"};
+  const std::set<std::string> llm{"LlamaDecoderLayer",   "LlamaAttention",    "GPT2Block",
+                                  "MistralDecoderLayer", "Qwen3DecoderLayer", "Gemma2DecoderLayer"};
   // The kinds Python's exporters write are those of the committed fixtures (both torch versions).
   std::set<std::string> exported;
   for (const auto& e : fs::recursive_directory_iterator(TPARITY_FIXTURES))

@@ -94,7 +94,7 @@ TEST_CASE("llm: repeat_kv's blocks: query head h reads kv head h / (H / Hkv)", "
     struct Null final : Observer<double> {
       void on(const std::string&, Tensor<double>&) override {}
     } null;
-    const Tensor<double> ctx = cached_attention(q, cache, H / K, 0.5, m, fused ? nullptr : &null);
+    const Tensor<double> ctx = cached_attention(q, cache, H / K, 0.5, 0.0, m, fused ? nullptr : &null);
     CAPTURE(fused);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t d = 0; d < D; ++d) CHECK(ctx.data[size_t(h * D + d)] == (h < 2 ? 0.0 : 1.0));
@@ -255,4 +255,52 @@ TEST_CASE("llm: Qwen3's q_norm and k_norm: each head's q and k of mean square ms
   const Tensor<double> right = llama_attention_forward(c, w, x, DecoderMask{});
   ScopedDefect d(Defect::QkNormAfterRotary);
   CHECK(rel_diff(llama_attention_forward(c, w, x, DecoderMask{}), right) > 1e-3);
+}
+
+TEST_CASE("llm: Gemma 2's RMSNorm scales by 1 + weight, hand-worked", "[llm]") {
+  // x = (3, 4): mean(x^2) = 12.5, eps 0; weight (0, 1) scales by (1, 2): 3 / sqrt(12.5), 8 / sqrt(12.5).
+  const double x[2] = {3, 4}, weight[2] = {0, 1};
+  double y[2];
+  gemma_rms_norm_forward(y, x, weight, 0.0, 1, 2);
+  CHECK(y[0] == Approx(0.848528137423857).epsilon(1e-15));
+  CHECK(y[1] == Approx(2.262741699796952).epsilon(1e-15));
+  ScopedDefect d(Defect::GemmaNormWeight);  // by weight alone: (0, 4 / sqrt(12.5))
+  gemma_rms_norm_forward(y, x, weight, 0.0, 1, 2);
+  CHECK(y[0] == 0.0);
+  CHECK(y[1] == Approx(1.131370849898476).epsilon(1e-15));
+}
+
+TEST_CASE("llm: Gemma 2's soft-cap: cap * tanh(score / cap) before the mask, hand-worked", "[llm]") {
+  // One query (D = 1, q = 2) over three keys (1, 3, 5), scaling 1, cap 1, the third key padding:
+  // scores tanh(2), tanh(6), -inf; weights softmax of the first two.
+  KvCache<double> cache = make_cache<double>(1, 1, 3, 1);
+  cache.k.data = {1, 3, 5}, cache.v.data = {10, 20, 30}, cache.length = 3;
+  const Tensor<double> q({1, 1, 1, 1}, 2.0);
+  const uint8_t padding[3] = {0, 0, 1};
+  DecoderMask m;
+  m.causal = false, m.key_padding = padding, m.key_padding_stride = 3;
+  struct Keep final : Observer<double> {
+    std::map<std::string, Tensor<double>> seen;
+    void on(const std::string& n, Tensor<double>& t) override { seen[n] = t; }
+  };
+  const double e0 = std::exp(std::tanh(2.0)), e1 = std::exp(std::tanh(6.0));
+  const double expected = (10 * e0 + 20 * e1) / (e0 + e1);
+  Keep keep;
+  const Tensor<double> ctx = cached_attention(q, cache, 1, 1.0, 1.0, m, &keep);
+  const Tensor<double>& s = keep.seen.at("scores");
+  CHECK(s.data[0] == Approx(std::tanh(2.0)).epsilon(1e-15));
+  CHECK(s.data[1] == Approx(std::tanh(6.0)).epsilon(1e-15));
+  CHECK(std::isinf(s.data[2]));
+  CHECK(ctx.data[0] == Approx(expected).epsilon(1e-14));
+  CHECK(cached_attention(q, cache, 1, 1.0, 1.0, m).data[0] == Approx(expected).epsilon(1e-14));  // no observer
+  {  // the cap after the mask: the padding key scores -cap and takes weight
+    ScopedDefect d(Defect::SoftcapAfterMask);
+    Keep late;
+    (void)cached_attention(q, cache, 1, 1.0, 1.0, m, &late);
+    CHECK(late.seen.at("scores").data[2] == -1.0);
+  }
+  ScopedDefect d(Defect::SoftcapMissing);  // uncapped: scores 2 and 6
+  Keep raw;
+  (void)cached_attention(q, cache, 1, 1.0, 1.0, m, &raw);
+  CHECK(raw.seen.at("scores").data[1] == 6.0);
 }

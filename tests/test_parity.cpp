@@ -193,7 +193,9 @@ TEST_CASE("parity: the default cases pass / with the reference verified against 
                                                  // mistral: the prefill and three decode steps, then output
                                                  {"mistral", 77},
                                                  // qwen3: 21 per call (q_norm and k_norm among them), three calls
-                                                 {"qwen3", 64}};
+                                                 {"qwen3", 64},
+                                                 // gemma2: 21 per call (four norms), four calls
+                                                 {"gemma2", 85}};
     CHECK(r.components.size() == expected.at(s.name));
     // Each precision's reference is verified against what LibTorch runs for real: its modules bit for
     // bit, or for matmul at::bmm over the broadcast operands (bit for bit, or within the bound of

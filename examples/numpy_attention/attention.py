@@ -577,6 +577,14 @@ def rms_norm(x, weight, eps):
     return weight * (x * (1 / np.sqrt(variance + eps)))
 
 
+def gemma_rms_norm(x, weight, eps):
+    # mirrors Gemma2RMSNorm.forward (in x's dtype, not float32): (x * rsqrt(mean(x^2) + eps)) * (1 + weight),
+    # the weight an offset from 1
+    # x is (..., C), weight is (C); out will be (..., C)
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    return (x * (1 / np.sqrt(variance + eps))) * (1 + weight)
+
+
 def rope_tables(positions, r, theta, dtype):
     # mirrors LlamaRotaryEmbedding.forward (default rope, attention_scaling 1): inv_freq[i] = 1 / theta^(2i/r),
     # angle = position * inv_freq[i]; computed in float64 and rounded once to dtype, as tparity's core does
@@ -639,9 +647,10 @@ def visible_keys(key_padding_mask, B, L, S, causal, window=0):
     return seen
 
 
-def cached_attention(q, k, v, seen, tape, prefix):
+def cached_attention(q, k, v, seen, tape, prefix, scaling=None, softcap=0):
     # mirrors transformers' eager_attention_forward (dropout 0) over the cache:
-    # scores = matmul(q, repeat_kv(k)^T) * head_dim^-0.5 + mask, softmax, matmul(weights, repeat_kv(v))
+    # scores = matmul(q, repeat_kv(k)^T) * scaling (default head_dim^-0.5) + mask, softmax, matmul(weights,
+    # repeat_kv(v)); Gemma 2's soft-caps before the mask: softcap * tanh(scores / softcap)
     # q is (B, H, L, D); k, v are (B, Hkv, S, D), the cache with this call's keys last; seen (B, 1, L, S)
     # out will be the context (B, L, H*D)
     # components: scores (B, H, L, S), -inf where a key is masked (canonical whatever the dtype), attn_weights
@@ -649,7 +658,9 @@ def cached_attention(q, k, v, seen, tape, prefix):
     groups = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     S = k.shape[2]
-    raw = (q @ np.swapaxes(k, -1, -2)) * q.shape[-1] ** -0.5  # (B, H, L, S)
+    raw = (q @ np.swapaxes(k, -1, -2)) * (q.shape[-1] ** -0.5 if scaling is None else scaling)  # (B, H, L, S)
+    if softcap:
+        raw = np.tanh(raw / softcap) * softcap
     scores = tape(prefix + "scores", np.where(seen, raw, -np.inf))
     dead = ~np.any(seen, axis=-1, keepdims=True)  # (B, 1, L, 1): a query row that sees no key
     weights = tape(prefix + "attn_weights", np.where(dead, q.dtype.type(1 / S), softmax(scores)))
@@ -698,7 +709,7 @@ def llama_attention(x, sd, c, positions, key_padding_mask, cache, tape, prefix="
     # past_key_values.update(key_states, value_states): the cache holds k after rotary
     ks, vs = cache_update(cache, k, v, c["session"], tape, prefix)
     seen = visible_keys(key_padding_mask, B, L, ks.shape[2], c["causal"], c["sliding_window"])
-    context = cached_attention(q, ks, vs, seen, tape, prefix)
+    context = cached_attention(q, ks, vs, seen, tape, prefix, c["scaling"], c["softcap"])
     return tape(prefix + "output", linear(context, sd["o_proj.weight"], sd.get("o_proj.bias"))), (ks, vs)
 
 
@@ -723,6 +734,31 @@ def llama_layer(x, sd, c, positions, key_padding_mask, cache, tape, prefix=""):
     x = tape(prefix + "attn_residual", x + a)
     h = tape(prefix + "post_attention_layernorm", rms_norm(x, sd["post_attention_layernorm.weight"], eps))
     return tape(prefix + "output", x + llama_mlp(h, sd, tape, prefix)), cache
+
+
+def gemma2_layer(x, sd, c, positions, key_padding_mask, cache, tape, prefix=""):
+    # mirrors Gemma2DecoderLayer.forward: Gemma2RMSNorm (by 1 + weight) before and after the attention and
+    # the MLP: h = x + post_attention_layernorm(attn(input_layernorm(x)));
+    # h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))), Gemma2MLP =
+    # down_proj(gelu_pytorch_tanh(gate_proj(x)) * up_proj(x)) (gelu_new's formula)
+    # x is (B, L, hidden); out will be output (B, L, hidden) and the cache
+    # components: input_layernorm, attn.<the attention's>, post_attention_layernorm, attn_residual,
+    # pre_feedforward_layernorm, mlp.gate, mlp.up, mlp.act, mlp.down, post_feedforward_layernorm, output
+    eps = c["rms_norm_eps"]
+
+    def norm(y, name):
+        return tape(prefix + name, gemma_rms_norm(y, sd[name + ".weight"], eps))
+
+    h = norm(x, "input_layernorm")
+    a, cache = llama_attention(h, sub_dict(sd, "self_attn."), c, positions, key_padding_mask, cache, tape,
+                               prefix + "attn.")
+    x = tape(prefix + "attn_residual", x + norm(a, "post_attention_layernorm"))
+    h = norm(x, "pre_feedforward_layernorm")
+    gate = tape(prefix + "mlp.gate", linear(h, sd["mlp.gate_proj.weight"]))
+    up = tape(prefix + "mlp.up", linear(h, sd["mlp.up_proj.weight"]))
+    act = tape(prefix + "mlp.act", gelu_new(gate) * up)
+    down = tape(prefix + "mlp.down", linear(act, sd["mlp.down_proj.weight"]))
+    return tape(prefix + "output", x + norm(down, "post_feedforward_layernorm")), cache
 
 
 def gpt2_block(x, sd, c, positions, key_padding_mask, cache, tape, prefix=""):
@@ -770,6 +806,9 @@ def llm_config(module, config):
              rms_norm_eps=config.get("rms_norm_eps", 1e-6),
              sliding_window=config.get("sliding_window") or 0,  # MistralConfig's; None: full attention
              qk_norm=module == "Qwen3DecoderLayer",
+             # Gemma2Config's: scores scaled by query_pre_attn_scalar^-0.5 and soft-capped (defaults 256, 50)
+             scaling=(config.get("query_pre_attn_scalar", 256) ** -0.5 if module == "Gemma2DecoderLayer" else None),
+             softcap=(config.get("attn_logit_softcapping", 50.0) or 0) if module == "Gemma2DecoderLayer" else 0,
              sd_prefix="" if module == "LlamaAttention" else "self_attn.")
     # GPT-NeoX's rotary_ndims = int(head_dim * partial_rotary_factor): the first r dims of a head rotate
     c["rotary_dim"] = int(c["head_dim"] * config.get("partial_rotary_factor", 1.0))
@@ -791,7 +830,8 @@ def llm_module(module):
     # inputs: position_ids (B, T) int64 (default: the cache's length + arange), key_padding_mask (B, T) bool
     # (True at a padding token: transformers' attention_mask negated)
     call = {"LlamaDecoderLayer": llama_layer, "LlamaAttention": llama_attention, "GPT2Block": gpt2_block,
-            "MistralDecoderLayer": llama_layer, "Qwen3DecoderLayer": llama_layer}[module]
+            "MistralDecoderLayer": llama_layer, "Qwen3DecoderLayer": llama_layer,
+            "Gemma2DecoderLayer": gemma2_layer}[module]
 
     def forward(config, _forward, sd, inputs, torch2, tape):
         c = llm_config(module, config)
@@ -922,6 +962,6 @@ MODULES = {
     "TokenEncoder": token_encoder,
     "ViT": vit,
     **{name: llm_module(name) for name in ("LlamaDecoderLayer", "LlamaAttention", "GPT2Block",
-                                           "MistralDecoderLayer", "Qwen3DecoderLayer")},
+                                           "MistralDecoderLayer", "Qwen3DecoderLayer", "Gemma2DecoderLayer")},
     **{name: book_module(name) for name in BOOK_CLASSES},
 }

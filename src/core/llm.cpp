@@ -145,6 +145,18 @@ void rms_norm_forward(T* out, const T* inp, const T* weight, T eps, int64_t N, i
 }
 
 template <class T>
+void gemma_rms_norm_forward(T* out, const T* inp, const T* weight, T eps, int64_t N, int64_t C) {
+  // inp is (N, C), weight is (C); out will be (N, C)
+  const T one = injected_defect() == Defect::GemmaNormWeight ? T(0) : T(1);  // the defect: weight alone
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    T* y = out + n * C;
+    const T r = T(1) / std::sqrt(dot(x, x, C) / T(C) + eps);                // rsqrt(x.pow(2).mean(-1) + eps)
+    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] * r) * (one + weight[c]);  // _norm(x) * (1.0 + weight)
+  }
+}
+
+template <class T>
 void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t N, int64_t r, double theta) {
   // positions is (N); cos, sin will be (N, r / 2)
   const int64_t half = r / 2;
@@ -217,7 +229,7 @@ KvCache<T> make_cache(int64_t B, int64_t Hkv, int64_t capacity, int64_t D) {
 }
 
 template <class T>
-Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t groups, T scaling,
+Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t groups, T scaling, T softcap,
                            const DecoderMask& mask, Observer<T>* obs) {
   // q is (B, H, L, D); cache.k, cache.v are (B, Hkv, capacity, D) with S = cache.length filled
   // context will be (B, L, H * D)
@@ -237,7 +249,10 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
   const bool interleaved = injected_defect() == Defect::KvRepeatInterleaved;
   auto kv_head = [&](int64_t h) { return interleaved ? h % Hkv : h / groups; };  // repeat_kv: blocked
   Tensor<T> ctx_heads({B, H, L, D});
-  if (!obs && !interleaved && !dead_rows && core_path() == CorePath::Fast) {
+  if (injected_defect() == Defect::SoftcapMissing) softcap = T(0);
+  const bool cap_after_mask = softcap > 0 && injected_defect() == Defect::SoftcapAfterMask;
+  // the fused attention scales and masks; a soft-cap between the two takes the explicit path
+  if (!obs && !interleaved && !dead_rows && softcap == T(0) && core_path() == CorePath::Fast) {
     // The fused attention, the kv heads shared through KvLayout, the masks as -inf (the same weights
     // as transformers' lowest value wherever a row sees a key, and blocks the causal mask closes skipped).
     const T ninf = -std::numeric_limits<T>::infinity();
@@ -278,8 +293,10 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
       T* sc = scores.ptr() + (b * H + h) * L * S;
       for (int64_t i = 0; i < L; ++i)
         for (int64_t j = 0; j < S; ++j) {
-          const T s = dot(q.ptr() + ((b * H + h) * L + i) * D, kh + j * D, D) * scaling;
-          sc[i * S + j] = visible(b, i, j) ? s : ninf;
+          T s = dot(q.ptr() + ((b * H + h) * L + i) * D, kh + j * D, D) * scaling;
+          if (softcap > 0) s = std::tanh(s / softcap) * softcap;  // attn_weights / softcap, tanh, * softcap
+          // the defect caps the masked score too: tanh(lowest / cap) * cap = -cap
+          sc[i * S + j] = visible(b, i, j) ? s : cap_after_mask ? -softcap : ninf;
         }
     }
   if (obs) obs->on("scores", scores);
@@ -371,7 +388,9 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
   if (cache) observe_cache(obs, kv);
   DecoderMask windowed = mask;
   windowed.window = c.sliding_window;
-  Tensor<T> ctx = cached_attention(q_rot, kv, c.groups(), T(std::pow(double(D), -0.5)), windowed, obs);
+  // self.scaling: head_dim**-0.5, Gemma 2's query_pre_attn_scalar**-0.5
+  const T scaling = T(std::pow(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(D), -0.5));
+  Tensor<T> ctx = cached_attention(q_rot, kv, c.groups(), scaling, T(c.attn_logit_softcapping), windowed, obs);
   if (obs) obs->on("context", ctx);
   profile::Scope o_proj(profile::Op::OutProj);
   Tensor<T> out({B, Tn, C});
@@ -436,6 +455,60 @@ Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& 
 }
 
 template <class T>
+Tensor<T> gemma2_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& w, const Tensor<T>& x,
+                               const DecoderMask& mask, KvCache<T>* cache, Observer<T>* obs) {
+  // x is (B, T, hidden); output will be (B, T, hidden)
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  if (x.dim() != 3 || x.size(2) != C)
+    throw ShapeError("hidden_states: expected (B, T, " + std::to_string(C) + "), got shape " + to_string(x.shape));
+  need_shape(w.input_layernorm, "input_layernorm.weight", {C});
+  need_shape(w.post_attention_layernorm, "post_attention_layernorm.weight", {C});
+  need_shape(w.pre_feedforward_layernorm, "pre_feedforward_layernorm.weight", {C});
+  need_shape(w.post_feedforward_layernorm, "post_feedforward_layernorm.weight", {C});
+  need_shape(w.gate_proj_weight, "mlp.gate_proj.weight", {I, C});
+  need_shape(w.up_proj_weight, "mlp.up_proj.weight", {I, C});
+  need_shape(w.down_proj_weight, "mlp.down_proj.weight", {C, I});
+  const int64_t N = x.size(0) * x.size(1);
+  const T eps = T(c.rms_norm_eps);
+  auto norm = [&](const Tensor<T>& in, const Tensor<T>& weight, const char* name) {
+    profile::Scope scope(profile::Op::Norms);
+    Tensor<T> y(in.shape);
+    gemma_rms_norm_forward(y.ptr(), in.ptr(), weight.ptr(), eps, in.numel() / C, C);
+    if (obs) obs->on(name, y);
+    return y;
+  };
+  auto residual = [&](const Tensor<T>& a, const Tensor<T>& b, const char* name) {
+    Tensor<T> y(a.shape);
+    add_forward(y.ptr(), a.ptr(), b.ptr(), N * C);
+    if (obs) obs->on(name, y);
+    return y;
+  };
+  // residual = x; h = input_layernorm(x); h = self_attn(h); h = post_attention_layernorm(h); x = residual + h
+  const Tensor<T> h = norm(x, w.input_layernorm, "input_layernorm");
+  PrefixObserver<T> sub(obs, "attn.");
+  const Tensor<T> a = llama_attention_forward(c, w.self_attn, h, mask, cache, PrefixObserver<T>::wrap(obs, sub));
+  const Tensor<T> x1 = residual(x, norm(a, w.post_attention_layernorm, "post_attention_layernorm"), "attn_residual");
+  // residual = x; h = pre_feedforward_layernorm(x); h = mlp(h); h = post_feedforward_layernorm(h); x = residual + h
+  const Tensor<T> h2 = norm(x1, w.pre_feedforward_layernorm, "pre_feedforward_layernorm");
+  std::optional<profile::Scope> mlp(std::in_place, profile::Op::FFN);
+  Tensor<T> gate({x.size(0), x.size(1), I}), up(gate.shape);
+  llm_linear(gate.ptr(), h2.ptr(), w.gate_proj_weight.ptr(), bias_or_null(w.gate_proj_bias), N, C, I);
+  llm_linear(up.ptr(), h2.ptr(), w.up_proj_weight.ptr(), bias_or_null(w.up_proj_bias), N, C, I);
+  if (obs) obs->on("mlp.gate", gate), obs->on("mlp.up", up);
+  // Gemma2MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn gelu_pytorch_tanh, the formula of
+  // gelu_new: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+  Tensor<T> act(gate.shape);
+  gelu_new_forward(act.ptr(), gate.ptr(), N * I);
+  for (int64_t i = 0; i < N * I; ++i) act.data[size_t(i)] *= up.data[size_t(i)];
+  if (obs) obs->on("mlp.act", act);
+  Tensor<T> down(x.shape);
+  llm_linear(down.ptr(), act.ptr(), w.down_proj_weight.ptr(), bias_or_null(w.down_proj_bias), N, I, C);
+  if (obs) obs->on("mlp.down", down);
+  mlp.reset();
+  return residual(x1, norm(down, w.post_feedforward_layernorm, "post_feedforward_layernorm"), "output");
+}
+
+template <class T>
 Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const Tensor<T>& x, const DecoderMask& mask,
                              KvCache<T>* cache, Observer<T>* obs) {
   // x is (B, T, hidden); output will be (B, T, hidden)
@@ -468,7 +541,7 @@ Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const
   cache_append(kv.v, past, v);
   kv.length = past + Tn;
   if (cache) observe_cache(aobs, kv);
-  Tensor<T> ctx = cached_attention(q, kv, 1, T(std::pow(double(D), -0.5)), mask, aobs);
+  Tensor<T> ctx = cached_attention(q, kv, 1, T(std::pow(double(D), -0.5)), T(0), mask, aobs);
   if (aobs) aobs->on("context", ctx);
   Tensor<T> a(x.shape);
   conv1d_forward(a.ptr(), ctx.ptr(), w.c_proj_weight.ptr(), bias_or_null(w.c_proj_bias), N, C, C);
@@ -502,8 +575,11 @@ Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const
   template void llm_linear<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                            \
   template void conv1d_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                        \
   template KvCache<T> make_cache<T>(int64_t, int64_t, int64_t, int64_t);                                               \
-  template Tensor<T> cached_attention<T>(const Tensor<T>&, const KvCache<T>&, int64_t, T, const DecoderMask&,          \
+  template void gemma_rms_norm_forward<T>(T*, const T*, const T*, T, int64_t, int64_t);                                \
+  template Tensor<T> cached_attention<T>(const Tensor<T>&, const KvCache<T>&, int64_t, T, T, const DecoderMask&,       \
                                          Observer<T>*);                                                                \
+  template Tensor<T> gemma2_layer_forward<T>(const LlamaConfig&, const LlamaLayerWeights<T>&, const Tensor<T>&,        \
+                                             const DecoderMask&, KvCache<T>*, Observer<T>*);                           \
   template Tensor<T> llama_attention_forward<T>(const LlamaConfig&, const LlamaAttentionWeights<T>&, const Tensor<T>&, \
                                                 const DecoderMask&, KvCache<T>*, Observer<T>*);                        \
   template Tensor<T> llama_layer_forward<T>(const LlamaConfig&, const LlamaLayerWeights<T>&, const Tensor<T>&,         \

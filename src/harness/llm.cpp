@@ -37,6 +37,12 @@ constexpr LlmRow kLlmRows[] = {
      "hidden_size num_attention_heads num_key_value_heads head_dim intermediate_size rms_norm_eps rope_theta "
      "attention_bias sliding_window max_position_embeddings",
      [](LlamaConfig& c) { c.qk_norm = true; }},
+    {ModuleKind::Gemma2DecoderLayer, LlmBlock::Gemma2Layer,
+     "hidden_size num_attention_heads num_key_value_heads head_dim intermediate_size rms_norm_eps rope_theta "
+     "attention_bias query_pre_attn_scalar attn_logit_softcapping sliding_window max_position_embeddings",
+     [](LlamaConfig& c) {  // Gemma2Config's defaults
+       c.query_pre_attn_scalar = 256, c.attn_logit_softcapping = 50;
+     }},
 };
 
 std::vector<std::string> split_keys(const char* keys) {
@@ -101,7 +107,8 @@ void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>
     case LlmBlock::Attention:
       llama_attention_state(c, "", out);
       break;
-    case LlmBlock::Layer: {
+    case LlmBlock::Layer:
+    case LlmBlock::Gemma2Layer: {
       const int64_t C = c.hidden_size, I = c.intermediate_size;
       llama_attention_state(c, "self_attn.", out);
       const std::pair<const char*, Shape> mlp[] = {
@@ -112,6 +119,9 @@ void llm_state_dict(const Problem& p, std::vector<std::pair<std::string, Shape>>
       }
       out.push_back({"input_layernorm.weight", {C}});
       out.push_back({"post_attention_layernorm.weight", {C}});
+      if (llm_row(p.module).block == LlmBlock::Gemma2Layer)  // Gemma2DecoderLayer's two more norms
+        out.push_back({"pre_feedforward_layernorm.weight", {C}}),
+            out.push_back({"post_feedforward_layernorm.weight", {C}});
       break;
     }
     case LlmBlock::Gpt2: {
@@ -204,6 +214,11 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
   if (c.rotary_dim() % 2)
     fail(fmt::format("config.partial_rotary_factor: head_dim x factor = {} rotary dims, expected an even number",
                      c.rotary_dim()));
+  if (llm_takes(m, "query_pre_attn_scalar") && !(c.query_pre_attn_scalar > 0))
+    fail(fmt::format("config.query_pre_attn_scalar: expected a positive number, got {}", c.query_pre_attn_scalar));
+  if (!(c.attn_logit_softcapping >= 0) || std::isinf(c.attn_logit_softcapping))
+    fail(fmt::format("config.attn_logit_softcapping: expected a positive number or null, got {}",
+                     c.attn_logit_softcapping));
   if (c.sliding_window && !p.causal)
     fail("config.causal: expected true with a sliding_window (the window slides over a causal mask), got false");
 }
@@ -235,6 +250,9 @@ nlohmann::json llm_config_json(const Problem& p) {
         {"rms_norm_eps", c.rms_norm_eps},
         {"mlp_bias", c.mlp_bias},
         {"sliding_window", c.sliding_window ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr)},
+        {"query_pre_attn_scalar", c.query_pre_attn_scalar},
+        {"attn_logit_softcapping",
+         c.attn_logit_softcapping > 0 ? nlohmann::json(c.attn_logit_softcapping) : nlohmann::json(nullptr)},
     };
     j = nlohmann::json::object();
     for (const auto& [key, value] : values)
@@ -268,6 +286,8 @@ std::string llm_summary(const Problem& p) {
     if (c.mlp_bias) s += " mlp_bias";
     if (c.sliding_window) s += fmt::format(" sliding_window={}", c.sliding_window);
     if (c.qk_norm) s += " qk_norm";
+    if (llm_takes(m, "query_pre_attn_scalar")) s += fmt::format(" query_pre_attn_scalar={:g}", c.query_pre_attn_scalar);
+    if (c.attn_logit_softcapping > 0) s += fmt::format(" softcap={:g}", c.attn_logit_softcapping);
   }
   s += " hidden_states=" + shape_of("hidden_states");
   if (p.input("position_ids")) s += " position_ids";
@@ -344,6 +364,13 @@ void apply_llm_config(const nlohmann::json& j, Problem& p,
   number("partial_rotary_factor", c.partial_rotary_factor);
   boolean("attention_bias", c.attention_bias);
   integer("max_position_embeddings", 1, c.max_position_embeddings);
+  number("query_pre_attn_scalar", c.query_pre_attn_scalar);
+  if (const nlohmann::json* v = find("attn_logit_softcapping")) {  // null: no soft-cap
+    if (v->is_null())
+      c.attn_logit_softcapping = 0;
+    else
+      number("attn_logit_softcapping", c.attn_logit_softcapping);
+  }
   if (const nlohmann::json* v = find("sliding_window")) {  // null: full attention
     if (v->is_null())
       c.sliding_window = 0;
@@ -358,15 +385,15 @@ void read_llm_config(const nlohmann::json& j, Problem& p,
   auto missing = [&](const char* k) {
     if (llm_takes(m, k) && !j.contains(k)) fail(std::string("config.") + k, "missing");
   };
-  // the class's defaults, then the keys the file gives
+  // the class's defaults (its row's preset), then the keys the file gives
   if (j.is_object()) missing("hidden_size"), missing("num_attention_heads"), missing("intermediate_size");
+  if (const LlmRow& row = llm_row(m); row.preset) row.preset(p.llama);
   apply_llm_config(j, p, fail);
   if (gpt2_block(p)) {  // GPT2MLP: n_inner if not None else 4 * hidden_size
     if (auto it = j.find("n_inner"); it == j.end() || it->is_null()) p.gpt2.inner_dim = 4 * p.gpt2.hidden_size;
     return;
   }
   LlamaConfig& c = p.llama;
-  if (const LlmRow& row = llm_row(m); row.preset) row.preset(c);
   // LlamaConfig: num_key_value_heads defaults to num_attention_heads, head_dim to hidden_size // heads
   if (!j.contains("num_key_value_heads")) c.num_kv_heads = c.num_heads;
   if (!j.contains("head_dim")) c.head_dim = c.hidden_size / c.num_heads;
@@ -408,6 +435,8 @@ LlamaLayerWeights<T> llama_layer_weights(const Problem& p) {
   w.up_proj_bias = param<T>(p, "mlp.up_proj.bias");
   w.down_proj_weight = param<T>(p, "mlp.down_proj.weight");
   w.down_proj_bias = param<T>(p, "mlp.down_proj.bias");
+  w.pre_feedforward_layernorm = param<T>(p, "pre_feedforward_layernorm.weight");
+  w.post_feedforward_layernorm = param<T>(p, "post_feedforward_layernorm.weight");
   return w;
 }
 
@@ -483,6 +512,7 @@ struct LlmCall {
       : block(llm_row(p.module).block), llama(p.llama), gpt2cfg(p.gpt2), causal(p.causal) {
     switch (block) {
       case LlmBlock::Layer:
+      case LlmBlock::Gemma2Layer:
         layer = std::make_shared<LlamaLayerWeights<T>>(llama_layer_weights<T>(p));
         break;
       case LlmBlock::Attention:
@@ -499,6 +529,8 @@ struct LlmCall {
     switch (block) {
       case LlmBlock::Layer:
         return llama_layer_forward(llama, *layer, x, mm, cache, obs);
+      case LlmBlock::Gemma2Layer:
+        return gemma2_layer_forward(llama, *layer, x, mm, cache, obs);
       case LlmBlock::Attention:
         return llama_attention_forward(llama, *attn, x, mm, cache, obs);
       case LlmBlock::Gpt2:
@@ -537,6 +569,12 @@ std::vector<std::string> call_components(const Problem& p, bool cached) {
       for (const std::string& a : attn) n.push_back("attn." + a);
       n.insert(n.end(),
                {"attn_residual", "post_attention_layernorm", "mlp.gate", "mlp.up", "mlp.act", "mlp.down", "output"});
+      break;
+    case LlmBlock::Gemma2Layer:
+      n.push_back("input_layernorm");
+      for (const std::string& a : attn) n.push_back("attn." + a);
+      n.insert(n.end(), {"post_attention_layernorm", "attn_residual", "pre_feedforward_layernorm", "mlp.gate", "mlp.up",
+                         "mlp.act", "mlp.down", "post_feedforward_layernorm", "output"});
       break;
     case LlmBlock::Gpt2:
       n.push_back("ln_1");

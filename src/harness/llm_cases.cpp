@@ -34,6 +34,8 @@ const LlmCase kLlmCases[] = {
     {"mistral", ModuleKind::MistralDecoderLayer, 2, 10, 64, 4, 2, 16, 128, false, MaskKind::None, 3, 2,
      R"({"sliding_window": 4})", 18},
     {"qwen3", ModuleKind::Qwen3DecoderLayer, 2, 8, 64, 4, 2, 32, 96, false, MaskKind::None, 2, 1, "", 19},
+    {"gemma2", ModuleKind::Gemma2DecoderLayer, 2, 10, 64, 4, 2, 16, 128, false, MaskKind::None, 3, 0,
+     R"({"sliding_window": 4, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 1.5})", 20},
 };
 
 }  // namespace
@@ -143,20 +145,27 @@ Problem make_llm_problem(const CaseSpec& s) {
     if (c.num_heads % c.num_kv_heads)
       fail(fmt::format("kv_heads {} does not divide heads {}", c.num_kv_heads, c.num_heads));
     const int64_t H = c.num_heads, K = c.num_kv_heads, D = c.head_dim;
-    const std::string pre = block == LlmBlock::Layer ? "self_attn." : "";
+    const bool layer = block == LlmBlock::Layer || block == LlmBlock::Gemma2Layer;
+    const std::string pre = layer ? "self_attn." : "";
     linear(pre + "q_proj", H * D, C, c.attention_bias);
     linear(pre + "k_proj", K * D, C, c.attention_bias);
     linear(pre + "v_proj", K * D, C, c.attention_bias);
     linear(pre + "o_proj", C, H * D, c.attention_bias);
     if (c.qk_norm)
       p.state_dict[pre + "q_norm.weight"] = around_one(D), p.state_dict[pre + "k_norm.weight"] = around_one(D);
-    if (block == LlmBlock::Layer) {
+    if (layer) {
       if (s.ffn <= 0) fail(fmt::format("ffn (intermediate_size) must be positive, got {}", s.ffn));
       linear("mlp.gate_proj", s.ffn, C, false);
       linear("mlp.up_proj", s.ffn, C, false);
       linear("mlp.down_proj", C, s.ffn, false);
-      p.state_dict["input_layernorm.weight"] = around_one(C);
-      p.state_dict["post_attention_layernorm.weight"] = around_one(C);
+      if (block == LlmBlock::Gemma2Layer) {  // Gemma2RMSNorm's weight is an offset from 1 (init zeros)
+        for (const char* n :
+             {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"})
+          p.state_dict[std::string(n) + ".weight"] = uniform(rng, {C}, 0.2);
+      } else {
+        p.state_dict["input_layernorm.weight"] = around_one(C);
+        p.state_dict["post_attention_layernorm.weight"] = around_one(C);
+      }
     }
   }
   DTensor x{DType::Float64, {B, Tn, C}, {}};

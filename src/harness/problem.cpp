@@ -47,6 +47,7 @@ constexpr ModuleRow kModuleRows[] = {
     {ModuleKind::GPT2Block, "GPT2Block", F::Llm, MH::Llm, false, true},
     {ModuleKind::MistralDecoderLayer, "MistralDecoderLayer", F::Llm, MH::Llm, false, true},
     {ModuleKind::Qwen3DecoderLayer, "Qwen3DecoderLayer", F::Llm, MH::Llm, false, true},
+    {ModuleKind::Gemma2DecoderLayer, "Gemma2DecoderLayer", F::Llm, MH::Llm, false, true},
 };
 constexpr bool rows_in_enum_order() {
   for (size_t i = 0; i < std::size(kModuleRows); ++i)

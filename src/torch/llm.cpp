@@ -22,6 +22,11 @@ TT rms_norm(const TT& x, const TT& weight, double eps) {
   return weight * (x * at::rsqrt(variance + eps));
 }
 
+// Gemma2RMSNorm.forward without the casts: _norm(x) * (1.0 + weight).
+TT gemma_rms_norm(const TT& x, const TT& weight, double eps) {
+  return (x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps)) * (1.0 + weight);
+}
+
 // rotate_half / rotate_every_two
 TT rotate_half(const TT& x) {
   const int64_t h = x.size(-1) / 2;
@@ -97,9 +102,12 @@ struct Call {
   TT attention(const TT& q, const Cache& c, int64_t groups, const Sink& sink) const {
     const int64_t B = q.size(0), L = q.size(2), S = c.length();
     const TT k = repeat_kv(c.k, groups), v = repeat_kv(c.v, groups);
-    const double scaling = std::pow(double(q.size(3)), -0.5);
+    const bool gpt2 = llm_row(p.module).block == LlmBlock::Gpt2;
+    const double qpas = gpt2 ? 0.0 : p.llama.query_pre_attn_scalar, cap = gpt2 ? 0.0 : p.llama.attn_logit_softcapping;
+    const double scaling = std::pow(qpas > 0 ? qpas : double(q.size(3)), -0.5);  // Gemma 2: query_pre_attn_scalar
     TT scores = at::matmul(q, k.transpose(2, 3)) * scaling;
-    const int64_t window = llm_row(p.module).block == LlmBlock::Gpt2 ? 0 : p.llama.sliding_window;
+    if (cap > 0) scores = at::tanh(scores / cap) * cap;  // Gemma 2's soft-cap, before the mask
+    const int64_t window = gpt2 ? 0 : p.llama.sliding_window;
     const TT mask = additive_mask(padding, B, L, S, p.causal, window, st);
     scores = scores + mask;
     // the component: -inf where masked (canonical whatever the dtype), the computation: finfo.min
@@ -166,6 +174,31 @@ struct Call {
     return out;
   }
 
+  // Gemma2DecoderLayer.forward: Gemma2RMSNorm before and after the attention and the MLP, GeGLU (tanh)
+  TT gemma2_layer(const TT& x, int64_t t0, Cache& cache, bool observe, const Sink& sink) const {
+    const double eps = p.llama.rms_norm_eps;
+    auto norm = [&](const TT& in, const char* name) {
+      const TT y = gemma_rms_norm(in, param(ps, std::string(name) + ".weight"), eps);
+      sink.put(name, y);
+      return y;
+    };
+    const TT h = norm(x, "input_layernorm");
+    const TT a = llama_attention(h, t0, "self_attn.", cache, observe, Sink{sink.out, sink.prefix + "attn.", "", ""});
+    const TT x1 = x + norm(a, "post_attention_layernorm");
+    sink.put("attn_residual", x1);
+    const TT h2 = norm(x1, "pre_feedforward_layernorm");
+    const TT gate = linear(h2, param(ps, "mlp.gate_proj.weight"), param(ps, "mlp.gate_proj.bias"));
+    const TT up = linear(h2, param(ps, "mlp.up_proj.weight"), param(ps, "mlp.up_proj.bias"));
+    sink.put("mlp.gate", gate), sink.put("mlp.up", up);
+    const TT act = at::gelu(gate, "tanh") * up;  // gelu_pytorch_tanh(gate_proj(x)) * up_proj(x)
+    sink.put("mlp.act", act);
+    const TT down = linear(act, param(ps, "mlp.down_proj.weight"), param(ps, "mlp.down_proj.bias"));
+    sink.put("mlp.down", down);
+    const TT out = x1 + norm(down, "post_feedforward_layernorm");
+    sink.put("output", out);
+    return out;
+  }
+
   // GPT2Block.forward
   TT gpt2_block(const TT& x, Cache& cache, bool observe, const Sink& sink) const {
     const Gpt2Config& c = p.gpt2;
@@ -205,6 +238,8 @@ struct Call {
     switch (llm_row(p.module).block) {
       case LlmBlock::Layer:
         return llama_layer(x, t0, cache, observe, sink);
+      case LlmBlock::Gemma2Layer:
+        return gemma2_layer(x, t0, cache, observe, sink);
       case LlmBlock::Attention:
         return llama_attention(x, t0, "", cache, observe, sink);
       case LlmBlock::Gpt2:

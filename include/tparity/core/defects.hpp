@@ -35,6 +35,9 @@ enum class Defect {
   WindowOffByOne,       // a sliding window of w keys lets a query see w + 1 (j >= i - w, not j > i - w)
   WindowPrefillOnly,    // the sliding window applied in the prefill and not in the decode steps
   QkNormAfterRotary,    // Qwen3's q_norm and k_norm applied after the rotary embedding, not before
+  GemmaNormWeight,      // Gemma 2's RMSNorm scaled by weight instead of 1 + weight
+  SoftcapMissing,       // Gemma 2's attention logits not soft-capped
+  SoftcapAfterMask,     // the soft-cap applied after the mask (masked keys get -cap, not -inf)
   // Numeric defects: the semantics intact (the float64 core is untouched), float32 computed badly.
   // What a float32 gate exists to catch.
   Bf16Accumulate,    // float32 dot products accumulated in bfloat16 (every partial sum rounded to 8 bits)

@@ -58,6 +58,10 @@ struct LlamaConfig {
   // Qwen3's q_norm and k_norm: an RMSNorm (weight (head_dim), rms_norm_eps) over each head's dims of the
   // projected q and k, before rotary.
   bool qk_norm = false;
+  // Gemma 2's attention: scores scaled by query_pre_attn_scalar^-0.5 (0: head_dim^-0.5), then
+  // soft-capped, cap * tanh(scores / cap), before the mask (0: no cap).
+  double query_pre_attn_scalar = 0;
+  double attn_logit_softcapping = 0;
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor); }
   int64_t groups() const { return num_kv_heads ? num_heads / num_kv_heads : 0; }  // queries per kv head
 };
@@ -84,6 +88,7 @@ struct LlamaLayerWeights {
   LlamaAttentionWeights<T> self_attn;
   Tensor<T> input_layernorm, post_attention_layernorm;  // RMSNorm weights (hidden)
   Tensor<T> gate_proj_weight, gate_proj_bias, up_proj_weight, up_proj_bias, down_proj_weight, down_proj_bias;
+  Tensor<T> pre_feedforward_layernorm, post_feedforward_layernorm;  // Gemma 2's (hidden)
 };
 // Conv1D weights are (in, out): y = x @ W + b.
 template <class T>
@@ -127,6 +132,12 @@ struct DecoderMask {
 template <class T>
 void rms_norm_forward(T* out, const T* inp, const T* weight, T eps, int64_t N, int64_t C);
 
+// mirrors Gemma2RMSNorm.forward (in T, not float32): y = (x * rsqrt(mean(x^2) + eps)) * (1 + weight),
+// the weight an offset from 1 (Gemma 2 initialises it to zeros).
+// inp is (N, C), weight is (C); out will be (N, C); out may alias inp.
+template <class T>
+void gemma_rms_norm_forward(T* out, const T* inp, const T* weight, T eps, int64_t N, int64_t C);
+
 // mirrors LlamaRotaryEmbedding.forward (default rope type, attention_scaling 1), computed in double
 // and rounded once to T: inv_freq[i] = 1 / theta^(2i / r), angle = position * inv_freq[i],
 // cos[n, i] = cos(angle), sin[n, i] = sin(angle), i < r / 2 (transformers' emb = cat(freqs, freqs)
@@ -169,6 +180,7 @@ void conv1d_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 // Attention of a decoder call over its cache, eager_attention_forward's steps:
 //   scores[b, h, i, j] = (q[b, h, i] . k[b, h / groups, j]) * scaling + mask (lowest where masked)
+//   with softcap > 0 (Gemma 2's eager_attention_forward): s = softcap * tanh(s / softcap) before the mask
 //   attn_weights = softmax(scores, -1); context[b, i, h * D + d] = sum_j w[b, h, i, j] v[b, h / groups, j, d]
 // q is (B, H, L, D) after rotary; cache holds S = cache.length keys and values (this call's last);
 // context will be (B, L, H * D). Components (with an observer): scores (B, H, L, S), -inf where a key
@@ -176,7 +188,7 @@ void conv1d_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 // attn_weights (B, H, L, S). Without one, the fast path runs the fused attention (fused_attention.hpp), the kv
 // heads shared by their query heads without a copy (KvLayout::repeat).
 template <class T>
-Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t groups, T scaling,
+Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t groups, T scaling, T softcap,
                            const DecoderMask& mask, Observer<T>* obs = nullptr);
 
 // mirrors LlamaAttention.forward (eager attention, transformers' DynamicCache when `cache` is given):
@@ -201,6 +213,20 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
 template <class T>
 Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& w, const Tensor<T>& x,
                               const DecoderMask& mask, KvCache<T>* cache = nullptr, Observer<T>* obs = nullptr);
+
+// mirrors Gemma2DecoderLayer.forward: norms before and after the attention and the MLP, each a
+// Gemma2RMSNorm (by 1 + weight):
+//   x1 = x + post_attention_layernorm(attn(input_layernorm(x)))
+//   out = x1 + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x1)))
+// Gemma2MLP = down(gelu_pytorch_tanh(gate(h)) * up(h)); the attention is llama_attention_forward's with
+// c.query_pre_attn_scalar, c.attn_logit_softcapping and the layer's sliding window (Gemma 2 alternates
+// sliding and full layers: the layer's own window, or 0).
+// x is (B, T, hidden); output will be (B, T, hidden).
+// Components: input_layernorm, attn.*, post_attention_layernorm, attn_residual, pre_feedforward_layernorm,
+// mlp.gate, mlp.up, mlp.act (gelu_tanh(gate) * up), mlp.down, post_feedforward_layernorm, output.
+template <class T>
+Tensor<T> gemma2_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& w, const Tensor<T>& x,
+                               const DecoderMask& mask, KvCache<T>* cache = nullptr, Observer<T>* obs = nullptr);
 
 // mirrors GPT2Block.forward (eager attention, causal, no cross-attention):
 // x + c_proj(attn(ln_1(x))), then + mlp(ln_2(.)), mlp = c_proj(gelu_new(c_fc(h))), Conv1D weights (in, out).

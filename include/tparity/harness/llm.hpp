@@ -39,9 +39,10 @@ bool llm_module(ModuleKind m);
 
 // Which core function (and which composition of the reference's) runs a kind's block.
 enum class LlmBlock {
-  Attention,  // llama_attention_forward: the attention alone (LlamaAttention)
-  Layer,      // llama_layer_forward: RMSNorm, attention, RMSNorm, gated MLP (LlamaDecoderLayer)
-  Gpt2,       // gpt2_block_forward: GPT2Config, Conv1D weights (GPT2Block)
+  Attention,    // llama_attention_forward: the attention alone (LlamaAttention)
+  Layer,        // llama_layer_forward: RMSNorm, attention, RMSNorm, gated MLP (LlamaDecoderLayer)
+  Gpt2,         // gpt2_block_forward: GPT2Config, Conv1D weights (GPT2Block)
+  Gemma2Layer,  // gemma2_layer_forward: norms (by 1 + weight) before and after attention and MLP, GeGLU
 };
 
 // One LLM kind as data: what the family's code asks of it. A kind of this family is its ModuleRow

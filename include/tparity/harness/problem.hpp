@@ -42,11 +42,12 @@ enum class ModuleKind {
   GPT2Block,            // GPT2Block: pre-LN, fused Conv1D c_attn, gelu_new
   MistralDecoderLayer,  // MistralDecoderLayer: LlamaDecoderLayer with a sliding window
   Qwen3DecoderLayer,    // Qwen3DecoderLayer: LlamaDecoderLayer with RMSNorm on q and k per head
+  Gemma2DecoderLayer,   // Gemma2DecoderLayer: sandwich norms, GeGLU, soft-capped scores, sliding layers
 };
 
 // The last kind above: a new kind goes before it or becomes it (the kinds' table checks its length
 // against this at compile time).
-constexpr ModuleKind kLastModuleKind = ModuleKind::Qwen3DecoderLayer;
+constexpr ModuleKind kLastModuleKind = ModuleKind::Gemma2DecoderLayer;
 constexpr size_t kModuleKindCount = size_t(kLastModuleKind) + 1;
 
 // Where a kind comes from, which decides its config, its readers, its runners and its exporter.
