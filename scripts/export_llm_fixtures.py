@@ -526,15 +526,58 @@ def assert_equal(a, b, what):
                          f"(rel_l2 {rel_l2(a, b):.3g})")
 
 
+# each module runs four times: the float64 truth (casts patched), transformers' float32 and float64 as
+# they are, and the patched module in float32 (which must give transformers' float32 bits)
+RUNS = (("true64", torch.float64, True), ("hf32", torch.float32, False),
+        ("hf64", torch.float64, False), ("patched32", torch.float32, True))
+
+
+def run_session(call, T, decode_steps, cfg, comps):
+    """One call over all T tokens, or (decode_steps) a decode session: the first T - decode_steps tokens
+    prefilled in one call, then one-token steps through transformers' DynamicCache, the components under
+    prefill. / step.N. and comps["output"] the full causal forward. call(t0, t1, cache, hf_cache, sink,
+    cached) runs tokens t0..t1 through the module and its replay. Returns the full forward's output and
+    the session's (the same tensor without a session)."""
+    if decode_steps == 0:
+        full = call(0, T, {}, None, Sink(comps), False)
+        return full, full
+    P = T - decode_steps
+    hf_cache, cache = DynamicCache(config=cfg), {}
+    parts = [call(0, P, cache, hf_cache, Sink(comps, "prefill."), True)]
+    for t in range(P, T):
+        parts.append(call(t, t + 1, cache, hf_cache, Sink(comps, f"step.{t - P}."), True))
+    session = torch.cat(parts, dim=1)
+    full = call(0, T, {}, None, Sink({}), False)  # the full causal forward over all T tokens
+    comps["output"] = full
+    return full, session
+
+
+def check_patches(name, runs):
+    # the patches change the casts and nothing else: in float32 they give transformers' bits
+    for k in runs["hf32"]["comps"]:
+        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
+
+
+def fidelity_extra(runs, decode_steps):
+    """The reference block's distances from the float64 truth: transformers' float64 module (its casts)
+    and float32 module, and in a decode session the session's outputs from the full forward's."""
+    extra = {"hf_float64_casts_rel_l2": f"{rel_l2(runs['hf64']['output'], runs['true64']['output']):.3g}"
+                                        + nonfinite_note(runs['hf64']['output']),
+             "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}"}
+    if decode_steps:
+        extra["decode_vs_full_float64_rel_l2"] = f"{rel_l2(runs['true64']['session'], runs['true64']['output']):.3g}"
+        extra["decode_vs_full_float32_rel_l2"] = f"{rel_l2(runs['hf32']['session'], runs['hf32']['output']):.3g}"
+        extra["cache"] = "transformers' DynamicCache (cache_utils.DynamicLayer.update: torch.cat after rotary)"
+    return extra
+
+
 def llama_fixture(name, desc, cfg, B, T, seed, positions, padding, decode_steps=0, attention_only=False):
     torch.manual_seed(seed)
     module = (ML.LlamaAttention(cfg, layer_idx=0) if attention_only else ML.LlamaDecoderLayer(cfg, layer_idx=0)).eval()
     randomize(module, seed)
     x32 = torch.randn(B, T, cfg.hidden_size)
-    P = T - decode_steps
     runs = {}
-    for label, dtype, true in (("true64", torch.float64, True), ("hf32", torch.float32, False),
-                               ("hf64", torch.float64, False), ("patched32", torch.float32, True)):
+    for label, dtype, true in RUNS:
         m = copy.deepcopy(module).to(dtype)
         x = x32.to(dtype)
         ctx = Patched() if true else _Nothing()
@@ -557,28 +600,10 @@ def llama_fixture(name, desc, cfg, B, T, seed, positions, padding, decode_steps=
                     assert_equal(cache["k"], hf_cache.layers[0].keys, f"{name} {label} cache.k")
                     assert_equal(cache["v"], hf_cache.layers[0].values, f"{name} {label} cache.v")
                 return out
-            if decode_steps == 0:
-                full = call(0, T, {}, None, Sink(comps), False)
-                outs = full
-            else:
-                hf_cache, cache = DynamicCache(config=cfg), {}
-                parts = [call(0, P, cache, hf_cache, Sink(comps, "prefill."), True)]
-                for t in range(P, T):
-                    parts.append(call(t, t + 1, cache, hf_cache, Sink(comps, f"step.{t - P}."), True))
-                outs = torch.cat(parts, dim=1)
-                full = call(0, T, {}, None, Sink({}), False)  # the full causal forward over all T tokens
-                comps["output"] = full
+            full, outs = run_session(call, T, decode_steps, cfg, comps)
         runs[label] = {"module": m, "comps": comps, "output": full, "session": outs}
-    # the patches change the casts and nothing else: in float32 they give transformers' bits
-    for k in runs["hf32"]["comps"]:
-        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
-    extra = {"hf_float64_casts_rel_l2": f"{rel_l2(runs['hf64']['output'], runs['true64']['output']):.3g}"
-                                        + nonfinite_note(runs['hf64']['output']),
-             "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}"}
-    if decode_steps:
-        extra["decode_vs_full_float64_rel_l2"] = f"{rel_l2(runs['true64']['session'], runs['true64']['output']):.3g}"
-        extra["decode_vs_full_float32_rel_l2"] = f"{rel_l2(runs['hf32']['session'], runs['hf32']['output']):.3g}"
-        extra["cache"] = "transformers' DynamicCache (cache_utils.DynamicLayer.update: torch.cat after rotary)"
+    check_patches(name, runs)
+    extra = fidelity_extra(runs, decode_steps)
     sd = {k: tensor_json(v, "float32") for k, v in module.state_dict().items()}
     config = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
               "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
@@ -649,10 +674,8 @@ def decoder_fixture(name, desc, kind, cfg, B, T, seed, positions, padding, decod
     # theirs only where config.layer_types[layer_idx] is "sliding_attention"
     window = cfg.sliding_window if kind == "MistralDecoderLayer" else module.self_attn.sliding_window
     x32 = torch.randn(B, T, cfg.hidden_size)
-    P = T - decode_steps
     runs = {}
-    for label, dtype, true in (("true64", torch.float64, True), ("hf32", torch.float32, False),
-                               ("hf64", torch.float64, False), ("patched32", torch.float32, True)):
+    for label, dtype, true in RUNS:
         m = copy.deepcopy(module).to(dtype)
         x = x32.to(dtype)
         ctx = Patched() if true else _Nothing()
@@ -677,35 +700,17 @@ def decoder_fixture(name, desc, kind, cfg, B, T, seed, positions, padding, decod
                     assert_equal(cache["k"][:, :, t1 - kept:], layer.keys, f"{name} {label} cache.k")
                     assert_equal(cache["v"][:, :, t1 - kept:], layer.values, f"{name} {label} cache.v")
                 return out
-            if decode_steps == 0:
-                full = call(0, T, {}, None, Sink(comps), False)
-                outs = full
-            else:
-                hf_cache, cache = DynamicCache(config=cfg), {}
-                parts = [call(0, P, cache, hf_cache, Sink(comps, "prefill."), True)]
-                for t in range(P, T):
-                    parts.append(call(t, t + 1, cache, hf_cache, Sink(comps, f"step.{t - P}."), True))
-                outs = torch.cat(parts, dim=1)
-                full = call(0, T, {}, None, Sink({}), False)  # the full causal forward over all T tokens
-                comps["output"] = full
+            full, outs = run_session(call, T, decode_steps, cfg, comps)
         runs[label] = {"module": m, "comps": comps, "output": full, "session": outs}
-    # the patches change the casts and nothing else: in float32 they give transformers' bits
-    for k in runs["hf32"]["comps"]:
-        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
-    extra = {"hf_float64_casts_rel_l2": f"{rel_l2(runs['hf64']['output'], runs['true64']['output']):.3g}"
-                                        + nonfinite_note(runs['hf64']['output']),
-             "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}"}
-    if decode_steps:
-        extra["decode_vs_full_float64_rel_l2"] = f"{rel_l2(runs['true64']['session'], runs['true64']['output']):.3g}"
-        extra["decode_vs_full_float32_rel_l2"] = f"{rel_l2(runs['hf32']['session'], runs['hf32']['output']):.3g}"
-        extra["cache"] = "transformers' DynamicCache (cache_utils.DynamicLayer.update: torch.cat after rotary)"
-        if window is not None:
-            extra["cache"] = (
-                f"transformers' DynamicCache, whose layer here is a DynamicSlidingWindowLayer: it keeps the last "
-                f"sliding_window - 1 = {window - 1} keys and values (after rotary) and hands the attention those "
-                f"plus the step's own (the mask's columns sliced to them, as masking_utils does); the components "
-                f"cache.k / cache.v hold every key so far (the layer's contents checked equal to their tail), "
-                f"scores -inf and attn_weights 0 on the keys outside the window")
+    check_patches(name, runs)
+    extra = fidelity_extra(runs, decode_steps)
+    if decode_steps and window is not None:  # a sliding layer's cache: this in place of the DynamicLayer line
+        extra["cache"] = (
+            f"transformers' DynamicCache, whose layer here is a DynamicSlidingWindowLayer: it keeps the last "
+            f"sliding_window - 1 = {window - 1} keys and values (after rotary) and hands the attention those "
+            f"plus the step's own (the mask's columns sliced to them, as masking_utils does); the components "
+            f"cache.k / cache.v hold every key so far (the layer's contents checked equal to their tail), "
+            f"scores -inf and attn_weights 0 on the keys outside the window")
     if window is not None:
         extra["mask"] = (f"sliding window {window}: key j visible to query i (absolute indices, not position ids) "
                          f"iff i - {window} < j <= i and j is not padding (masking_utils.sliding_window_overlay)")
@@ -741,7 +746,6 @@ def gpt2_fixture(name, desc, B, T, seed, padding, decode_steps=0):
     torch.manual_seed(seed)
     block = randomize(MG.GPT2Block(cfg, layer_idx=0).eval(), seed)
     x32 = torch.randn(B, T, cfg.n_embd)
-    P = T - decode_steps
     runs = {}
     for label, dtype in (("true64", torch.float64), ("hf32", torch.float32)):
         m = copy.deepcopy(block).to(dtype)
@@ -756,17 +760,7 @@ def gpt2_fixture(name, desc, B, T, seed, padding, decode_steps=0):
                 if hf_cache is not None:
                     assert_equal(cache["k"], hf_cache.layers[0].keys, f"{name} {label} cache.k")
                 return out
-            if decode_steps == 0:
-                full = call(0, T, {}, None, Sink(comps), False)
-                session = full
-            else:
-                hf_cache, cache = DynamicCache(config=cfg), {}
-                parts = [call(0, P, cache, hf_cache, Sink(comps, "prefill."), True)]
-                for t in range(P, T):
-                    parts.append(call(t, t + 1, cache, hf_cache, Sink(comps, f"step.{t - P}."), True))
-                session = torch.cat(parts, dim=1)
-                full = call(0, T, {}, None, Sink({}), False)
-                comps["output"] = full
+            full, session = run_session(call, T, decode_steps, cfg, comps)
         runs[label] = {"comps": comps, "output": full, "session": session}
     extra = {"hf_float64_casts_rel_l2": "0 (GPT-2's block computes in its own dtype throughout)",
              "hf_float32_rel_l2": f"{rel_l2(runs['hf32']['output'], runs['true64']['output']):.3g}",
@@ -789,8 +783,7 @@ def gptj_fixture(name, desc, B, T, seed):
     x32 = torch.randn(B, T, 32)
     positions = torch.arange(T).unsqueeze(0).repeat(B, 1) + torch.tensor([[0], [7]])[:B]
     runs = {}
-    for label, dtype, true in (("true64", torch.float64, True), ("hf32", torch.float32, False),
-                               ("hf64", torch.float64, False), ("patched32", torch.float32, True)):
+    for label, dtype, true in RUNS:
         m = copy.deepcopy(attn).to(dtype)
         if true:
             m.embed_positions = gptj_table(m, dtype, True)
@@ -802,8 +795,7 @@ def gptj_fixture(name, desc, B, T, seed):
             out = gptj_replay(m, x, positions, mask, Sink(comps), true, m.embed_positions)
             assert_equal(out, ref, f"{name} {label}")
         runs[label] = {"comps": comps, "output": out}
-    for k in runs["hf32"]["comps"]:
-        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
+    check_patches(name, runs)
     sd = attn.state_dict()
     sd = {"q_proj.weight": sd["q_proj.weight"], "k_proj.weight": sd["k_proj.weight"],
           "v_proj.weight": sd["v_proj.weight"], "o_proj.weight": sd["out_proj.weight"]}
@@ -828,8 +820,7 @@ def neox_fixture(name, desc, B, T, seed):
     x32 = torch.randn(B, T, 32)
     positions = torch.arange(T).unsqueeze(0).repeat(B, 1) + torch.tensor([[2], [11]])[:B]
     runs = {}
-    for label, dtype, true in (("true64", torch.float64, True), ("hf32", torch.float32, False),
-                               ("hf64", torch.float64, False), ("patched32", torch.float32, True)):
+    for label, dtype, true in RUNS:
         m = copy.deepcopy(attn).to(dtype)
         x = x32.to(dtype)
         comps = {}
@@ -840,8 +831,7 @@ def neox_fixture(name, desc, B, T, seed):
             out = neox_replay(m, x, cos, sin, mask, Sink(comps), true)
             assert_equal(out, ref, f"{name} {label}")
         runs[label] = {"comps": comps, "output": out}
-    for k in runs["hf32"]["comps"]:
-        assert_equal(runs["patched32"]["comps"][k], runs["hf32"]["comps"][k], f"{name} patched float32 {k}")
+    check_patches(name, runs)
     sd = attn.state_dict()
     H, D = 4, 8
     w = sd["query_key_value.weight"].view(H, 3, D, 32)  # per head: q, k, v rows
