@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fused_attention_kernels.hpp"
+#include "scratch.hpp"
 #include "tparity/core/parallel.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -58,27 +59,7 @@ const FusedPath<T>& path_for(GemmIsa isa) {
   }
 }
 
-// A thread's scratch: grows, never shrinks, 64-byte aligned.
-class Scratch {
- public:
-  ~Scratch() { std::free(p_); }
-  void* get(size_t bytes) {
-    if (bytes > size_) {
-      std::free(p_);
-      size_ = 0;
-      const size_t n = (bytes + 63) / 64 * 64;
-      p_ = std::aligned_alloc(64, n);
-      if (!p_) throw std::bad_alloc();
-      size_ = n;
-    }
-    return p_;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t size_ = 0;
-};
-
+// One per calling thread (scratch.hpp), apart from the GEMM's.
 thread_local Scratch scratch;
 
 std::atomic<bool> skip_masked_blocks{true};

@@ -23,6 +23,7 @@
 #include "gemm_driver.hpp"
 #include "gemm_kernels.hpp"
 #include "parallel_team.hpp"
+#include "scratch.hpp"
 #include "tparity/core/defects.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -235,28 +236,7 @@ const Path<T>& path_for(GemmIsa isa) {
 
 // --- packing buffers -----------------------------------------------------------------------------
 
-// Grows, never shrinks; one per calling thread. (Not re-entrant: an epilogue's activation must not
-// call gemm.)
-class Scratch {
- public:
-  ~Scratch() { std::free(p_); }
-  void* get(size_t bytes) {
-    if (bytes > size_) {
-      std::free(p_);
-      size_ = 0;
-      const size_t n = (bytes + 63) / 64 * 64;
-      p_ = std::aligned_alloc(64, n);
-      if (!p_) throw std::bad_alloc();
-      size_ = n;
-    }
-    return p_;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t size_ = 0;
-};
-
+// One per calling thread (scratch.hpp). Not re-entrant: an epilogue's activation must not call gemm.
 thread_local Scratch scratch;
 
 // Elements of one workspace for an M x N x K problem split over nthreads row ranges.

@@ -11,15 +11,10 @@
 namespace tparity::gemm_impl {
 namespace {
 
-// Lanes is a struct of static functions over one vector register:
-//   using T (the element), V (the register); static constexpr int width (elements per register);
-//   V zero(); V load(const T*) and void store(T*, V), unaligned; V load_first(const T*, int n) and
-//   void store_first(T*, V, int n), the first n < width lanes only (the rest neither read nor
-//   written); V broadcast(T);
-//   V mul(V a, V b) = a * b; V fma(V a, V b, V c) = a * b + c rounded once (or twice where the
-//   path has no FMA: the scalar path);
-//   void transpose(const T* src, int64_t lds, T* dst, int64_t ldd): dst[i * ldd + j] =
-//   src[j * lds + i] for i, j < width (packing a transposed B).
+// Lanes is one of simd_<isa>.hpp's structs of static functions over one vector register (the
+// contract is written once, in simd_scalar.hpp); the kernel uses zero, load, store, load_first,
+// store_first, set1, mul, fma (rounded once, or twice on the scalar path) and transpose (packing a
+// transposed B).
 //
 // The contract (gemm_detail::MicroKernel): C(MR x n) = alpha * A(MR x kc) * B(kc x n) + beta * C,
 // where (NV - 1) * width < n <= NV * width; A's entry (r, k) at A[r * rs_a + k * cs_a] (packed by
@@ -64,14 +59,14 @@ void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int6
     for (int v = 0; v < NV; ++v) b[v] = Lanes::load(B + k * NRB + v * W);
 #pragma GCC unroll 32
     for (int r = 0; r < MR; ++r) {
-      const V ar = Lanes::broadcast(a[r][k * cs_a]);
+      const V ar = Lanes::set1(a[r][k * cs_a]);
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[r][v] = Lanes::fma(ar, b[v], acc[r][v]);
     }
   }
 
   // C = alpha * acc + beta * C, vector v of row r; the last vector of a row may be partial.
-  const V va = Lanes::broadcast(alpha), vb = Lanes::broadcast(beta);
+  const V va = Lanes::set1(alpha), vb = Lanes::set1(beta);
   auto update = [&](T* c, V x, bool partial) {
     V y;
     if (beta == T(0))
