@@ -23,6 +23,12 @@ Tensor<T> random_tensor(Shape s, uint64_t seed, double scale = 1.0) {
   return t;
 }
 
+// Keeps every component a forward hands its observer, by name.
+struct Keep final : Observer<double> {
+  std::map<std::string, Tensor<double>> seen;
+  void on(const std::string& n, Tensor<double>& t) override { seen[n] = t; }
+};
+
 double rel_diff(const Tensor<double>& a, const Tensor<double>& b) {
   long double num = 0, den = 0;
   for (size_t i = 0; i < a.data.size(); ++i) {
@@ -185,10 +191,7 @@ TEST_CASE("llm: a sliding window of one key: each token attends to itself alone 
   w.v_proj_weight = random_tensor<double>({8, 8}, 3), w.o_proj_weight = random_tensor<double>({8, 16}, 4);
   const int64_t B = 2, Tn = 5, H = 4, D = 4, groups = 2;
   const Tensor<double> x = random_tensor<double>({B, Tn, 8}, 5);
-  struct Keep final : Observer<double> {
-    std::map<std::string, Tensor<double>> seen;
-    void on(const std::string& n, Tensor<double>& t) override { seen[n] = t; }
-  } keep;
+  Keep keep;
   const Tensor<double> out =
       llama_attention_forward(c, w, x, DecoderMask{}, static_cast<KvCache<double>*>(nullptr), &keep);
   const Tensor<double>&v = keep.seen.at("v"), &ctx = keep.seen.at("context");  // (B, Hkv, T, D), (B, T, H D)
@@ -233,10 +236,7 @@ TEST_CASE("llm: Qwen3's q_norm and k_norm: each head's q and k of mean square ms
   w.v_proj_weight = random_tensor<double>({6, 8}, 13), w.o_proj_weight = random_tensor<double>({8, 12}, 14);
   w.q_norm = Tensor<double>({6}, 1.0), w.k_norm = Tensor<double>({6}, 1.0);
   const Tensor<double> x = random_tensor<double>({1, 3, 8}, 15);
-  struct Keep final : Observer<double> {
-    std::map<std::string, Tensor<double>> seen;
-    void on(const std::string& n, Tensor<double>& t) override { seen[n] = t; }
-  } keep;
+  Keep keep;
   const Tensor<double> out =
       llama_attention_forward(c, w, x, DecoderMask{}, static_cast<KvCache<double>*>(nullptr), &keep);
   for (const char* pair : {"q", "k"}) {
@@ -279,10 +279,6 @@ TEST_CASE("llm: Gemma 2's soft-cap: cap * tanh(score / cap) before the mask, han
   const uint8_t padding[3] = {0, 0, 1};
   DecoderMask m;
   m.causal = false, m.key_padding = padding, m.key_padding_stride = 3;
-  struct Keep final : Observer<double> {
-    std::map<std::string, Tensor<double>> seen;
-    void on(const std::string& n, Tensor<double>& t) override { seen[n] = t; }
-  };
   const double e0 = std::exp(std::tanh(2.0)), e1 = std::exp(std::tanh(6.0));
   const double expected = (10 * e0 + 20 * e1) / (e0 + e1);
   Keep keep;

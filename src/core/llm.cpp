@@ -34,6 +34,19 @@ void need_shape(const Tensor<T>& t, const std::string& name, const Shape& shape)
     throw ShapeError("state_dict." + name + ": expected shape " + to_string(shape) + ", got " + to_string(t.shape));
 }
 
+// A decoder layer's input and the weights every Llama-shaped layer has (its norms, its MLP).
+template <class T>
+void need_layer_shapes(const LlamaConfig& c, const LlamaLayerWeights<T>& w, const Tensor<T>& x) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  if (x.dim() != 3 || x.size(2) != C)
+    throw ShapeError("hidden_states: expected (B, T, " + std::to_string(C) + "), got shape " + to_string(x.shape));
+  need_shape(w.input_layernorm, "input_layernorm.weight", {C});
+  need_shape(w.post_attention_layernorm, "post_attention_layernorm.weight", {C});
+  need_shape(w.gate_proj_weight, "mlp.gate_proj.weight", {I, C});
+  need_shape(w.up_proj_weight, "mlp.up_proj.weight", {I, C});
+  need_shape(w.down_proj_weight, "mlp.down_proj.weight", {C, I});
+}
+
 template <class T>
 const T* bias_or_null(const Tensor<T>& b) {
   return b.empty() || injected_defect() == Defect::DropBias ? nullptr : b.ptr();
@@ -404,13 +417,7 @@ Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& 
                               const DecoderMask& mask, KvCache<T>* cache, Observer<T>* obs) {
   // x is (B, T, hidden); output will be (B, T, hidden)
   const int64_t C = c.hidden_size, I = c.intermediate_size;
-  if (x.dim() != 3 || x.size(2) != C)
-    throw ShapeError("hidden_states: expected (B, T, " + std::to_string(C) + "), got shape " + to_string(x.shape));
-  need_shape(w.input_layernorm, "input_layernorm.weight", {C});
-  need_shape(w.post_attention_layernorm, "post_attention_layernorm.weight", {C});
-  need_shape(w.gate_proj_weight, "mlp.gate_proj.weight", {I, C});
-  need_shape(w.up_proj_weight, "mlp.up_proj.weight", {I, C});
-  need_shape(w.down_proj_weight, "mlp.down_proj.weight", {C, I});
+  need_layer_shapes(c, w, x);
   const int64_t N = x.size(0) * x.size(1);
   const T eps = T(c.rms_norm_eps);
   std::optional<profile::Scope> phase(std::in_place, profile::Op::Norms);
@@ -459,15 +466,9 @@ Tensor<T> gemma2_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>&
                                const DecoderMask& mask, KvCache<T>* cache, Observer<T>* obs) {
   // x is (B, T, hidden); output will be (B, T, hidden)
   const int64_t C = c.hidden_size, I = c.intermediate_size;
-  if (x.dim() != 3 || x.size(2) != C)
-    throw ShapeError("hidden_states: expected (B, T, " + std::to_string(C) + "), got shape " + to_string(x.shape));
-  need_shape(w.input_layernorm, "input_layernorm.weight", {C});
-  need_shape(w.post_attention_layernorm, "post_attention_layernorm.weight", {C});
+  need_layer_shapes(c, w, x);
   need_shape(w.pre_feedforward_layernorm, "pre_feedforward_layernorm.weight", {C});
   need_shape(w.post_feedforward_layernorm, "post_feedforward_layernorm.weight", {C});
-  need_shape(w.gate_proj_weight, "mlp.gate_proj.weight", {I, C});
-  need_shape(w.up_proj_weight, "mlp.up_proj.weight", {I, C});
-  need_shape(w.down_proj_weight, "mlp.down_proj.weight", {C, I});
   const int64_t N = x.size(0) * x.size(1);
   const T eps = T(c.rms_norm_eps);
   auto norm = [&](const Tensor<T>& in, const Tensor<T>& weight, const char* name) {
