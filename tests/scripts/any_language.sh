@@ -52,7 +52,9 @@ echo "numpy example, broken: $(echo "$out" | summary), first divergence at score
 # and inputs rounded, float32 arithmetic, every component stored rounded) passes at the seeds' width
 # E = 512; its copy with float16 accumulators in the linear layers fails in float16, from the first
 # projection on.
-wide=(--case multihead --case block --batch 4 --dim 512 --ffn 2048)
+# A float16 numpy program at this width takes tens of seconds per case (more on a loaded machine): a
+# timeout of its own, above exec's default 60 s.
+wide=(--case multihead --case block --batch 4 --dim 512 --ffn 2048 --timeout 300)
 out=$("$build/tparity" exec "${wide[@]}" --tensors safetensors --dtype bfloat16,float16 \
   --name "numpy example, low precision" \
   -- "$python" examples/numpy_attention/run.py {problem} {out} {dtype}) || {
