@@ -285,12 +285,6 @@ void softmax_over_queries(T* x, int64_t G, int64_t L, int64_t S) {
     }
 }
 
-template <class T>
-void attention_softmax(T* x, int64_t G, int64_t L, int64_t S) {
-  if (injected_defect() == Defect::SoftmaxWrongAxis) return softmax_over_queries(x, G, L, S);
-  softmax_forward(x, x, G * L, S);
-}
-
 // Which of the rows (S wide) hold -inf in every score: the rows torch 2.x's scaled_dot_product_attention
 // gives zero weights (its _safe_softmax: where(all(x == -inf), 0, softmax(x))). Empty when none does.
 template <class T>
@@ -306,8 +300,15 @@ std::vector<uint8_t> dead_rows(const T* x, int64_t rows, int64_t S) {
   return dead;
 }
 
+// x (G, L, S): softmax over the keys (dim -1) in place. With zero_dead (torch 2.x's
+// scaled_dot_product_attention) a row whose every score is -inf gets zero weights, else NaN.
 template <class T>
-void zero_rows(T* x, const std::vector<uint8_t>& dead, int64_t S) {
+void attention_softmax(T* x, int64_t G, int64_t L, int64_t S, bool zero_dead) {
+  const std::vector<uint8_t> dead = zero_dead ? dead_rows(x, G * L, S) : std::vector<uint8_t>();
+  if (injected_defect() == Defect::SoftmaxWrongAxis)
+    softmax_over_queries(x, G, L, S);
+  else
+    softmax_forward(x, x, G * L, S);
   for (size_t r = 0; r < dead.size(); ++r)
     if (dead[r]) std::fill(x + int64_t(r) * S, x + int64_t(r + 1) * S, T(0));
 }
@@ -430,10 +431,7 @@ Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
       }
   if (obs) obs->on("scores", scores);
   Tensor<T>& weights = scores;  // softmax in place
-  const std::vector<uint8_t> dead =
-      semantics == TorchSemantics::Torch2 ? dead_rows(scores.ptr(), G * L, S) : std::vector<uint8_t>();
-  attention_softmax(weights.ptr(), G, L, S);
-  zero_rows(weights.ptr(), dead, S);
+  attention_softmax(weights.ptr(), G, L, S, semantics == TorchSemantics::Torch2);
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> out(oshape);
   if (gqa)
@@ -697,9 +695,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   // ---- weights, context, output ------------------------------------------------------------------
   Tensor<T>& weights = scores;  // softmax in place
   phase.reset(), phase.emplace(profile::Op::Softmax);
-  const std::vector<uint8_t> dead = zero_dead ? dead_rows(scores.ptr(), B * H * L, S) : std::vector<uint8_t>();
-  attention_softmax(weights.ptr(), B * H, L, S);
-  zero_rows(weights.ptr(), dead, S);
+  attention_softmax(weights.ptr(), B * H, L, S, zero_dead);
   if (obs) obs->on("attn_weights", weights);
   Tensor<T> ctx_heads({B, H, L, D});
   phase.reset(), phase.emplace(profile::Op::Context);
