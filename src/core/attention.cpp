@@ -36,9 +36,9 @@ void copy_rows(int64_t rows, int64_t row_elems, const F& f) {
   parallel_for(rows, threads, f);
 }
 
-// x (B, L, H*D) with row stride ld -> y (B, H, L, D)
+// x (B, L, H*D) with row stride ld -> rows [0, L) of y (B, H, Ly, D), Ly >= L
 template <class T>
-void split_heads_into(T* y, const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
+void split_heads_into(T* y, const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D, int64_t Ly) {
   profile::Scope scope(profile::Op::Copies);
   const bool interleaved = injected_defect() == Defect::WrongHeadInterleave;
   copy_rows(B * L, H * D, [&](int64_t r0, int64_t r1) {
@@ -46,7 +46,7 @@ void split_heads_into(T* y, const T* x, int64_t ld, int64_t B, int64_t L, int64_
       const int64_t b = r / L, l = r % L;
       for (int64_t h = 0; h < H; ++h) {
         const T* from = x + r * ld + h * D;
-        T* to = y + ((b * H + h) * L + l) * D;
+        T* to = y + ((b * H + h) * Ly + l) * D;
         if (interleaved)  // the selftest's defect: feature d of head h taken from d * H + h
           for (int64_t d = 0; d < D; ++d) to[d] = x[r * ld + d * H + h];
         else
@@ -54,12 +54,6 @@ void split_heads_into(T* y, const T* x, int64_t ld, int64_t B, int64_t L, int64_
       }
     }
   });
-}
-template <class T>
-Tensor<T> split_heads(const T* x, int64_t ld, int64_t B, int64_t L, int64_t H, int64_t D) {
-  Tensor<T> y({B, H, L, D});
-  split_heads_into(y.ptr(), x, ld, B, L, H, D);
-  return y;
 }
 
 // x (B, H, L, D) -> y (B, L, H*D)
@@ -81,38 +75,6 @@ void merge_heads_into(T* y, const T* x, int64_t B, int64_t H, int64_t L, int64_t
     }
   });
 }
-template <class T>
-Tensor<T> merge_heads(const Tensor<T>& x) {
-  const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
-  Tensor<T> y({B, L, H * D});
-  merge_heads_into(y.ptr(), x.ptr(), B, H, L, D);
-  return y;
-}
-
-// x (B, S, E) -> (B, S+1, E) with row S = row (1, 1, E)
-template <class T>
-Tensor<T> append_row(const Tensor<T>& x, const Tensor<T>& row) {
-  const int64_t B = x.size(0), S = x.size(1), E = x.size(2);
-  Tensor<T> y({B, S + 1, E});
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t e = 0; e < E; ++e) y.data[size_t((b * (S + 1) + s) * E + e)] = x.data[size_t((b * S + s) * E + e)];
-    for (int64_t e = 0; e < E; ++e) y.data[size_t((b * (S + 1) + S) * E + e)] = row.data[size_t(e)];
-  }
-  return y;
-}
-
-// x (B, H, S, D) -> (B, H, S+1, D) with a zero row appended
-template <class T>
-Tensor<T> append_zero_row(const Tensor<T>& x) {
-  const int64_t G = x.size(0) * x.size(1), S = x.size(2), D = x.size(3);
-  Tensor<T> y({x.size(0), x.size(1), S + 1, D});
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t d = 0; d < D; ++d) y.data[size_t((g * (S + 1) + s) * D + d)] = x.data[size_t((g * S + s) * D + d)];
-  return y;
-}
-
 // The merge of attn_mask and key_padding_mask into one additive mask, read lazily: torch 1.13's
 // (logical_or, masked_fill) or torch 2.x's (each additive, summed). Coordinates are those of the padded
 // keys: columns >= S0 (bias_kv, zero_attn) are unmasked, as the zero padding torch appends to both
@@ -443,40 +405,50 @@ Tensor<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
   return out;
 }
 
+namespace {
+
+// ---- multi-head attention, step by step ------------------------------------------------------------
+// Every step batch-first, whatever the call's layout: B batch elements (1 unbatched), L queries, S0
+// keys as given and S after bias_kv and zero_attn, E features in H heads of D, keys of KD features and
+// values of VD.
+struct MhaDims {
+  bool batched;
+  int64_t B, L, S0, S, E, H, D, KD, VD;
+};
+
+// The call's sizes, checked against the config: throws ShapeError naming the tensor (or the
+// state_dict entry), what was expected and what was found; the masks' shapes as torch 1.13's
+// _mha_shape_check and multi_head_attention_forward.
 template <class T>
-MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
-                                 const MhaInputRefs<T>& in, Observer<T>* obs, const T* residual) {
-  const int64_t E = cfg.embed_dim, H = cfg.num_heads;
+MhaDims check_mha(const MhaConfig& cfg, const MhaWeights<T>& w, const detail::MhaInputRefs<T>& in) {
+  const int64_t E = cfg.embed_dim, H = cfg.num_heads, KD = cfg.key_dim(), VD = cfg.value_dim();
   if (E <= 0 || H <= 0)
     throw ShapeError("config: embed_dim and num_heads must be positive, got embed_dim=" + std::to_string(E) +
                      ", num_heads=" + std::to_string(H));
   if (E % H != 0)
     throw ShapeError("config: embed_dim " + std::to_string(E) + " is not divisible by num_heads " + std::to_string(H));
-  const int64_t D = E / H, KD = cfg.key_dim(), VD = cfg.value_dim();
-  const Defect defect = injected_defect();
-
-  // ---- layout: everything below is batched and batch-first -------------------------------------
   const bool batched = in.query.dim() == 3;
   if (in.query.dim() != 2 && in.query.dim() != 3) shape_error("query", "2 dims (L, E) or 3 dims", in.query.shape);
   if (in.key.dim() != in.query.dim())
     shape_error("key", std::to_string(in.query.dim()) + " dims like query", in.key.shape);
   if (in.value.dim() != in.query.dim())
     shape_error("value", std::to_string(in.query.dim()) + " dims like query", in.value.shape);
-  // batch-first views, copied only where the layout needs it, and released after the projections
-  detail::BatchFirstView<T> query(in.query, batched, cfg.batch_first), key(in.key, batched, cfg.batch_first),
-      value(in.value, batched, cfg.batch_first);
-  const int64_t B = query.size(0), L = query.size(1), S0 = key.size(1);
+  // dim i of x's batch-first view (B, L|S, features), as BatchFirstView lays it out
+  auto dim = [&](const Tensor<T>& x, int i) {
+    if (!batched) return i == 0 ? int64_t(1) : x.size(i - 1);
+    return cfg.batch_first || i == 2 ? x.size(i) : x.size(1 - i);
+  };
+  const int64_t B = dim(in.query, 0), L = dim(in.query, 1), S0 = dim(in.key, 1);
   const std::string layout = batched ? (cfg.batch_first ? "(B, L, ·)" : "(L, B, ·)") : "(L, ·)";
-  if (query.size(2) != E)
+  if (dim(in.query, 2) != E)
     shape_error("query", "last dim embed_dim = " + std::to_string(E) + " in layout " + layout, in.query.shape);
-  if (key.size(2) != KD) shape_error("key", "last dim kdim = " + std::to_string(KD), in.key.shape);
-  if (value.size(2) != VD) shape_error("value", "last dim vdim = " + std::to_string(VD), in.value.shape);
-  if (key.size(0) != B)
+  if (dim(in.key, 2) != KD) shape_error("key", "last dim kdim = " + std::to_string(KD), in.key.shape);
+  if (dim(in.value, 2) != VD) shape_error("value", "last dim vdim = " + std::to_string(VD), in.value.shape);
+  if (dim(in.key, 0) != B)
     shape_error("key", "batch " + std::to_string(B) + " like query in layout " + layout, in.key.shape);
-  if (value.size(0) != B || value.size(1) != S0)
+  if (dim(in.value, 0) != B || dim(in.value, 1) != S0)
     shape_error("value", "the same batch and sequence as key " + to_string(in.key.shape), in.value.shape);
 
-  // ---- masks: shapes as torch 1.13's _mha_shape_check and multi_head_attention_forward --------
   if (in.attn_mask.present()) {
     const Shape& ms = in.attn_mask.shape();
     const int64_t G0 = batched ? B * H : H;
@@ -498,7 +470,6 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
                   in.key_padding_mask.shape());
   }
 
-  // ---- weights -----------------------------------------------------------------------------------
   auto need = [](const Tensor<T>& t, const std::string& name, const Shape& s) {
     if (t.shape != s)
       throw ShapeError("state_dict." + name + ": expected shape " + to_string(s) + ", got " +
@@ -520,90 +491,92 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
     need(w.bias_v, "bias_v", {1, 1, E});
   }
   need(w.out_proj_weight, "out_proj.weight", {E, E});
+  const int64_t S = S0 + (cfg.add_bias_kv ? 1 : 0) + (cfg.add_zero_attn ? 1 : 0);
+  return MhaDims{batched, B, L, S0, S, E, H, E / H, KD, VD};
+}
 
-  // ---- projections: q (B, L, E), k (B, S0, E), v (B, S0, E) --------------------------------------
+// The masks as the two paths read them: torch's merge read lazily (the reference path; its
+// constructor throws on what the semantics leave undefined) and row by row (RowMask, the fast path's,
+// also what the fused attention adds). The selftest's defect IgnoreMask drops both masks.
+template <class T>
+struct MhaMasks {
+  MhaMasks(const MhaConfig& cfg, const MhaForward& fwd, const detail::MhaInputRefs<T>& in, const MhaDims& n)
+      : merged(used(in.attn_mask), used(in.key_padding_mask), n.H, n.L, n.S0, cfg.semantics),
+        // torch 2.x without weights runs scaled_dot_product_attention: rows whose every score is -inf
+        // get zero weights there, NaN everywhere else
+        zero_dead(cfg.semantics == TorchSemantics::Torch2 && !fwd.need_weights) {
+    if (core_path() == CorePath::Fast)
+      rows.emplace(used(in.attn_mask), used(in.key_padding_mask), n.B, n.H, n.L, n.S0, n.S, cfg.semantics);
+  }
+  // Whether the fused attention adds the masks as torch merges them (RowMask::sum_is_merge).
+  bool fusable() const { return rows && rows->sum_is_merge(); }
+
+  MergedMask<T> merged;
+  std::optional<RowMask<T>> rows;  // on the fast path
+  bool zero_dead;
+
+ private:
+  static const Mask<T>& used(const Mask<T>& m) {
+    static const Mask<T> none;
+    return injected_defect() == Defect::IgnoreMask ? none : m;
+  }
+};
+
+// An intermediate: a Tensor where the observer sees it (and may overwrite it, as a teacher does),
+// else an uninitialised Buffer (layout.hpp).
+template <class T>
+class Stage {
+ public:
+  Stage(Shape shape, bool seen) {
+    if (seen)
+      tensor_ = Tensor<T>(std::move(shape));
+    else
+      buffer_.emplace(numel(shape));
+  }
+  T* ptr() { return buffer_ ? buffer_->ptr() : tensor_.ptr(); }
+  void show(Observer<T>* obs, const char* name) {
+    assert(!obs || !buffer_);
+    if (obs) obs->on(name, tensor_);
+  }
+  void release() { tensor_ = Tensor<T>(), buffer_.reset(); }
+
+ private:
+  Tensor<T> tensor_;
+  std::optional<detail::Buffer<T>> buffer_;
+};
+
+// q (B, H, L, D), k and v (B, H, S, D).
+template <class T>
+struct Heads {
+  Stage<T> q, k, v;
+  void show(Observer<T>* obs) { q.show(obs, "q"), k.show(obs, "k"), v.show(obs, "v"); }
+  void release() { q.release(), k.release(), v.release(); }
+};
+
+// query (B, L, E), key (B, S0, KD), value (B, S0, VD) batch-first -> q (B, H, L, D) and keys [0, S0)
+// of k and v (B, H, S, D): F.linear with in_proj_weight's thirds or q/k/v_proj_weight and
+// in_proj_bias's thirds, split into heads. Self-attention (one tensor as query, key and value) with
+// the packed weight is one product with all of in_proj_weight, (B*L, 3E), each element the same sum
+// as in three products (the GEMM sums over K alike whatever N is); otherwise each projection is split
+// and freed before the next one. The batch-first copies of the inputs are freed once projected.
+template <class T>
+Heads<T> project_qkv(const MhaConfig& cfg, const MhaWeights<T>& w, const detail::MhaInputRefs<T>& in, const MhaDims& n,
+                     bool seen) {
+  const int64_t B = n.B, L = n.L, S0 = n.S0, E = n.E, H = n.H, D = n.D;
+  Heads<T> heads{Stage<T>({B, H, L, D}, seen), Stage<T>({B, H, n.S, D}, seen), Stage<T>({B, H, n.S, D}, seen)};
+  detail::BatchFirstView<T> query(in.query, n.batched, cfg.batch_first), key(in.key, n.batched, cfg.batch_first),
+      value(in.value, n.batched, cfg.batch_first);
   const T* Wq = cfg.packed() ? w.in_proj_weight.ptr() : w.q_proj_weight.ptr();
   const T* Wk = cfg.packed() ? w.in_proj_weight.ptr() + E * E : w.k_proj_weight.ptr();
   const T* Wv = cfg.packed() ? w.in_proj_weight.ptr() + 2 * E * E : w.v_proj_weight.ptr();
   const T* bq = cfg.bias ? w.in_proj_bias.ptr() : nullptr;  // (linear_forward drops them for DropBias)
   const T* bk = cfg.bias ? w.in_proj_bias.ptr() + E : nullptr;
   const T* bv = cfg.bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
-  const bool swap_qk = defect == Defect::SwapQK && KD == E;  // the selftest's defect
+  const bool swap_qk = injected_defect() == Defect::SwapQK && n.KD == E;  // the selftest's defect
   if (swap_qk) std::swap(Wq, Wk), std::swap(bq, bk);
-  // Self-attention (one tensor as query, key and value) with the packed weight: one product with
-  // all of in_proj_weight, (B*L, 3E), each element the same sum as in three products (the GEMM sums
-  // over K alike whatever N is), and the heads split out of it.
   const bool self = in.query.data.data() == in.key.data.data() && in.key.data.data() == in.value.data.data() &&
                     in.query.shape == in.key.shape && in.key.shape == in.value.shape && cfg.packed() &&
-                    !cfg.add_bias_kv && defect != Defect::SwapQK;  // swapped weights are not one product
-  const T root = std::sqrt(T(defect == Defect::ScaleByFullDim ? E : D));
-  const Mask<T> none;
-  const Mask<T>& attn_mask = defect == Defect::IgnoreMask ? none : in.attn_mask;
-  const Mask<T>& key_padding_mask = defect == Defect::IgnoreMask ? none : in.key_padding_mask;
-  const MergedMask<T> mask(attn_mask, key_padding_mask, H, L, S0, cfg.semantics);  // throws on what is undefined
-  // torch 2.x without weights runs scaled_dot_product_attention: rows whose every score is -inf get
-  // zero weights there, NaN everywhere else.
-  const bool zero_dead = cfg.semantics == TorchSemantics::Torch2 && !fwd.need_weights;
-
-  // ---- the fused route: nothing observed, no weights returned, no key rows appended -------------
-  // The heads of q, k and v, the context's heads and the merged context are intermediates no caller
-  // sees: uninitialised buffers, each freed as soon as it has been read (the steps and their sums are
-  // those of the route below through Tensors, bit for bit).
-  // The fast path's masks, also what the fused attention adds, over the keys with any rows appended.
-  const int64_t S_all = S0 + (cfg.add_bias_kv ? 1 : 0) + (cfg.add_zero_attn ? 1 : 0);
-  std::optional<RowMask<T>> rows;
-  if (core_path() == CorePath::Fast) rows.emplace(attn_mask, key_padding_mask, B, H, L, S0, S_all, cfg.semantics);
-  if (rows && !obs && !fwd.need_weights && defect == Defect::None && !cfg.add_bias_kv && !cfg.add_zero_attn) {
-    if (rows->sum_is_merge()) {
-      const int64_t S = S0;
-      detail::Buffer<T> qh(B * L * E), kh(B * S * E), vh(B * S * E);
-      if (self) {
-        detail::Buffer<T> qkv(B * L * 3 * E);
-        {
-          profile::Scope scope(profile::Op::Projections);
-          linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
-        }
-        query.release(), key.release(), value.release();
-        split_heads_into(qh.ptr(), qkv.ptr(), 3 * E, B, L, H, D);
-        split_heads_into(kh.ptr(), qkv.ptr() + E, 3 * E, B, L, H, D);
-        split_heads_into(vh.ptr(), qkv.ptr() + 2 * E, 3 * E, B, L, H, D);
-      } else {
-        // each projection split into its heads and freed before the next one
-        auto project = [&](T* heads, const T* x, const T* W, const T* b, int64_t rows_each, int64_t in_dim) {
-          detail::Buffer<T> y(B * rows_each * E);
-          {
-            profile::Scope scope(profile::Op::Projections);
-            linear_forward(y.ptr(), x, W, b, B * rows_each, in_dim, E);
-          }
-          split_heads_into(heads, y.ptr(), E, B, rows_each, H, D);
-        };
-        project(qh.ptr(), query.ptr(), Wq, bq, L, E);
-        project(kh.ptr(), key.ptr(), Wk, bk, S0, KD);
-        project(vh.ptr(), value.ptr(), Wv, bv, S0, VD);
-        query.release(), key.release(), value.release();
-      }
-      {
-        profile::Scope scope(profile::Op::Scores);
-        T* qp = qh.ptr();
-        for (int64_t i = 0; i < B * L * E; ++i) qp[i] = qp[i] / root;
-      }
-      AttentionMasks<T> masks = rows->fused_view();
-      masks.zero_dead_rows = zero_dead;
-      detail::Buffer<T> ctx_heads(B * H * L * D);
-      fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), masks, num_threads());
-      qh.release(), kh.release(), vh.release();
-      detail::Buffer<T> context(B * L * E);
-      merge_heads_into(context.ptr(), ctx_heads.ptr(), B, H, L, D);
-      ctx_heads.release();
-      MhaOutputs<T> result;
-      result.output = detail::from_batch_first(
-          out_proj(context.ptr(), B, L, E, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr)), batched,
-          cfg.batch_first);
-      return result;
-    }
-  }
-
-  Tensor<T> qh, kh, vh;
+                    !cfg.add_bias_kv && injected_defect() != Defect::SwapQK;  // swapped weights: not one product
   if (self) {
     detail::Buffer<T> qkv(B * L * 3 * E);
     {
@@ -611,118 +584,165 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
       linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), bq, B * L, E, 3 * E);
     }
     query.release(), key.release(), value.release();
-    qh = split_heads(qkv.ptr(), 3 * E, B, L, H, D);
-    kh = split_heads(qkv.ptr() + E, 3 * E, B, L, H, D);
-    vh = split_heads(qkv.ptr() + 2 * E, 3 * E, B, L, H, D);
-  } else {
-    Tensor<T> q({B, L, E}), k({B, S0, E}), v({B, S0, E});
+    split_heads_into(heads.q.ptr(), qkv.ptr(), 3 * E, B, L, H, D, L);
+    split_heads_into(heads.k.ptr(), qkv.ptr() + E, 3 * E, B, L, H, D, n.S);
+    split_heads_into(heads.v.ptr(), qkv.ptr() + 2 * E, 3 * E, B, L, H, D, n.S);
+    return heads;
+  }
+  // x (B, rows, in_dim) -> rows [0, rows) of `to` (B, H, to_rows, D)
+  auto project = [&](Stage<T>& to, int64_t to_rows, const T* x, const T* W, const T* b, int64_t rows, int64_t in_dim) {
+    detail::Buffer<T> y(B * rows * E);
     {
       profile::Scope scope(profile::Op::Projections);
-      linear_forward(q.ptr(), query.ptr(), Wq, bq, B * L, E, E);
-      linear_forward(k.ptr(), key.ptr(), Wk, bk, B * S0, KD, E);
-      linear_forward(v.ptr(), value.ptr(), Wv, bv, B * S0, VD, E);
+      linear_forward(y.ptr(), x, W, b, B * rows, in_dim, E);
     }
-    query.release(), key.release(), value.release();
-    if (cfg.add_bias_kv) {
-      k = append_row(k, w.bias_k);
-      v = append_row(v, w.bias_v);
-    }
-    // ---- heads: (B, H, L|S, D) ---------------------------------------------------------------------
-    // each projection freed once split, so that at most one is held twice
-    qh = split_heads(q.ptr(), E, B, L, H, D);
-    q = Tensor<T>();
-    kh = split_heads(k.ptr(), E, B, k.size(1), H, D);
-    k = Tensor<T>();
-    vh = split_heads(v.ptr(), E, B, v.size(1), H, D);
-    v = Tensor<T>();
-  }
-  // zero_attn appends a zero key and value per head
-  if (cfg.add_zero_attn) {
-    kh = append_zero_row(kh);
-    vh = append_zero_row(vh);
-  }
-  const int64_t S = kh.size(2);
-  if (obs) {
-    obs->on("q", qh);
-    obs->on("k", kh);
-    obs->on("v", vh);
-  }
+    split_heads_into(to.ptr(), y.ptr(), E, B, rows, H, D, to_rows);
+  };
+  project(heads.q, L, query.ptr(), Wq, bq, L, E);
+  project(heads.k, n.S, key.ptr(), Wk, bk, S0, n.KD);
+  project(heads.v, n.S, value.ptr(), Wv, bv, S0, n.VD);
+  return heads;
+}
 
-  // ---- scores (B, H, L, S) = q / sqrt(D) . k + mask ----------------------------------------------
-  {
-    profile::Scope scope(profile::Op::Scores);
-    for (T& x : qh.data) x = x / root;  // torch 1.13: q_scaled = q / math.sqrt(E)
+// k, v (B, H, S, D): key S0 = bias_k, bias_v (1, 1, E) split into heads, for every batch element
+// (torch: k = cat([k, bias_k.repeat(1, bsz, 1)]) before the heads are split).
+template <class T>
+void append_bias_kv(Heads<T>& heads, const MhaWeights<T>& w, const MhaDims& n) {
+  // one row (L = 1) read for every batch element (ld = 0), written as key S0
+  split_heads_into(heads.k.ptr() + n.S0 * n.D, w.bias_k.ptr(), 0, n.B, 1, n.H, n.D, n.S);
+  split_heads_into(heads.v.ptr() + n.S0 * n.D, w.bias_v.ptr(), 0, n.B, 1, n.H, n.D, n.S);
+}
+
+// k, v (B, H, S, D): key S - 1 = zeros (torch: k = cat([k, zeros((bsz * num_heads, 1, head_dim))], dim=1)).
+template <class T>
+void append_zero_attn(Heads<T>& heads, const MhaDims& n) {
+  for (int64_t g = 0; g < n.B * n.H; ++g) {
+    std::fill_n(heads.k.ptr() + (g * n.S + n.S - 1) * n.D, n.D, T(0));
+    std::fill_n(heads.v.ptr() + (g * n.S + n.S - 1) * n.D, n.D, T(0));
   }
+}
 
-  assert(S == S_all);
+// q (B, H, L, D) /= sqrt(D) in place (torch 1.13: q_scaled = q / math.sqrt(E), E the head dim there).
+template <class T>
+void scale_queries(T* q, const MhaDims& n) {
+  profile::Scope scope(profile::Op::Scores);
+  const T root = std::sqrt(T(injected_defect() == Defect::ScaleByFullDim ? n.E : n.D));  // the selftest's defect
+  for (int64_t i = 0; i < n.B * n.L * n.E; ++i) q[i] = q[i] / root;
+}
 
-  // Nothing observed and no weights returned: the fused streaming attention, which never holds the
-  // L x S scores (fused_attention.hpp), then the heads merged and out_proj as below.
-  if (rows && !obs && !fwd.need_weights && defect == Defect::None && rows->sum_is_merge()) {
-    Tensor<T> ctx_heads({B, H, L, D});
-    AttentionMasks<T> masks = rows->fused_view();
-    masks.zero_dead_rows = zero_dead;
-    fused_attention(ctx_heads.ptr(), qh.ptr(), kh.ptr(), vh.ptr(), B * H, L, S, D, D, T(1), masks, num_threads());
-    qh = kh = vh = Tensor<T>();
-    Tensor<T> context = merge_heads(ctx_heads);
-    ctx_heads = Tensor<T>();
-    MhaOutputs<T> result;
-    result.output = detail::from_batch_first(
-        out_proj(context.ptr(), B, L, E, w, cfg.bias, residual, static_cast<Observer<T>*>(nullptr)), batched,
-        cfg.batch_first);
-    return result;
-  }
+// ctx (B, H, L, D) = softmax(q . k^T + masks) v without holding the L x S scores (fused_attention.hpp).
+template <class T>
+void attend_fused(T* ctx, Heads<T>& heads, const MhaMasks<T>& m, const MhaDims& n) {
+  AttentionMasks<T> masks = m.rows->fused_view();
+  masks.zero_dead_rows = m.zero_dead;
+  fused_attention(ctx, heads.q.ptr(), heads.k.ptr(), heads.v.ptr(), n.B * n.H, n.L, n.S, n.D, n.D, T(1), masks,
+                  num_threads());
+}
 
-  Tensor<T> scores({B, H, L, S});
-  std::optional<profile::Scope> phase(std::in_place, profile::Op::Scores);
-  qdotk(scores.ptr(), qh.ptr(), kh.ptr(), B * H, L, S, D);
-  if (mask.any() && core_path() == CorePath::Reference) {
-    for (int64_t b = 0; b < B; ++b)
+// scores (B, H, L, S) = q . k^T, einsum 'BHLD,BHSD->BHLS' (q already scaled).
+template <class T>
+Tensor<T> qk_scores(Heads<T>& heads, const MhaDims& n) {
+  Tensor<T> s({n.B, n.H, n.L, n.S});
+  profile::Scope scope(profile::Op::Scores);
+  qdotk(s.ptr(), heads.q.ptr(), heads.k.ptr(), n.B * n.H, n.L, n.S, n.D);
+  return s;
+}
+
+// scores (B, H, L, S) += the merged masks; keys past S0 (bias_kv, zero_attn) are never masked.
+template <class T>
+void add_mask(Tensor<T>& scores, const MhaMasks<T>& m, const MhaDims& n) {
+  profile::Scope scope(profile::Op::Scores);
+  const int64_t H = n.H, L = n.L, S = n.S;
+  if (m.rows) {
+    if (!m.rows->any()) return;
+    parallel_for(n.B * H, num_threads(), [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t i = 0; i < L; ++i) m.rows->add(scores.ptr() + (g * L + i) * S, g / H, g % H, i);
+    });
+  } else if (m.merged.any()) {
+    for (int64_t b = 0; b < n.B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < L; ++i)
           for (int64_t j = 0; j < S; ++j) {
             T& s = scores.data[size_t(((b * H + h) * L + i) * S + j)];
-            s = mask.value(b, h, i, j) + s;
+            s = m.merged.value(b, h, i, j) + s;
           }
-  } else if (rows && rows->any()) {
-    parallel_for(B * H, num_threads(), [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        for (int64_t i = 0; i < L; ++i) rows->add(scores.ptr() + (g * L + i) * S, g / H, g % H, i);
-    });
   }
-  if (obs) obs->on("scores", scores);
+}
 
-  // ---- weights, context, output ------------------------------------------------------------------
-  Tensor<T>& weights = scores;  // softmax in place
-  phase.reset(), phase.emplace(profile::Op::Softmax);
-  attention_softmax(weights.ptr(), B * H, L, S, zero_dead);
-  if (obs) obs->on("attn_weights", weights);
-  Tensor<T> ctx_heads({B, H, L, D});
-  phase.reset(), phase.emplace(profile::Op::Context);
-  weighted_sum_v(ctx_heads.ptr(), weights.ptr(), vh.ptr(), B * H, L, S, D);
-  phase.reset();
-  Tensor<T> context = merge_heads(ctx_heads);
-  if (obs) obs->on("context", context);
-  Tensor<T> out = out_proj(context.ptr(), B, L, E, w, cfg.bias, residual, obs);
+// weights (B, H, L, S) = softmax(scores) over the keys, in place.
+template <class T>
+void softmax_keys(Tensor<T>& scores, const MhaMasks<T>& m, const MhaDims& n) {
+  profile::Scope scope(profile::Op::Softmax);
+  attention_softmax(scores.ptr(), n.B * n.H, n.L, n.S, m.zero_dead);
+}
 
-  MhaOutputs<T> result;
-  result.output = detail::from_batch_first(std::move(out), batched, cfg.batch_first);
-  if (fwd.need_weights) {
-    if (fwd.average_attn_weights) {
-      // torch: attn_output_weights.sum(dim=1) / num_heads
-      Tensor<T> avg({B, L, S});
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t x = 0; x < L * S; ++x) {
-          T acc = T(0);
-          for (int64_t h = 0; h < H; ++h) acc += weights.data[size_t((b * H + h) * L * S + x)];
-          avg.data[size_t(b * L * S + x)] = defect == Defect::SumHeadWeights ? acc : acc / T(H);
-        }
-      if (obs) obs->on("attn_weights_avg", avg);
-      result.attn_weights = batched ? std::move(avg) : Tensor<T>({L, S}, std::move(avg.data));
-    } else {
-      result.attn_weights = batched ? std::move(weights) : Tensor<T>({H, L, S}, std::move(weights.data));
+// ctx (B, H, L, D) = weights . v, einsum 'BHLS,BHSD->BHLD'.
+template <class T>
+void weighted_sum(T* ctx, const Tensor<T>& weights, Heads<T>& heads, const MhaDims& n) {
+  profile::Scope scope(profile::Op::Context);
+  weighted_sum_v(ctx, weights.ptr(), heads.v.ptr(), n.B * n.H, n.L, n.S, n.D);
+}
+
+// ctx (B, H, L, D) -> context (B, L, E), the heads concatenated; ctx freed once read.
+template <class T>
+Stage<T> merge_heads(Stage<T> ctx, const MhaDims& n, bool seen) {
+  Stage<T> context({n.B, n.L, n.E}, seen);
+  merge_heads_into(context.ptr(), ctx.ptr(), n.B, n.H, n.L, n.D);
+  return context;
+}
+
+// What the call returns as attn_weights: per head (B, H, L, S), or averaged over the heads (B, L, S)
+// (torch: attn_output_weights.sum(dim=1) / num_heads); the batch dim dropped when unbatched.
+template <class T>
+Tensor<T> returned_weights(Tensor<T> weights, const MhaForward& fwd, const MhaDims& n, Observer<T>* obs) {
+  const int64_t B = n.B, H = n.H, L = n.L, S = n.S;
+  if (!fwd.average_attn_weights) return n.batched ? std::move(weights) : Tensor<T>({H, L, S}, std::move(weights.data));
+  const bool summed = injected_defect() == Defect::SumHeadWeights;  // the selftest's defect
+  Tensor<T> avg({B, L, S});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t x = 0; x < L * S; ++x) {
+      T acc = T(0);
+      for (int64_t h = 0; h < H; ++h) acc += weights.data[size_t((b * H + h) * L * S + x)];
+      avg.data[size_t(b * L * S + x)] = summed ? acc : acc / T(H);
     }
+  if (obs) obs->on("attn_weights_avg", avg);
+  return n.batched ? std::move(avg) : Tensor<T>({L, S}, std::move(avg.data));
+}
+
+}  // namespace
+
+// The steps of torch's multi_head_attention_forward (attention.hpp), each one function above.
+template <class T>
+MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w,
+                                 const MhaInputRefs<T>& in, Observer<T>* obs, const T* residual) {
+  const MhaDims n = check_mha(cfg, w, in);
+  const MhaMasks<T> masks(cfg, fwd, in, n);
+  Heads<T> heads = project_qkv(cfg, w, in, n, obs != nullptr);
+  if (cfg.add_bias_kv) append_bias_kv(heads, w, n);
+  if (cfg.add_zero_attn) append_zero_attn(heads, n);
+  heads.show(obs);
+  scale_queries(heads.q.ptr(), n);
+  Stage<T> ctx_heads({n.B, n.H, n.L, n.D}, false);
+  Tensor<T> weights;  // (B, H, L, S), unless fused
+  // nothing observed and no weights returned: the scores streamed, never held
+  if (!obs && !fwd.need_weights && injected_defect() == Defect::None && masks.fusable()) {
+    attend_fused(ctx_heads.ptr(), heads, masks, n);
+  } else {
+    weights = qk_scores(heads, n);
+    add_mask(weights, masks, n);
+    if (obs) obs->on("scores", weights);
+    softmax_keys(weights, masks, n);
+    if (obs) obs->on("attn_weights", weights);
+    weighted_sum(ctx_heads.ptr(), weights, heads, n);
   }
+  heads.release();
+  Stage<T> context = merge_heads(std::move(ctx_heads), n, obs != nullptr);
+  context.show(obs, "context");
+  MhaOutputs<T> result;
+  result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs),
+                                           n.batched, cfg.batch_first);
+  if (fwd.need_weights) result.attn_weights = returned_weights(std::move(weights), fwd, n, obs);
   return result;
 }
 
