@@ -88,10 +88,15 @@ TEST_CASE("gates: float64 semantic bound / float32 judged by torch32's own error
 
   const CaseReport r = judge(1e-15, 1e-6, 2e-7);
   REQUIRE(r.failures.size() == 1);
-  // A failure names the case, component, leg, figure and bound, and what the bound was built from.
-  CHECK_THAT(r.failures[0], Catch::StartsWith("case demo: component x: leg hand32_vs_torch64: rel_l2 1e-06 > bound " +
-                                              fmt::format("{:.3g}", bound)));
-  CHECK_THAT(r.failures[0], Catch::Contains("torch32_vs_torch64 noise 2e-07 (1 sample, n_eff 100) + floor 2.38e-07"));
+  // A failure names the case, component, leg, figure and bound, and what the bound was built from;
+  // the component and leg are also fields of their own.
+  CHECK(r.failures[0].component == "x");
+  CHECK(r.failures[0].leg == "hand32_vs_torch64");
+  CHECK_THAT(r.failures[0].text,
+             Catch::StartsWith("case demo: component x: leg hand32_vs_torch64: rel_l2 1e-06 > bound " +
+                               fmt::format("{:.3g}", bound)));
+  CHECK_THAT(r.failures[0].text,
+             Catch::Contains("torch32_vs_torch64 noise 2e-07 (1 sample, n_eff 100) + floor 2.38e-07"));
 }
 
 TEST_CASE("gates: a low precision is judged by LibTorch's own error in it, with the floor u", "[compare]") {
@@ -121,8 +126,10 @@ TEST_CASE("gates: a low precision is judged by LibTorch's own error in it, with 
   const CaseReport r = lowp(1.01 * bound, t);
   CHECK_FALSE(r.pass);
   REQUIRE(r.failures.size() == 1);
-  CHECK_THAT(r.failures[0], Catch::StartsWith("case demo: component x: leg handf16_vs_torch64: rel_l2 "));
-  CHECK_THAT(r.failures[0], Catch::Contains("torchf16_vs_torch64 noise 0.0004 (1 sample, n_eff 100) + floor 0.000488"));
+  CHECK(r.failures[0].leg == "handf16_vs_torch64");
+  CHECK_THAT(r.failures[0].text, Catch::StartsWith("case demo: component x: leg handf16_vs_torch64: rel_l2 "));
+  CHECK_THAT(r.failures[0].text,
+             Catch::Contains("torchf16_vs_torch64 noise 0.0004 (1 sample, n_eff 100) + floor 0.000488"));
   // LibTorch exact: the floor alone, one rounding of float16, not float32's 4u.
   CHECK(lowp(0.99 * u, 0).pass);
   CHECK_FALSE(lowp(1.01 * u, 0).pass);
@@ -135,7 +142,9 @@ TEST_CASE("gates: a component missing from an implementation fails the case", "[
   compare_components(r, {"x"}, {{"hand64", &empty}, {"hand32", &full}, {"torch64", &full}, {"torch32", &full}},
                      standard_legs(), GatePolicy{}, {"hand64", "hand32", "torch64", "torch32"});
   CHECK_FALSE(r.pass);
-  CHECK_THAT(r.failures.at(0), Catch::Contains("missing from hand64"));
+  CHECK_THAT(r.failures.at(0).text, Catch::Contains("missing from hand64"));
+  CHECK(r.failures.at(0).component == "x");
+  CHECK(r.failures.at(0).leg.empty());  // no one leg fails: the component is not there to compare
 }
 
 TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
@@ -208,7 +217,7 @@ TEST_CASE("diagnosis: growth between components and the first component whose lo
   CHECK_THAT(r.first_divergence_detail,
              Catch::StartsWith("component b: leg local_hand64_vs_torch64: rel_l2 1e-06 > bound 1e-10"));
   // Local legs diagnose; they do not add failures of their own.
-  for (const std::string& f : r.failures) CHECK(f.find("local_") == std::string::npos);
+  for (const Failure& f : r.failures) CHECK(f.text.find("local_") == std::string::npos);
   CHECK_THAT(render_table(r), Catch::Contains("first divergence: component b"));
   CHECK(to_json(r).at("first_divergence").at("component") == "b");
 }
@@ -336,7 +345,7 @@ TEST_CASE("gates: the float32 bound is built from LibTorch's sampled noise, not 
   const CaseReport alone = judge_with(0, h32);
   CHECK_FALSE(alone.pass);
   REQUIRE(alone.failures.size() == 1);
-  CHECK_THAT(alone.failures[0], Catch::Contains("(1 sample, n_eff"));
+  CHECK_THAT(alone.failures[0].text, Catch::Contains("(1 sample, n_eff"));
   // ... judged by nine samples (rms 0.94e-7 with the lucky one), it is within 2x of LibTorch's error.
   const CaseReport sampled = judge_with(8, h32);
   CHECK(sampled.pass);
@@ -350,6 +359,6 @@ TEST_CASE("gates: the float32 bound is built from LibTorch's sampled noise, not 
   const CaseReport bad = judge_with(8, noisy(1e-6));
   CHECK_FALSE(bad.pass);
   REQUIRE(bad.failures.size() == 1);
-  CHECK_THAT(bad.failures[0], Catch::Contains("torch32_vs_torch64 noise"));
-  CHECK_THAT(bad.failures[0], Catch::Contains("(9 samples, n_eff"));
+  CHECK_THAT(bad.failures[0].text, Catch::Contains("torch32_vs_torch64 noise"));
+  CHECK_THAT(bad.failures[0].text, Catch::Contains("(9 samples, n_eff"));
 }

@@ -112,7 +112,7 @@ TEST_CASE("fixtures: the hand core reproduces Python PyTorch's stored outputs", 
     if (p.forward.need_weights && p.module == ModuleKind::MultiheadAttention) names.push_back("attn_weights");
     compare_components(r, names, {{"hand64", &h64}, {"hand32", &h32}, {"torch64", &t64}, {"torch32", &t32}},
                        standard_legs(), GatePolicy{}, {"hand64", "hand32", "torch64", "torch32"});
-    for (const std::string& fail : r.failures) UNSCOPED_INFO(fail);
+    for (const Failure& fail : r.failures) UNSCOPED_INFO(fail.text);
     CHECK(r.pass);
     CHECK(r.components.size() == names.size());
   }

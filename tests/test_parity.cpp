@@ -408,7 +408,7 @@ TEST_CASE("parity: a user implementation through the library API / outputs only 
                            }};
   rs = check_cases(off, {"single"});
   CHECK(exit_code(rs) == 1);
-  CHECK_THAT(rs[0].failures.at(0), Catch::StartsWith("case single: component output: leg hand64_vs_torch64"));
+  CHECK_THAT(rs[0].failures.at(0).text, Catch::StartsWith("case single: component output: leg hand64_vs_torch64"));
   CHECK_THROWS_WITH(check_cases(off, {"nope"}), Catch::Contains("expected case names among single"));
 }
 
@@ -784,7 +784,8 @@ TEST_CASE("parity: the float32 gate catches a uniform relative error above its t
   const CaseReport above = evaluate_problem(p, s.describe(), s.seed, GatePolicy{}, perturbed(1.25 * eps));
   CHECK_FALSE(above.pass);
   REQUIRE_FALSE(above.failures.empty());
-  CHECK_THAT(above.failures.front(), Catch::Contains("component norm1: leg hand32_vs_torch64"));
+  CHECK_THAT(above.failures.front().text, Catch::Contains("component norm1: leg hand32_vs_torch64"));
+  CHECK(above.failures.front().component == "norm1");
   const CaseReport below = evaluate_problem(p, s.describe(), s.seed, GatePolicy{}, perturbed(0.75 * eps));
   CHECK(below.pass);
 }
@@ -805,7 +806,10 @@ TEST_CASE("parity: the numeric defects fail the float32 gate alone / the float64
     const CaseReport r = evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{});
     CHECK_FALSE(r.pass);
     REQUIRE_FALSE(r.failures.empty());
-    for (const std::string& f : r.failures) CHECK_THAT(f, Catch::Contains("leg hand32_vs_torch64"));
+    for (const Failure& f : r.failures) {
+      CAPTURE(f.text);
+      CHECK(f.leg == "hand32_vs_torch64");
+    }
     for (const ComponentReport& c : r.components) CHECK(c.leg("hand64_vs_torch64")->pass);
   }
 }

@@ -79,5 +79,5 @@ TEST_CASE("the same attention scaled by sqrt(E) instead of sqrt(E/heads) is caug
   REQUIRE(reports.size() == 1);
   CHECK(tparity::exit_code(reports) == 1);
   REQUIRE_FALSE(reports[0].failures.empty());
-  CHECK_THAT(reports[0].failures[0], Catch::StartsWith("case multihead: component scores: leg hand64_vs_torch64"));
+  CHECK_THAT(reports[0].failures[0].text, Catch::StartsWith("case multihead: component scores: leg hand64_vs_torch64"));
 }

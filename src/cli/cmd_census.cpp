@@ -249,7 +249,7 @@ nlohmann::json run_worker(const CensusOptions& o, const std::string& kernel) {
     if (!r.pass)
       alarms.push_back({{"index", i},
                         {"point", describe_point(s)},
-                        {"failures", r.failures},
+                        {"failures", to_json(r.failures)},
                         {"rerun", fmt::format("{}TPARITY_ISA={} tparity census --case {} --seed {} --point {}", prefix,
                                               isa_name(isa), c, o.seed, i)}});
   }

@@ -62,7 +62,7 @@ CaseReport refused(const std::string& name, const std::string& description, cons
   r.name = name;
   r.description = description;
   r.reference = reference_info();
-  r.fail(line);
+  r.fail({"", "", line});
   return r;
 }
 
@@ -70,20 +70,20 @@ CaseReport refused(const std::string& name, const std::string& description, cons
 // recorded), JUnit, and the exit code.
 int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::string, std::string>>& skipped,
            const Judging& j, const std::string& rerun) {
-  std::vector<std::string> drift_lines;
   const ReferenceInfo ref = reference_info();
   if (!j.baseline.empty() && !j.update) {
     const Baseline b = read_baseline(j.baseline);
-    for (const Drift& d : find_drift(reports, b, j.factor))
-      drift_lines.push_back(
+    for (const Drift& d : find_drift(reports, b, j.factor)) {
+      const std::string line =
           d.missing ? fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} has no baseline entry in {}",
                                   d.case_name, d.component, d.leg, d.value, j.baseline)
-                    : fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} > drift bound {:.3g} ({:g} x "
-                                  "baseline {:.3g}): grew beyond the baseline",
-                                  d.case_name, d.component, d.leg, d.value, d.bound, j.factor, d.baseline));
-    for (const std::string& l : drift_lines)
+                    : fmt::format(
+                          "case {}: component {}: leg {}: rel_l2 {:.3g} > drift bound {:.3g} ({:g} x "
+                          "baseline {:.3g}): grew beyond the baseline",
+                          d.case_name, d.component, d.leg, d.value, d.bound, j.factor, d.baseline);
       for (CaseReport& r : reports)
-        if (l.rfind("case " + r.name + ": ", 0) == 0) r.fail(l);
+        if (r.name == d.case_name) r.fail({d.component, d.leg, line});
+    }
   }
   if (j.format == Format::Json) {
     nlohmann::json doc = to_json(reports);
@@ -119,11 +119,11 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
     std::map<std::string, std::vector<std::string>> by_test;
     for (const CaseReport& r : reports) {
       gated.push_back({r, "none", rerun});
-      for (const std::string& f : r.failures) {
+      for (const Failure& f : r.failures) {
         std::string component = "(case)";
         for (const ComponentReport& c : r.components)
-          if (f.find(": component " + c.name + ": ") != std::string::npos) component = c.name;
-        by_test["tparity." + r.name + "\n" + component].push_back(f);
+          if (f.text.find(": component " + c.name + ": ") != std::string::npos) component = c.name;
+        by_test["tparity." + r.name + "\n" + component].push_back(f.text);
       }
     }
     out.add(j.junit, junit_xml(gated, by_test, ref, "tparity exec"));

@@ -87,9 +87,9 @@ int gate(const GateOptions& o) {
   if (o.update) {
     size_t failing = 0;
     for (const Gated& g : gated)
-      for (const std::string& f : g.report.failures) {
+      for (const Failure& f : g.report.failures) {
         ++failing;
-        fmt::print("FAIL {}; seed {}; re-run: {}\n", f, g.seed, g.rerun);
+        fmt::print("FAIL {}; seed {}; re-run: {}\n", f.text, g.seed, g.rerun);
       }
     if (failing) {
       fmt::print("gate: {} failures: a baseline is not recorded from a failing run; {} left as it was\n", failing,
@@ -127,11 +127,11 @@ int gate(const GateOptions& o) {
     by_test["tparity." + g.report.name + "\n" + component].push_back(full);
   };
   for (const Gated& g : gated)
-    for (const std::string& f : g.report.failures) {
+    for (const Failure& f : g.report.failures) {
       std::string component = "(case)";
       for (const ComponentReport& c : g.report.components)
-        if (f.find(": component " + c.name + ": ") != std::string::npos) component = c.name;
-      add(g, component, f);
+        if (f.text.find(": component " + c.name + ": ") != std::string::npos) component = c.name;
+      add(g, component, f.text);
     }
   size_t optional_missing = 0;
   for (const Drift& d : find_drift(reports, baseline, o.factor)) {

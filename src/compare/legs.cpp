@@ -61,7 +61,8 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
     ComponentReport cr;
     cr.name = name;
     for (const std::string& impl : required)
-      if (!get(impl, name)) report.fail(fmt::format("case {}: component {}: missing from {}", report.name, name, impl));
+      if (!get(impl, name))
+        report.fail({name, "", fmt::format("case {}: component {}: missing from {}", report.name, name, impl)});
     // Measure every leg first: a Numeric leg's bound comes from its Noise leg.
     std::vector<const LegSpec*> specs;
     for (const LegSpec& spec : legs) {
@@ -88,7 +89,7 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
       auto breach = [&](const std::string& what) {
         leg.pass = false;
         leg.breach = what;
-        if (!spec.diagnostic) report.fail(where + ": " + what);
+        if (!spec.diagnostic) report.fail({name, spec.name, where + ": " + what});
       };
       if (!leg.m.comparable()) {
         breach("shape " + leg.m.shape_mismatch);

@@ -93,7 +93,7 @@ std::string render_table(const CaseReport& r) {
     }
   }
   for (const std::string& n : r.notes) out += "  note: " + n + "\n";
-  for (const std::string& f : r.failures) out += "  FAIL " + f + "\n";
+  for (const Failure& f : r.failures) out += "  FAIL " + f.text + "\n";
   if (!r.first_divergence.empty()) out += "  first divergence: " + r.first_divergence_detail + "\n";
   out += fmt::format("  => {}\n", r.pass ? "PASS" : "FAIL");
   return out;
@@ -103,6 +103,12 @@ nlohmann::json to_json(const ReferenceInfo& ref) {
   return {{"torch", ref.torch},   {"source", ref.source},         {"blas", ref.blas},
           {"kernel", ref.kernel}, {"capability", ref.capability}, {"threads", ref.threads},
           {"pinned", ref.pinned}, {"warning", ref.warning},       {"line", ref.line()}};
+}
+
+nlohmann::json to_json(const std::vector<Failure>& failures) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const Failure& f : failures) j.push_back(f.text);
+  return j;
 }
 
 nlohmann::json to_json(const CaseReport& r) {
@@ -138,7 +144,7 @@ nlohmann::json to_json(const CaseReport& r) {
                      {"legs", std::move(legs)}});
   }
   nlohmann::json j = {{"name", r.name},  {"description", r.description},   {"config", r.config},
-                      {"pass", r.pass},  {"components", std::move(comps)}, {"failures", r.failures},
+                      {"pass", r.pass},  {"components", std::move(comps)}, {"failures", to_json(r.failures)},
                       {"notes", r.notes}};
   j["seed"] = r.has_seed ? nlohmann::json(r.seed) : nlohmann::json(nullptr);
   j["reference"] = to_json(r.reference);

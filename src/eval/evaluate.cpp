@@ -114,7 +114,7 @@ void add_nonfinite_notes(CaseReport& r, const Problem& p) {
 
 void add_reference_notes(CaseReport& r, const TorchRun& run, const char* label) {
   for (const std::string& n : run.notes) r.notes.push_back(fmt::format("{}: {}", label, n));
-  if (!run.failure.empty()) r.fail(fmt::format("case {}: reference {}: {}", r.name, label, run.failure));
+  if (!run.failure.empty()) r.fail({"", "", fmt::format("case {}: reference {}: {}", r.name, label, run.failure)});
 }
 
 // LibTorch's float32 error sampled further, on jittered copies of the problem (noise.hpp): pairs

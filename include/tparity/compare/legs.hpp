@@ -20,6 +20,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tparity/compare/metrics.hpp"
@@ -104,6 +105,17 @@ struct ComponentReport {
   const Leg* leg(const std::string& n) const;
 };
 
+// One reason a case fails: the line the reports print, and what it is about, set where the failure is
+// found, so that a reader that groups failures (the gate's JUnit testcase per component) need not
+// parse the line.
+struct Failure {
+  std::string component;  // "" for the case as a whole (a reference that did not run, a refused program)
+  std::string leg;        // "" when no one leg fails (a component missing from an implementation)
+  std::string text;       // "case C: component X: leg L: rel_l2 ... > bound ...", as printed
+  // The line alone, for readers that want only it (a bench's parity column, a sweep's list).
+  operator const std::string&() const { return text; }
+};
+
 struct CaseReport {
   std::string name;
   std::string description;
@@ -112,8 +124,8 @@ struct CaseReport {
   bool has_seed = false;
   bool pass = true;
   std::vector<ComponentReport> components;
-  std::vector<std::string> failures;  // one line each: case, component, leg, figure, bound
-  std::vector<std::string> notes;     // what was verified or skipped on the way (reference checks)
+  std::vector<Failure> failures;   // in the order found
+  std::vector<std::string> notes;  // what was verified or skipped on the way (reference checks)
   // Which PyTorch judged: LibTorch (cases; a fixture's libtorch legs), and for a fixture also what
   // produced its stored outputs (its "reference" block, e.g. Python torch 2.13.0 or transformers).
   ReferenceInfo reference;
@@ -121,9 +133,9 @@ struct CaseReport {
   // The first component, in dataflow order, whose local error breaks its gate: where it breaks.
   std::string first_divergence;  // empty when none does
   std::string first_divergence_detail;
-  void fail(const std::string& line) {
+  void fail(Failure f) {
     pass = false;
-    failures.push_back(line);
+    failures.push_back(std::move(f));
   }
 };
 

@@ -20,6 +20,9 @@ nlohmann::json to_json(const CaseReport& r);
 // {"reference": {...} (which PyTorch judged, as the first case names it), "cases": [...]}
 nlohmann::json to_json(const std::vector<CaseReport>& rs);
 
+// A case's failures as its "failures" field holds them: their lines, ["case C: component X: ...", ...].
+nlohmann::json to_json(const std::vector<Failure>& failures);
+
 // {"torch", "source", "blas", "kernel", "capability", "threads", "pinned", "warning", "line"}
 nlohmann::json to_json(const ReferenceInfo& ref);
 
