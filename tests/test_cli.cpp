@@ -323,6 +323,35 @@ TEST_CASE("cli: gate fails a worsened baseline with the command that re-runs the
   CHECK_THAT(again.out, Catch::Contains("1 case(s): 1 passed"));
 }
 
+TEST_CASE("cli: gate's JUnit files a failure under its own component / whatever the fixture's name holds",
+          "[cli][torch]") {
+  if (!with_torch()) return;
+  const fs::path dir = scratch() / "gate_junit_component";
+  fs::create_directories(dir);
+  // mha_single stores output and attn_weights; its name (free text) now reads like the failure line
+  // of attn_weights, which a reader searching the line for the component would be misled by.
+  json j = json::parse(slurp(kFixtures + "/mha_single.json"));
+  j["name"] = "x: component attn_weights: y";
+  std::ofstream(dir / "named.json") << j.dump();
+  const fs::path base = dir / "recorded.json", xml = dir / "gate.xml";
+  REQUIRE(tparity("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
+  // One stored float64 value of the output moved by 1e-3: the output fails, attn_weights still passes.
+  j["outputs"]["output"]["data"][3] = j["outputs"]["output"]["data"][3].get<double>() + 1e-3;
+  std::ofstream(dir / "named.json") << j.dump();
+  const Result r =
+      tparity("gate --baseline " + base.string() + " --fixtures " + dir.string() + " --junit " + xml.string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("FAIL case x: component attn_weights: y: component output: leg hand64_vs_torch64: "
+                                    "rel_l2 "));
+  CHECK_THAT(r.out, Catch::Contains("FAIL named (2 components)\nPASS named/components (8 components)\n"));
+  const std::string x = slurp(xml);
+  CHECK_THAT(x, Catch::Contains("<testcase classname=\"tparity.named\" name=\"output\">\n      <failure message=\"case "
+                                "x: component attn_weights: y: component output: leg hand64_vs_torch64: rel_l2 "));
+  CHECK_THAT(x, Catch::Contains("<testcase classname=\"tparity.named\" name=\"attn_weights\"/>"));
+  CHECK_THAT(x, !Catch::Contains("name=\"(case)\""));
+  CHECK_THAT(x, Catch::Contains("failures=\"1\""));  // one testcase failed: output
+}
+
 TEST_CASE("cli: gate --update-baseline writes the same bytes twice / and only from a passing run", "[cli][torch]") {
   if (!with_torch()) return;
   const fs::path dir = scratch() / "gate_fixtures";

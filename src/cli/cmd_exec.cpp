@@ -119,12 +119,7 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
     std::map<std::string, std::vector<std::string>> by_test;
     for (const CaseReport& r : reports) {
       gated.push_back({r, "none", rerun});
-      for (const Failure& f : r.failures) {
-        std::string component = "(case)";
-        for (const ComponentReport& c : r.components)
-          if (f.text.find(": component " + c.name + ": ") != std::string::npos) component = c.name;
-        by_test["tparity." + r.name + "\n" + component].push_back(f.text);
-      }
+      for (const Failure& f : r.failures) by_test[junit_key(r, f)].push_back(f.text);
     }
     out.add(j.junit, junit_xml(gated, by_test, ref, "tparity exec"));
   }

@@ -120,19 +120,16 @@ int gate(const GateOptions& o) {
   std::map<std::string, std::vector<std::string>> by_test;  // "tparity.<case>\n<component>" -> lines
   std::vector<std::string> lines;
   std::map<std::string, const Gated*> by_case;
+  std::map<std::string, size_t> failed_by_case;
   for (const Gated& g : gated) by_case[g.report.name] = &g;
-  auto add = [&](const Gated& g, const std::string& component, const std::string& line) {
-    const std::string full = fmt::format("{}; seed {}; re-run: {}", line, g.seed, g.rerun);
+  auto add = [&](const Gated& g, const Failure& f) {
+    const std::string full = fmt::format("{}; seed {}; re-run: {}", f.text, g.seed, g.rerun);
     lines.push_back(full);
-    by_test["tparity." + g.report.name + "\n" + component].push_back(full);
+    by_test[junit_key(g.report, f)].push_back(full);
+    ++failed_by_case[g.report.name];
   };
   for (const Gated& g : gated)
-    for (const Failure& f : g.report.failures) {
-      std::string component = "(case)";
-      for (const ComponentReport& c : g.report.components)
-        if (f.text.find(": component " + c.name + ": ") != std::string::npos) component = c.name;
-      add(g, component, f.text);
-    }
+    for (const Failure& f : g.report.failures) add(g, f);
   size_t optional_missing = 0;
   for (const Drift& d : find_drift(reports, baseline, o.factor)) {
     const Gated& g = *by_case.at(d.case_name);
@@ -141,23 +138,21 @@ int gate(const GateOptions& o) {
       continue;
     }
     if (d.missing)
-      add(g, d.component,
-          fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} has no baseline entry in {} (record one with "
-                      "tparity gate --update-baseline and commit the diff)",
-                      d.case_name, d.component, d.leg, d.value, o.baseline));
+      add(g, {d.component, d.leg,
+              fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} has no baseline entry in {} (record one with "
+                          "tparity gate --update-baseline and commit the diff)",
+                          d.case_name, d.component, d.leg, d.value, o.baseline)});
     else
-      add(g, d.component,
-          fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} > drift bound {:.3g} ({:g} x baseline {:.3g}"
-                      "{}): grew beyond the baseline",
-                      d.case_name, d.component, d.leg, d.value, d.bound, o.factor, d.baseline,
-                      d.bound > o.factor * d.baseline ? fmt::format(", floor {:.3g}", drift_floor(d.leg)) : ""));
+      add(g, {d.component, d.leg,
+              fmt::format("case {}: component {}: leg {}: rel_l2 {:.3g} > drift bound {:.3g} ({:g} x baseline {:.3g}"
+                          "{}): grew beyond the baseline",
+                          d.case_name, d.component, d.leg, d.value, d.bound, o.factor, d.baseline,
+                          d.bound > o.factor * d.baseline ? fmt::format(", floor {:.3g}", drift_floor(d.leg)) : "")});
   }
 
-  for (const Gated& g : gated) {
-    size_t bad = 0;
-    for (const auto& [k, v] : by_test) bad += k.rfind("tparity." + g.report.name + "\n", 0) == 0 ? v.size() : 0;
-    fmt::print("{} {} ({} components)\n", bad ? "FAIL" : "PASS", g.report.name, g.report.components.size());
-  }
+  for (const Gated& g : gated)
+    fmt::print("{} {} ({} components)\n", failed_by_case.count(g.report.name) ? "FAIL" : "PASS", g.report.name,
+               g.report.components.size());
   for (const std::string& l : lines) fmt::print("FAIL {}\n", l);
   if (optional_missing)
     fmt::print(

@@ -32,6 +32,12 @@ std::string xml_escape(const std::string& s) {
 
 }  // namespace
 
+std::string junit_key(const CaseReport& r, const Failure& f) {
+  for (const ComponentReport& c : r.components)
+    if (c.name == f.component) return "tparity." + r.name + "\n" + c.name;
+  return "tparity." + r.name + "\n(case)";
+}
+
 std::string junit_xml(const std::vector<Gated>& gated,
                       const std::map<std::string, std::vector<std::string>>& failures_by_test, const ReferenceInfo& ref,
                       const std::string& suite) {

@@ -21,6 +21,11 @@ struct Gated {
   bool entries_optional = false;
 };
 
+// The failures_by_test key under which a failure of r goes: "tparity.<case>\n<component>", or
+// "tparity.<case>\n(case)" for a failure that names none of r's components (a reference that did not
+// run, a refused program, a component no implementation computed).
+std::string junit_key(const CaseReport& r, const Failure& f);
+
 // JUnit XML: one testcase per case and component (plus one per case for failures that name no
 // component, "(case)"), failures carrying their one-line message; the reference in <properties>.
 // failures_by_test: "tparity.<case>\n<component>" -> lines.
