@@ -91,7 +91,10 @@ Cell evaluate(const CaseSpec& s) {
         c.first = comp.name;
         break;
       }
-  if (c.first.empty() && !r.failures.empty()) c.first = "(reference)";
+  // Else the first failure's component (one missing from an implementation fails no leg), or, for a
+  // failure of the case as a whole, the reference's: the only such failure of an evaluation.
+  if (c.first.empty() && !r.failures.empty())
+    c.first = r.failures.front().component.empty() ? "(reference)" : r.failures.front().component;
   return c;
 }
 
