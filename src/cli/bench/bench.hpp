@@ -1,0 +1,156 @@
+// tparity bench's parts, one concern a file: the cases and the work they do (cases.cpp), measuring
+// the hand core and this build's LibTorch (measure.cpp), the other reference (other_reference.cpp),
+// what each case is judged against (targets.cpp), the table and the JSON (render.cpp).
+// src/cli/cmd_bench.cpp registers the verb and runs them in that order. Internal to the CLI.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../common.hpp"
+#include "tparity/core/profile.hpp"
+#include "tparity/harness/reference_info.hpp"
+
+namespace tparity::cli::bench {
+
+// ---- the cases, as data (cases.cpp) -----------------------------------------------------------------
+
+// What the project aims at for a case (informative: a benchmark asserts nothing); 0: no such target.
+struct Targets {
+  double max_ratio = 1.0;    // the hand core's time over the fastest LibTorch's
+  double min_peak = 0;       // the hand core's GFLOP/s over the FMA peak of its threads' cores
+  double min_bandwidth = 0;  // bytes moved / time over the measured bandwidth (memory-bound cases)
+  double max_memory = 0;     // the hand core's peak memory over LibTorch's
+  double min_scaling = 0;    // its speed on the case's threads over its one-thread speed
+};
+
+struct BenchCase {
+  std::string name;
+  CaseSpec spec;
+  int threads;  // the hand core's threads, and LibTorch's
+  Targets target;
+  bool memory_bound = false;  // reported against the measured memory bandwidth (bytes moved / time)
+};
+
+// The bench's cases; quick: the same cases, small, for CI's smoke run.
+std::vector<BenchCase> bench_cases(bool quick);
+// Multiply-adds x 2 of the products (projections, scores, weighted sums, feed-forward); softmax and
+// norms are not counted.
+double flops(const CaseSpec& s);
+// The bytes a decode step must move at least: every weight once and the cache's k and v (float32).
+double bytes_moved(const CaseSpec& s);
+
+struct Options {
+  std::vector<std::string> cases;
+  int threads = 0;  // 0: each case's own
+  int reps = 11;
+  bool quick = false;
+  bool check = true;
+  bool profile = false;
+  Format format = Format::Table;
+  std::string child_side;
+  std::string other;        // --other-reference: a tparity built against the other LibTorch
+  bool torch_only = false;  // (internal) time LibTorch alone: the other reference's side of a run
+};
+
+// ---- measuring (measure.cpp) ------------------------------------------------------------------------
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+
+double time_ms(const std::function<void()>& f);
+Stats stats(std::vector<double> v);
+
+// GFLOP/s of one core's fp32 FMA units, the best of 5 runs, on the widest path the CPU has; `isa`
+// names that path ("avx512", "avx2", "none").
+double measure_peak(std::string& isa);
+// One core's streaming read bandwidth, bytes/s.
+double measure_bandwidth();
+
+struct Result {
+  BenchCase c;
+  Stats hand, torch;
+  Stats hand_one, hand_many;  // the scaling phase (threads > 1): the hand core on 1 and on c.threads threads
+  double hand_gflops = 0, torch_gflops = 0;
+  double hand_bytes_s = 0, torch_bytes_s = 0;  // memory-bound cases: bytes moved / median time
+  int64_t hand_peak = -1, torch_peak = -1;
+  std::string parity = "not checked";
+  Stats other;  // --other-reference: that LibTorch's time (median 0: not run)
+  // --profile: the hand core's time per op, ms per call on one thread, and the profiled call's time
+  std::array<double, profile::kOps> op_ms{};
+  double profiled_ms = 0;
+  std::array<double, profile::kOps> op_ms_many{};  // the same on the case's threads (threads > 1)
+  double profiled_ms_many = 0;
+};
+
+// One case, both sides: the interleaved timings, the scaling phase, the profile, peak memory in
+// child processes, the fast path's parity check (o.check).
+Result measure_case(const BenchCase& c, const Options& o);
+// --child: one side's peak memory on one case, printed for the parent (measure_case).
+int child(const std::string& side, const BenchCase& c);
+
+// Re-execute the bench, before any timing, so that LibTorch runs on the kernels its BLAS picks for
+// this CPU: without a user's OpenBLAS overrides, then pinned to the CPU's widest kernels if OpenBLAS
+// fell back to a generic one. TPARITY_BENCH_UNSET and TPARITY_BENCH_PINNED say what was done.
+void reexec_without_openblas_overrides();
+void reexec_on_generic_openblas();
+
+// ---- the other reference (other_reference.cpp) ------------------------------------------------------
+
+// The other reference's LibTorch on the chosen cases, timed by that build in its own process.
+struct OtherTimes {
+  std::string line, short_name, warning, unset, pinned;
+  std::map<std::string, Stats> torch;  // by case
+};
+
+// Before any timing: --other-reference must be a tparity built against LibTorch (its --version says).
+void check_other_reference(const std::string& exe);
+// The other build's LibTorch on the same cases and repetitions (its own bench, --torch-only).
+OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& cases);
+// --torch-only: LibTorch alone on each case, as JSON for the bench that asked (time_other_reference).
+int torch_only(const Options& o, const std::vector<BenchCase>& cases);
+
+// ---- the targets (targets.cpp) ----------------------------------------------------------------------
+
+// A whole run: every case's measurements, the machine's limits and the references, as measured.
+struct Run {
+  std::vector<Result> results;
+  double peak = 0;  // GFLOP/s of one core (measure_peak)
+  std::string peak_isa;
+  double bandwidth = 0;  // bytes/s; 0 when no case is memory-bound
+  std::optional<OtherTimes> other;
+  ReferenceInfo ref;              // this build's LibTorch
+  const char* dropped = nullptr;  // TPARITY_BENCH_UNSET: the OpenBLAS overrides this run dropped
+  const char* pinned = nullptr;   // TPARITY_BENCH_PINNED: the OpenBLAS kernels this run pinned
+};
+
+// A multi-thread case's own scaling: its one-thread time over its many-thread time (0: one thread).
+double scaling(const Result& r);
+// The hand core's time on a case (its median timed alone on more threads than one).
+double hand_time(const Result& r);
+// The fastest LibTorch on a case, ms and short name: this build's or the other reference's.
+std::pair<double, std::string> fastest(const Run& run, const Result& r);
+
+struct TargetRow {
+  std::string name, what, measured;
+  double value, limit;
+  bool met;
+};
+// The case's targets, each against this run's measurements.
+std::vector<TargetRow> target_rows(const Run& run, const Result& r);
+
+// ---- rendering (render.cpp) -------------------------------------------------------------------------
+
+// The whole run as one JSON document on standard output.
+void print_json(const Options& o, const Run& run);
+// The whole run as tables on standard output: the environment, the cases, the profile, both
+// references, the targets.
+void print_table(const Options& o, const Run& run);
+
+}  // namespace tparity::cli::bench

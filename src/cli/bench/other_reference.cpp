@@ -1,0 +1,112 @@
+// tparity bench's other reference: the LibTorch of another tparity build (e.g. build-debian/tparity
+// against Debian's 1.13) timed on the same cases by that build's own bench, in its own process (two
+// LibTorches cannot load in one), and this build's side of such a run (--torch-only).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "bench.hpp"
+#include "tparity/api.hpp"
+#include "tparity/torch/reference.hpp"
+
+namespace tparity::cli::bench {
+
+namespace {
+
+// s as one word for /bin/sh: in single quotes, each ' as '\''.
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+}  // namespace
+
+void check_other_reference(const std::string& exe) {
+  std::FILE* pipe = ::popen((shell_quote(exe) + " --version 2>/dev/null").c_str(), "r");
+  std::string out;
+  if (pipe) {
+    char buf[512];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+    ::pclose(pipe);
+  }
+  out = out.substr(0, out.find('\n'));  // its first line
+  if (out.rfind("tparity ", 0) != 0 || out.find("reference: LibTorch") == std::string::npos)
+    throw InputError(
+        fmt::format("option --other-reference: expected a tparity built against LibTorch, got \"{}\" "
+                    "(its --version printed \"{}\")",
+                    exe, out.substr(0, 120)));
+}
+
+OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& cases) {
+  // Its own decisions about OpenBLAS's kernels: none of this run's bookkeeping passed down (an
+  // OPENBLAS_CORETYPE this run pinned is, to the child, an override it drops, then pins itself if
+  // its OpenBLAS falls back too). Its standard error kept apart, for the one line of an error.
+  const std::string err_file = fmt::format("/tmp/tparity-bench-other-{}.err", ::getpid());
+  std::string cmd = "env -u TPARITY_BENCH_PINNED -u TPARITY_BENCH_UNSET " + shell_quote(o.other) +
+                    " bench --torch-only --format json --reps " + std::to_string(o.reps);
+  for (const BenchCase& c : cases) cmd += " --case " + c.name;
+  if (o.quick) cmd += " --quick";
+  if (o.threads) cmd += " --threads " + std::to_string(o.threads);
+  cmd += " 2>" + err_file;
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) throw InputError("option --other-reference: could not run \"" + o.other + "\"");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  std::string err;
+  {
+    std::ifstream in(err_file);
+    std::getline(in, err);
+  }
+  std::remove(err_file.c_str());
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  if (status != 0 || j.is_discarded() || !j.is_object() || !j.contains("cases") || !j.contains("environment"))
+    throw InputError(
+        fmt::format("option --other-reference: expected a tparity built against LibTorch (its \"bench "
+                    "--torch-only\" prints JSON), got \"{}\" exiting with status {}{}",
+                    o.other, status, err.empty() ? "" : ": " + err));
+  OtherTimes t;
+  const nlohmann::json& env = j.at("environment");
+  t.line = env.value("reference_line", "");
+  t.short_name = env.value("reference_short", "");
+  t.warning = env.value("reference_warning", "");
+  t.unset = env.value("unset", "");
+  t.pinned = env.value("pinned", "");
+  for (const nlohmann::json& c : j.at("cases"))
+    t.torch[c.at("name").get<std::string>()] = {c.at("torch_ms").get<double>(), c.at("torch_min_ms").get<double>(),
+                                                c.at("torch_max_ms").get<double>()};
+  return t;
+}
+
+int torch_only(const Options& o, const std::vector<BenchCase>& cases) {
+  if (!torch_available()) throw InputError("option --torch-only: this tparity was built without LibTorch");
+  nlohmann::json out = nlohmann::json::array();
+  for (const BenchCase& c : cases) {
+    const Problem p = make_problem(c.spec);
+    set_torch_threads(c.threads);
+    const std::function<void()> torch = prepare_torch(p, DType::Float32, "bench " + c.name);
+    for (int w = 0; w < 2; ++w) torch();
+    std::vector<double> tt;
+    for (int rep = 0; rep < o.reps; ++rep) tt.push_back(time_ms(torch));
+    const Stats s = stats(tt);
+    out.push_back({{"name", c.name}, {"torch_ms", s.median}, {"torch_min_ms", s.min}, {"torch_max_ms", s.max}});
+  }
+  set_torch_threads(1);
+  const ReferenceInfo ref = reference_info();
+  const char* dropped = std::getenv("TPARITY_BENCH_UNSET");
+  const char* pinned = std::getenv("TPARITY_BENCH_PINNED");
+  const nlohmann::json env = {{"reference_line", ref.line()},
+                              {"reference_short", ref.short_name()},
+                              {"reference_warning", ref.warning},
+                              {"unset", dropped ? dropped : ""},
+                              {"pinned", pinned ? pinned : ""}};
+  std::fputs((nlohmann::json{{"environment", env}, {"cases", out}}.dump(2) + "\n").c_str(), stdout);
+  return kPass;
+}
+
+}  // namespace tparity::cli::bench
