@@ -71,6 +71,32 @@ CaseReport judge(double hand64_err, double hand32_err, double torch32_err, bool 
 
 }  // namespace
 
+TEST_CASE("legs: a case's legs, propagated then local, and the views of them", "[compare]") {
+  auto names = [](const std::vector<LegSpec>& legs) {
+    std::vector<std::string> n;
+    for (const LegSpec& l : legs) n.push_back(l.name);
+    return n;
+  };
+  const std::vector<std::string> standard = {"hand64_vs_torch64", "hand32_vs_torch64", "torch32_vs_torch64",
+                                             "hand32_vs_torch32"},
+                                 local = {"local_hand64_vs_torch64", "local_hand32_vs_torch64"};
+  CHECK(names(standard_legs()) == standard);
+  CHECK(names(local_legs()) == local);
+  std::vector<std::string> all = standard;
+  all.insert(all.end(), local.begin(), local.end());
+  CHECK(names(legs_with_local()) == all);  // the report's column order and the sweep's CSV's
+  for (const LegSpec& l : standard_legs()) CHECK_FALSE(l.diagnostic);
+  for (const LegSpec& l : local_legs()) {
+    CAPTURE(l.name);
+    CHECK(l.diagnostic);  // a breach names the first divergence, it fails nothing
+    CHECK(l.a.rfind("local_hand", 0) == 0);
+    CHECK(l.b == "torch64");
+  }
+  CHECK(local_legs().at(0).role == LegRole::Semantic);
+  CHECK(local_legs().at(1).role == LegRole::Numeric);
+  CHECK(local_legs().at(1).noise == "torch32_vs_torch64");
+}
+
 TEST_CASE("gates: float64 semantic bound / float32 judged by torch32's own error", "[compare]") {
   const GatePolicy p;
   CHECK(p.numeric_floor == Approx(4 * 5.960464477539063e-08));

@@ -7,21 +7,36 @@
 
 namespace tparity {
 
-std::vector<LegSpec> standard_legs() {
+namespace {
+
+// Every leg of a case, in the order the report shows them: the propagated legs, then the local ones
+// (diagnostic: the hand core teacher-forced with torch64's components). standard_legs(),
+// local_legs() and legs_with_local() are views of this one table.
+std::vector<LegSpec> case_legs() {
   return {
       {"hand64_vs_torch64", "hand64", "torch64", LegRole::Semantic, ""},
       {"hand32_vs_torch64", "hand32", "torch64", LegRole::Numeric, "torch32_vs_torch64"},
       {"torch32_vs_torch64", "torch32", "torch64", LegRole::Noise, ""},
       {"hand32_vs_torch32", "hand32", "torch32", LegRole::Report, ""},
+      {"local_hand64_vs_torch64", "local_hand64", "torch64", LegRole::Semantic, "", true},
+      {"local_hand32_vs_torch64", "local_hand32", "torch64", LegRole::Numeric, "torch32_vs_torch64", true},
   };
 }
 
-std::vector<LegSpec> legs_with_local() {
-  std::vector<LegSpec> legs = standard_legs();
-  legs.push_back({"local_hand64_vs_torch64", "local_hand64", "torch64", LegRole::Semantic, "", true});
-  legs.push_back({"local_hand32_vs_torch64", "local_hand32", "torch64", LegRole::Numeric, "torch32_vs_torch64", true});
+std::vector<LegSpec> case_legs_where(bool local) {
+  std::vector<LegSpec> legs;
+  for (LegSpec& l : case_legs())
+    if (l.diagnostic == local) legs.push_back(std::move(l));
   return legs;
 }
+
+}  // namespace
+
+std::vector<LegSpec> standard_legs() { return case_legs_where(false); }
+
+std::vector<LegSpec> local_legs() { return case_legs_where(true); }
+
+std::vector<LegSpec> legs_with_local() { return case_legs(); }
 
 std::vector<LegSpec> low_precision_legs(const std::string& tag, double unit_roundoff) {
   const std::string hand = "hand" + tag, torch = "torch" + tag;

@@ -65,10 +65,14 @@ struct LegSpec {
 // hand32_vs_torch32 (report).
 std::vector<LegSpec> standard_legs();
 
-// The propagated legs above plus the local ones, for runs that also have "local_hand64" and
-// "local_hand32": the hand core teacher-forced with torch64's components, so that each component is
-// computed from the reference's own inputs. local_hand64_vs_torch64 (semantic) and
-// local_hand32_vs_torch64 (numeric, judged by the same torch32 noise) are diagnostic.
+// The local legs, for runs that also have "local_hand64" and "local_hand32": the hand core
+// teacher-forced with torch64's components, so that each component is computed from the reference's
+// own inputs. local_hand64_vs_torch64 (semantic) and local_hand32_vs_torch64 (numeric, judged by the
+// same torch32 noise) are diagnostic, and are the only diagnostic legs of a case.
+std::vector<LegSpec> local_legs();
+
+// standard_legs() then local_legs(): every leg of a case, in the order the report shows them (one
+// table in legs.cpp; the sweep's CSV columns follow it too).
 std::vector<LegSpec> legs_with_local();
 
 // A low precision's legs, `tag` "bf16" or "f16" for a foreign implementation's bfloat16 or float16
