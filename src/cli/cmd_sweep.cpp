@@ -28,11 +28,20 @@ namespace {
 
 constexpr int64_t kMaxSize = std::numeric_limits<int64_t>::max() / 2;  // as run's size options
 
-// The legs of a case evaluation, in CSV column order, and whether each has a bound (is gated).
-const std::vector<std::pair<const char*, bool>> kCsvLegs = {
-    {"hand64_vs_torch64", true},  {"hand32_vs_torch64", true},       {"torch32_vs_torch64", false},
-    {"hand32_vs_torch32", false}, {"local_hand64_vs_torch64", true}, {"local_hand32_vs_torch64", true},
+// The CSV's columns per leg, for every leg of a case evaluation in the report's order
+// (legs_with_local(), compare/legs.cpp): its rel_l2; its bound when it is gated (semantic or numeric);
+// its l2 when it is reported only (hand32_vs_torch32, the seeds' figure).
+struct CsvLeg {
+  std::string name;
+  bool bound, l2;
 };
+
+std::vector<CsvLeg> csv_legs() {
+  std::vector<CsvLeg> legs;
+  for (const LegSpec& l : legs_with_local())
+    legs.push_back({l.name, l.role == LegRole::Semantic || l.role == LegRole::Numeric, l.role == LegRole::Report});
+  return legs;
+}
 
 struct SweepOptions {
   std::string case_name = "multihead";
@@ -149,25 +158,26 @@ class Progress {
 // seeds' figure, for hand32_vs_torch32), the component's verdict.
 std::string csv_columns() {
   std::string h = "case,batch,seq,kv_seq,dim,heads,ffn,seed,component";
-  for (const auto& [leg, gated] : kCsvLegs) {
-    h += fmt::format(",{}_rel_l2", leg);
-    if (gated) h += fmt::format(",{}_bound", leg);
-    if (std::string(leg) == "hand32_vs_torch32") h += fmt::format(",{}_l2", leg);
+  for (const CsvLeg& leg : csv_legs()) {
+    h += fmt::format(",{}_rel_l2", leg.name);
+    if (leg.bound) h += fmt::format(",{}_bound", leg.name);
+    if (leg.l2) h += fmt::format(",{}_l2", leg.name);
   }
   return h + ",pass";
 }
 
 std::string csv_rows(const CaseSpec& s, const CaseReport& r) {
+  const std::vector<CsvLeg> legs = csv_legs();
   std::string rows;
   for (const ComponentReport& c : r.components) {
     std::string row = fmt::format("{},{},{},{},{},{},{},{},{}", s.name, s.batch, s.seq, kv_of(s), s.dim, s.heads, s.ffn,
                                   s.seed, c.name);
-    for (const auto& [name, gated] : kCsvLegs) {
-      const Leg* l = c.leg(name);  // every leg is there for a case; an absent one leaves empty fields
+    for (const CsvLeg& leg : legs) {
+      const Leg* l = c.leg(leg.name);  // every leg is there for a case; an absent one leaves empty fields
       auto num = [&](double v) { return l ? fmt::format(",{:.6e}", v) : std::string(","); };
       row += num(l ? l->m.rel_l2 : 0);
-      if (gated) row += num(l ? l->bound : 0);
-      if (std::string(name) == "hand32_vs_torch32") row += num(l ? l->m.l2 : 0);
+      if (leg.bound) row += num(l ? l->bound : 0);
+      if (leg.l2) row += num(l ? l->m.l2 : 0);
     }
     rows += row + (c.pass ? ",true\n" : ",false\n");
   }
