@@ -112,6 +112,25 @@ TEST_CASE("cli: --help and --version", "[cli]") {
   CHECK_THAT(tparity("--version").out, Catch::StartsWith("tparity "));
 }
 
+TEST_CASE("cli: --help and the unknown-verb message list every verb, in one order", "[cli]") {
+  // The verbs the README's table and docs/cli.md name, written out here rather than read from kVerbs.
+  const std::vector<std::string> verbs = {"run",   "eval",  "check", "gate",     "export", "exec",
+                                          "judge", "sweep", "bench", "selftest", "census"};
+  const std::string help = tparity("--help").out;
+  std::string listed;
+  size_t at = 0;
+  for (const std::string& v : verbs) {
+    CAPTURE(v);
+    const size_t here = help.find("\n  " + v + " ", at);
+    CHECK(here != std::string::npos);  // listed, after the verb before it
+    if (here != std::string::npos) at = here;
+    listed += (listed.empty() ? "" : ", ") + v;
+  }
+  const Result r = tparity("frobnicate");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("expected one of " + listed + " (see tparity --help)"));
+}
+
 TEST_CASE("cli: eval writes the outputs the fixture's module returns", "[cli]") {
   const fs::path out = scratch() / "eval.json";
   for (const char* fx : {"mha_seq_first_cross_perhead", "mha_no_weights", "encoder_norm_first_gelu"}) {

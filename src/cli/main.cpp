@@ -13,6 +13,19 @@
 #include "tparity/harness/dtensor.hpp"
 #include "tparity/torch/reference.hpp"
 
+namespace tparity::cli {
+namespace {
+
+// Every verb, in the order --help lists them: the function in src/cli/cmd_<verb>.cpp that adds it
+// (cmd_exec.cpp adds exec and judge), declared in common.hpp. A new verb is one entry here; --help
+// and the unknown-verb message list what these added, in this order.
+using AddVerb = void (*)(CLI::App&, Action&);
+constexpr AddVerb kVerbs[] = {register_run,  register_eval,  register_check, register_gate,     register_export,
+                              register_exec, register_sweep, register_bench, register_selftest, register_census};
+
+}  // namespace
+}  // namespace tparity::cli
+
 int main(int argc, char** argv) {
   using namespace tparity;
   // Keep freed blocks up to 256 MiB in the heap instead of returning them to the kernel: a forward
@@ -31,16 +44,7 @@ int main(int argc, char** argv) {
   });
   app.require_subcommand(1);
   cli::Action action;
-  cli::register_run(app, action);
-  cli::register_eval(app, action);
-  cli::register_check(app, action);
-  cli::register_gate(app, action);
-  cli::register_export(app, action);
-  cli::register_exec(app, action);
-  cli::register_sweep(app, action);
-  cli::register_bench(app, action);
-  cli::register_selftest(app, action);
-  cli::register_census(app, action);
+  for (cli::AddVerb add : cli::kVerbs) add(app, action);
   cli::g_argc = argc, cli::g_argv = argv;
   if (argc > 1 && argv[1][0] != '-') {
     const std::string sub = argv[1];
