@@ -473,8 +473,9 @@ std::vector<CaseReport> check_fixture(const Problem& fixture, const std::string&
     l32 = with_outputs(p, impl.run(p, DType::Float32, &teacher));
     impls["local_hand64"] = &l64;
     impls["local_hand32"] = &l32;
-    std::vector<LegSpec> local = legs_with_local();
-    legs.insert(legs.begin() + 4, local.begin() + 4, local.end());
+    // the local legs right after the case's standard ones, before the fixture's libtorch legs
+    const std::vector<LegSpec> local = local_legs();
+    legs.insert(legs.begin() + std::ptrdiff_t(standard_legs().size()), local.begin(), local.end());
   }
   compare_components(r, names, impls, legs, policy, required_of(impl));
   note_precisions(r, impl);
