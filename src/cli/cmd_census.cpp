@@ -161,7 +161,11 @@ CaseSpec census_point(const std::string& name, uint64_t seed, uint64_t index) {
         s.mask = MaskKind::None;
         break;
       }
-      default:
+      case ModuleHandler::Matmul:
+      case ModuleHandler::Softmax:
+      case ModuleHandler::LayerNorm:
+      case ModuleHandler::Book:
+      case ModuleHandler::Llm:
         throw InputError("census: no random points for case " + name);
     }
     try {

@@ -807,7 +807,13 @@ bool has_fully_masked_rows(const Problem& p, TorchSemantics s) {
       }
       return false;
     }
-    default:
+    case ModuleHandler::TokenEncoder:
+    case ModuleHandler::ViT:
+    case ModuleHandler::Matmul:
+    case ModuleHandler::Softmax:
+    case ModuleHandler::LayerNorm:
+    case ModuleHandler::Book:
+    case ModuleHandler::Llm:
       return false;
   }
 }
@@ -839,7 +845,14 @@ std::vector<std::string> semantic_differences(const Problem& p) {
     case ModuleHandler::TransformerDecoderLayer:
       pairs = {{"tgt_mask", "tgt_key_padding_mask"}, {"memory_mask", "memory_key_padding_mask"}};
       break;
-    default:
+    case ModuleHandler::ScaledDotProductAttention:
+    case ModuleHandler::TokenEncoder:
+    case ModuleHandler::ViT:
+    case ModuleHandler::Matmul:
+    case ModuleHandler::Softmax:
+    case ModuleHandler::LayerNorm:
+    case ModuleHandler::Book:
+    case ModuleHandler::Llm:
       break;
   }
   for (const auto& [a, k] : pairs) {
