@@ -24,7 +24,7 @@ struct RunOptions {
 
 bool any_override(const CaseOverrides& o) {
   return o.batch || o.seq || o.kv_seq || o.dim || o.value_dim || o.out_dim || o.heads || o.kv_heads || o.scale ||
-         o.ffn || o.bias || o.activation || o.mask || o.seed || o.random_params;
+         o.ffn || o.bias || o.activation || o.mask || o.seed || o.random_params || !o.config.empty();
 }
 
 int run(const RunOptions& o) {

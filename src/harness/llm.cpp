@@ -214,13 +214,35 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
   if (c.rotary_dim() % 2)
     fail(fmt::format("config.partial_rotary_factor: head_dim x factor = {} rotary dims, expected an even number",
                      c.rotary_dim()));
-  if (llm_takes(m, "query_pre_attn_scalar") && !(c.query_pre_attn_scalar > 0))
-    fail(fmt::format("config.query_pre_attn_scalar: expected a positive number, got {}", c.query_pre_attn_scalar));
-  if (!(c.attn_logit_softcapping >= 0) || std::isinf(c.attn_logit_softcapping))
-    fail(fmt::format("config.attn_logit_softcapping: expected a positive number or null, got {}",
+  // both reach float32 (the scale and the cap in T): bounded where float32 holds them and their use
+  if (llm_takes(m, "query_pre_attn_scalar") && !(c.query_pre_attn_scalar >= 1e-30 && c.query_pre_attn_scalar <= 1e30))
+    fail(fmt::format("config.query_pre_attn_scalar: expected a positive number in [1e-30, 1e30], got {}",
+                     c.query_pre_attn_scalar));
+  if (!(c.attn_logit_softcapping == 0 || (c.attn_logit_softcapping >= 1e-30 && c.attn_logit_softcapping <= 1e30)))
+    fail(fmt::format("config.attn_logit_softcapping: expected a positive number in [1e-30, 1e30] or null, got {}",
                      c.attn_logit_softcapping));
   if (c.sliding_window && !p.causal)
     fail("config.causal: expected true with a sliding_window (the window slides over a causal mask), got false");
+  // A decode step whose window holds only padding: transformers' sliding cache gives that row uniform
+  // weights over the keys it kept, which the full cache and its mask do not reproduce. Refused.
+  const DTensor* x = p.input("hidden_states");
+  const DTensor* kpm = p.input("key_padding_mask");
+  if (c.sliding_window && p.decode_steps > 0 && x && kpm && x->shape.size() == 3 &&
+      kpm->shape == Shape{x->shape[0], x->shape[1]}) {
+    const int64_t B = x->shape[0], Tn = x->shape[1], w = c.sliding_window;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = Tn - p.decode_steps; t < Tn; ++t) {
+        bool sees = false;
+        for (int64_t j = std::max<int64_t>(0, t - w + 1); j <= t && !sees; ++j)
+          sees = kpm->data[size_t(b * Tn + j)] == 0;
+        if (!sees)
+          fail(
+              fmt::format("inputs.key_padding_mask: decode step token {} of element {} sees only padding in its "
+                          "sliding window of {} (transformers' sliding cache would average the keys it kept; "
+                          "tparity does not model that)",
+                          t, b, w));
+      }
+  }
 }
 
 nlohmann::json llm_config_json(const Problem& p) {
@@ -366,10 +388,13 @@ void apply_llm_config(const nlohmann::json& j, Problem& p,
   integer("max_position_embeddings", 1, c.max_position_embeddings);
   number("query_pre_attn_scalar", c.query_pre_attn_scalar);
   if (const nlohmann::json* v = find("attn_logit_softcapping")) {  // null: no soft-cap
-    if (v->is_null())
+    if (v->is_null()) {
       c.attn_logit_softcapping = 0;
-    else
+    } else {  // transformers caps whenever it is not None: 0 would divide by zero there
       number("attn_logit_softcapping", c.attn_logit_softcapping);
+      if (!(c.attn_logit_softcapping > 0))
+        fail(field("attn_logit_softcapping"), "expected a positive number or null, got " + show_json(*v));
+    }
   }
   if (const nlohmann::json* v = find("sliding_window")) {  // null: full attention
     if (v->is_null())

@@ -145,6 +145,12 @@ Problem make_llm_problem(const CaseSpec& s) {
     if (c.num_heads % c.num_kv_heads)
       fail(fmt::format("kv_heads {} does not divide heads {}", c.num_kv_heads, c.num_heads));
     const int64_t H = c.num_heads, K = c.num_kv_heads, D = c.head_dim;
+    // the weights about to be drawn, before they are: --config may have made them any size
+    const long double widest =
+        std::max((long double)H * D * C, (long double)std::max<int64_t>(c.intermediate_size, 0) * C);
+    if (widest > (long double)max_elements())
+      fail(fmt::format("its weights would hold {:.3g} elements, above --max-elements {}", double(widest),
+                       max_elements()));
     const bool layer = block == LlmBlock::Layer || block == LlmBlock::Gemma2Layer;
     const std::string pre = layer ? "self_attn." : "";
     linear(pre + "q_proj", H * D, C, c.attention_bias);

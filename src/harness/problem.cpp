@@ -816,6 +816,7 @@ bool has_fully_masked_rows(const Problem& p, TorchSemantics s) {
     case ModuleHandler::Llm:
       return false;
   }
+  return false;  // every handler returned above
 }
 
 }  // namespace tparity
