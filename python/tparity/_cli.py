@@ -1,0 +1,112 @@
+"""Driving the tparity CLI: `tparity exec` runs the relay once per case and precision, the relay hands
+each problem back to this process, which runs the user's code and writes the outputs file; exec
+judges it (legs, gates, report, JUnit, baseline) exactly as for any program."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+import tparity_io
+
+from ._run import Unsupported
+
+RELAY = Path(__file__).with_name("_relay.py")
+
+
+def binary(explicit=None):
+    """The tparity executable: explicit, $TPARITY_BIN, `tparity` on PATH, or this checkout's build."""
+    for candidate in (explicit, os.environ.get("TPARITY_BIN"), shutil.which("tparity"),
+                      Path(__file__).resolve().parents[2] / "build" / "tparity"):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise FileNotFoundError("no tparity executable: give tparity=PATH, set TPARITY_BIN, or put it on PATH "
+                            "(./scripts/run builds build/tparity)")
+
+
+class UsageError(ValueError):
+    """tparity refused the request (exit code 2): its one line says what."""
+
+
+def _drain(stream, sink, echo):
+    for line in stream:
+        sink.append(line)
+        if echo:
+            sys.stderr.write(line)
+
+
+def _answer(conn, compute, stats):
+    """Read one request from the relay, compute it, reply."""
+    with conn:
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        req = json.loads(data)
+        error = None
+        try:
+            problem = tparity_io.load_problem(req["problem"])
+            try:
+                outputs, components, local = compute(problem, req["dtype"])
+            except Unsupported as e:
+                tparity_io.write_unsupported(req["out"], str(e) or "unsupported")
+            else:
+                tparity_io.write_outputs(req["out"], req["dtype"], outputs, components, local,
+                                         tensors="safetensors" if problem.tensor_file else "inline")
+            stats.append((problem.name, req["dtype"]))
+        except Exception as e:  # the user's code failed: its traceback, and the case fails
+            traceback.print_exc()
+            error = f"{type(e).__name__}: {e}"
+        conn.sendall((json.dumps({"error": error}) + "\n").encode())
+
+
+def run_exec(compute, args, tparity=None, echo=False):
+    """`tparity exec ARGS -- relay`, serving compute(problem, dtype) -> (outputs, components, local):
+    (exit code, the JSON report or None, standard error)."""
+    exe = binary(tparity)
+    with tempfile.TemporaryDirectory(prefix="tparity-py-") as tmp:
+        sock_path = os.path.join(tmp, "relay.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(sock_path)
+        server.listen(4)
+        server.settimeout(0.1)
+        cmd = [exe, "exec", "--format", "json", *args, "--", sys.executable, "-I", str(RELAY), sock_path,
+               "{problem}", "{out}", "{dtype}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err, stats = [], [], []
+        readers = [threading.Thread(target=_drain, args=(proc.stdout, out, False), daemon=True),
+                   threading.Thread(target=_drain, args=(proc.stderr, err, echo), daemon=True)]
+        for r in readers:
+            r.start()
+        try:
+            while proc.poll() is None:
+                try:
+                    conn, _ = server.accept()
+                except socket.timeout:
+                    continue
+                conn.settimeout(None)
+                _answer(conn, compute, stats)
+        except BaseException:
+            proc.kill()
+            raise
+        finally:
+            server.close()
+            proc.wait()
+            for r in readers:
+                r.join()
+        stderr = "".join(err)
+        report = None
+        if proc.returncode in (0, 1):
+            try:
+                report = json.loads("".join(out))
+            except ValueError:
+                report = None
+        return proc.returncode, report, stderr

@@ -1,0 +1,220 @@
+"""One problem, one precision: the user's code run twice (its own components, then the local ones)
+and turned into what tparity's outputs file holds."""
+
+import contextlib
+import inspect
+
+import numpy as np
+
+from . import _layouts
+from ._record import recording
+
+FLOATS = ("float64", "float32", "bfloat16", "float16")
+
+
+class Unsupported(Exception):
+    """Raise it from a factory, a forward or a function: the case is skipped with this reason."""
+
+
+def _torch():
+    import torch  # only when a torch module is checked
+    return torch
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def to_numpy(x):
+    """A torch tensor or array as a numpy array: bfloat16 as float32 (each value a bfloat16)."""
+    if _is_torch(x):
+        t = x.detach().cpu()
+        torch = _torch()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.numpy()
+    return np.asarray(x)
+
+
+def like(a, value):
+    """numpy `a` as the kind of thing `value` is (torch tensor of its dtype and device, or array)."""
+    if _is_torch(value):
+        torch = _torch()
+        return torch.from_numpy(np.ascontiguousarray(a)).to(dtype=value.dtype, device=value.device)
+    return a.astype(np.asarray(value).dtype)
+
+
+class Recorder:
+    """What record() and the hooks feed: each component in the canonical layout; in the local pass
+    (`reference` given) it returns the reference's value to go on with."""
+
+    def __init__(self, problem, reference=None):
+        self.problem, self.reference = problem, reference
+        self.values = {}
+
+    def record(self, name, value):
+        shapes = self.problem.components
+        if name not in shapes:
+            known = ", ".join(sorted(shapes)) or "none: the problem holds no components"
+            raise ValueError(f"record({name!r}): not a component of {self.problem.module} in case "
+                             f"{self.problem.name} (expected one of: {known})")
+        if name in self.values:
+            raise ValueError(f"record({name!r}): recorded twice in one run (a decode session's steps go "
+                             f"under tparity.scope('step.N'))")
+        mine = to_numpy(value)
+        layout = _layouts.find(name, mine, shapes[name].shape)
+        self.values[name] = _layouts.to_canonical(layout, mine, shapes[name])
+        if self.reference is None or not layout.invertible:
+            return value
+        return like(_layouts.from_canonical(layout, self.reference[name], mine), value)
+
+
+def _outputs(problem, result, pick):
+    """The user's return value as {output name: canonical array}."""
+    names = sorted(problem.outputs, key=lambda n: n != "output")  # "output" first, as modules return it
+    if pick is not None:
+        result = pick(result)
+    if isinstance(result, dict):
+        got = {k: v for k, v in result.items() if k in names}
+    elif isinstance(result, (tuple, list)):
+        got = dict(zip(names, result))
+    else:
+        got = {names[0]: result}
+    out = {}
+    for k, v in got.items():
+        if v is None:
+            continue
+        a = to_numpy(v)
+        out[k] = _layouts.to_canonical(_layouts.find(k, a, problem.outputs[k].shape), a, problem.outputs[k])
+    return out
+
+
+def _finish(problem, dtype, run, local):
+    """(outputs, components, local) from run(recorder) -> the user's return value."""
+    own = Recorder(problem)
+    with recording(own):
+        outputs = run(own)
+    components = own.values
+    if components and "output" in problem.components and "output" in outputs and "output" not in components:
+        components["output"] = outputs["output"]
+    lc = None
+    if local and components and dtype in ("float64", "float32"):
+        forced = Recorder(problem, reference=problem.components)
+        with recording(forced):
+            again = run(forced)
+        lc = forced.values
+        if "output" in again and "output" not in lc:
+            lc["output"] = again["output"]
+    return outputs, components, lc
+
+
+def default_call(module, inputs):
+    """module(**inputs) when forward names every input, module(x) when there is one; else the user
+    says how with call=."""
+    params = inspect.signature(module.forward).parameters
+    if all(n in params for n in inputs):
+        return module(**inputs)
+    if len(inputs) == 1:
+        return module(*inputs.values())
+    raise ValueError(f"the problem's inputs are {list(inputs)} and forward takes {list(params)}: give "
+                     f"call=lambda m, x: m(x[{list(inputs)[0]!r}], ...)")
+
+
+@contextlib.contextmanager
+def _default_dtype(dt):
+    torch = _torch()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dt)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _load_weights(module, state_dict, weights, transpose, dt):
+    torch = _torch()
+    for n in transpose:
+        if n not in state_dict:
+            raise ValueError(f"transpose: {n!r} is not in the reference's state_dict (it has: "
+                             f"{', '.join(state_dict)})")
+    mapped = {}
+    for ref, a in state_dict.items():
+        mine = weights(ref) if callable(weights) else weights.get(ref, ref)
+        if mine is None:
+            continue
+        if ref in transpose:
+            a = a.T
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        mapped[mine] = t.to(dt) if t.is_floating_point() else t
+    own = module.state_dict()
+    params = dict(module.named_parameters())
+    unexpected = [k for k in mapped if k not in own]
+    missing = [k for k in params if k not in mapped]
+    if unexpected or missing:
+        raise ValueError("weights: " + "; ".join(
+            ([f"no parameter of the module is named {', '.join(unexpected)} (map the reference's names to "
+              f"yours with weights={{reference name: yours}}; yours: {', '.join(own)})"] if unexpected else []) +
+            ([f"the module's {', '.join(missing)} got no weight from the reference (its names: "
+              f"{', '.join(state_dict)})"] if missing else [])))
+    for k, t in mapped.items():
+        if tuple(t.shape) != tuple(own[k].shape):
+            hint = " (a Conv1D weight? name it in transpose=)" if tuple(t.shape[::-1]) == tuple(own[k].shape) else ""
+            raise ValueError(f"weights: {k}: the reference's is {list(t.shape)}, the module's "
+                             f"{list(own[k].shape)}{hint}")
+    module.load_state_dict(mapped, strict=False)
+
+
+def module_runner(factory, weights=None, transpose=(), call=None, outputs=None, hooks=None, local=True):
+    """compute(problem, dtype) for a torch nn.Module built by factory(config)."""
+    weights = weights or {}
+    transpose = set(transpose or ())
+    hooks = hooks or {}
+    call = call or default_call
+
+    def compute(problem, dtype):
+        torch = _torch()
+        dt = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+              "float16": torch.float16}[dtype]
+        # Tables the code builds in torch's default dtype follow the precision asked for; one built
+        # with an explicit dtype=torch.float32 stays float32 (the slip the float64 leg names).
+        with _default_dtype(dt if dtype in ("float64", "float32") else torch.float32):
+            module = factory(dict(problem.config))
+            if not isinstance(module, torch.nn.Module):
+                raise TypeError(f"module=: the factory returned {type(module).__name__}, not a torch.nn.Module")
+            module = module.to(dt).eval()
+            _load_weights(module, problem.state_dict, weights, transpose, dt)
+            inputs = {}
+            for k, a in problem.inputs.items():
+                t = torch.from_numpy(np.ascontiguousarray(a))
+                inputs[k] = t.to(dt) if t.is_floating_point() else t
+
+            def run(recorder):
+                handles = []
+                for comp, path in hooks.items():
+                    try:
+                        sub = module.get_submodule(path)
+                    except AttributeError:
+                        raise ValueError(f"hooks: {comp!r}: the module has no submodule {path!r}") from None
+
+                    def hook(mod, args, out, comp=comp):
+                        first = out[0] if isinstance(out, (tuple, list)) else out
+                        new = __import__("tparity").record(comp, first)
+                        if new is first:
+                            return None
+                        return (new, *out[1:]) if isinstance(out, (tuple, list)) else new
+                    handles.append(sub.register_forward_hook(hook))
+                try:
+                    with torch.no_grad():
+                        return _outputs(problem, call(module, inputs), outputs)
+                finally:
+                    for h in handles:
+                        h.remove()
+            return _finish(problem, dtype, run, local)
+    return compute
+
+
+def function_runner(function, outputs=None, local=True):
+    """compute(problem, dtype) for a Python function(problem, dtype) on numpy arrays."""
+    def compute(problem, dtype):
+        return _finish(problem, dtype, lambda rec: _outputs(problem, function(problem, dtype), outputs), local)
+    return compute

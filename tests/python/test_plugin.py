@@ -1,0 +1,48 @@
+"""The pytest plugin (tparity.pytest_plugin, loaded through its entry point): one test per case and
+precision, each failing on its own precision's legs, the verdict in the failure's message."""
+
+TESTS = '''
+import numpy as np
+import pytest
+
+def softmax(problem, dtype, compute="same"):
+    x = problem.inputs["input"].astype(dtype if compute == "same" else compute)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(dtype)
+
+@pytest.mark.tparity(cases=["softmax", "layernorm"])
+def test_right(tparity_case):
+    if tparity_case.target == "layernorm":
+        pytest.skip("softmax only")
+    tparity_case.check(function=softmax)
+
+@pytest.mark.tparity(case="softmax")
+def test_float32_inside(tparity_case):
+    tparity_case.check(function=lambda p, d: softmax(p, d, compute="float32"))
+'''
+
+
+def test_one_test_per_case_and_precision(pytester):
+    pytester.makepyfile(test_inner=TESTS)
+    r = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider")
+    out = r.stdout.str()
+    for passed in ("test_right[softmax-float64] PASSED", "test_right[softmax-float32] PASSED",
+                   "test_float32_inside[softmax-float32] PASSED"):
+        assert passed in out, out
+    assert "test_right[layernorm-float64] SKIPPED" in out, out
+    # float32 arithmetic inside the float64 run: the float64 test fails, on its own leg, and says where
+    assert "test_float32_inside[softmax-float64] FAILED" in out, out
+    assert "component output: leg hand64_vs_torch64" in out, out
+    r.assert_outcomes(passed=3, failed=1, skipped=2)
+
+
+def test_a_marker_without_cases_is_a_usage_error(pytester):
+    pytester.makepyfile(test_inner='''
+import pytest
+@pytest.mark.tparity(dtypes=["float64"])
+def test_nothing(tparity_case):
+    pass
+''')
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert "@pytest.mark.tparity needs case=, cases= or fixtures=" in r.stderr.str() + r.stdout.str()
+    assert r.ret != 0
