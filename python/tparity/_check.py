@@ -206,9 +206,11 @@ def check(*, module=None, function=None, case=None, cases=(), fixture=None, fixt
     args = exec_args(case, cases, fixture, fixtures, dtypes, without, accept, options, config, label, junit,
                      baseline, update_baseline, timeout, keep)
     code, doc, stderr = _cli.run_exec(compute, args, tparity, echo)
-    if code == 2 or doc is None:
+    if code not in (0, 1) or doc is None:
         lines = [ln for ln in stderr.splitlines() if ln.strip()]
-        raise _cli.UsageError(lines[-1] if lines else f"tparity exec exited with code {code}")
+        skipped = (doc or {}).get("skipped", []) if code == 2 else []
+        why = "".join(f" (skipped {s['name']}: {s['reason']})" for s in skipped)
+        raise _cli.UsageError((lines[-1] if lines else f"tparity exec exited with code {code}") + why, skipped)
     cases_ = [_case(c) for c in doc.get("cases", [])]
     return Result(passed=code == 0 and bool(cases_), cases=cases_, skipped=doc.get("skipped", []), exit_code=code,
                   stderr=stderr, json=doc)

@@ -31,7 +31,12 @@ def binary(explicit=None):
 
 
 class UsageError(ValueError):
-    """tparity refused the request (exit code 2): its one line says what."""
+    """tparity refused the request (exit code 2): its one line says what. `skipped` holds the cases
+    the code declined ({"name", "reason"}) when that is why nothing was judged."""
+
+    def __init__(self, message, skipped=()):
+        super().__init__(message)
+        self.skipped = list(skipped)
 
 
 def _drain(stream, sink, echo):
@@ -103,10 +108,8 @@ def run_exec(compute, args, tparity=None, echo=False):
             for r in readers:
                 r.join()
         stderr = "".join(err)
-        report = None
-        if proc.returncode in (0, 1):
-            try:
-                report = json.loads("".join(out))
-            except ValueError:
-                report = None
+        try:  # exit code 2 may still come with a report: nothing judged, every case declined
+            report = json.loads("".join(out))
+        except ValueError:
+            report = None
         return proc.returncode, report, stderr

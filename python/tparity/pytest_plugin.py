@@ -17,6 +17,7 @@ component's legs in a failure's message).
 import pytest
 
 from ._check import TparityFailure, check
+from ._cli import UsageError
 
 _PRECISION_OF_LEG = (("handbf16", "bfloat16"), ("handf16", "float16"), ("hand64", "float64"), ("hand32", "float32"))
 
@@ -67,12 +68,17 @@ class TparityCase:
             kwargs[self.kind] = self.target
             kwargs.setdefault("dtypes", self.dtypes)
             kwargs.setdefault("tparity", self._config.getoption("tparity_bin"))
-            self._cache[key] = check(**kwargs)
+            try:
+                self._cache[key] = check(**kwargs)
+            except UsageError as e:  # declined by the code, or not shaped by without=: a skip
+                self._cache[key] = e
         result = self._cache[key]
-        for s in result.skipped:
-            if s["name"].split("@")[0] == str(self.target).rsplit("/", 1)[-1].removesuffix(".json") or \
-                    len(result.cases) == 0:
-                pytest.skip(f"{s['name']}: {s['reason']}")
+        if isinstance(result, UsageError):
+            if result.skipped:
+                pytest.skip("; ".join(f"{s['name']}: {s['reason']}" for s in result.skipped))
+            raise result
+        if not result.cases and result.skipped:
+            pytest.skip("; ".join(f"{s['name']}: {s['reason']}" for s in result.skipped))
         mine = [(c, f) for c in result.cases for f in c.failures if _precision(f) in (None, self.dtype)]
         if mine:
             lines = []

@@ -105,8 +105,9 @@ def test_weights_that_do_not_map_are_named():
 def test_declining_every_case_judges_nothing():
     def declines(problem, dtype):
         raise tparity.Unsupported("no softmax here")
-    with pytest.raises(tparity.UsageError, match="nothing was judged"):
+    with pytest.raises(tparity.UsageError, match="nothing was judged") as e:
         tparity.check(function=declines, case="softmax")
+    assert e.value.skipped == [{"name": "softmax", "reason": "the program does not implement it: no softmax here"}]
 
 
 def test_bad_options_are_refused_with_the_clis_line():
