@@ -185,7 +185,8 @@ def check(*, module=None, function=None, case=None, cases=(), fixture=None, fixt
     call       call(module, inputs) -> the forward's result; default module(**inputs) when forward names
                every input, module(x) when there is one.
     outputs    a function of the forward's result picking the outputs (default: as returned).
-    hooks      canonical component -> submodule path: its output is that component.
+    hooks      canonical component -> submodule path: its output is that component ("path:input": its
+               first argument; "": the module itself).
     local      also run each hooked or recorded op on the reference's inputs (the local legs: the first
                wrong op is named).
     name, junit, baseline, update_baseline, timeout, keep: as tparity exec's options.

@@ -7,7 +7,7 @@ import inspect
 import numpy as np
 
 from . import _layouts
-from ._record import recording
+from ._record import record, recording
 
 FLOATS = ("float64", "float32", "bfloat16", "float16")
 
@@ -190,15 +190,24 @@ def module_runner(factory, weights=None, transpose=(), call=None, outputs=None, 
 
             def run(recorder):
                 handles = []
-                for comp, path in hooks.items():
+                for comp, where in hooks.items():
+                    path, _, side = where.partition(":")
+                    if side not in ("", "input"):
+                        raise ValueError(f"hooks: {comp!r}: expected a submodule path, or path:input, got {where!r}")
                     try:
                         sub = module.get_submodule(path)
                     except AttributeError:
                         raise ValueError(f"hooks: {comp!r}: the module has no submodule {path!r}") from None
+                    if side == "input":  # the submodule's first argument
+                        def pre_hook(mod, args, comp=comp):
+                            new = record(comp, args[0])
+                            return None if new is args[0] else (new, *args[1:])
+                        handles.append(sub.register_forward_pre_hook(pre_hook))
+                        continue
 
                     def hook(mod, args, out, comp=comp):
                         first = out[0] if isinstance(out, (tuple, list)) else out
-                        new = __import__("tparity").record(comp, first)
+                        new = record(comp, first)
                         if new is first:
                             return None
                         return (new, *out[1:]) if isinstance(out, (tuple, list)) else new

@@ -77,7 +77,8 @@ def encoder(eps=None):
 
 def run_encoder(make, **kw):
     return tparity.check(module=make, case="block", options={"batch": 2, "seq": 6},
-                         hooks={"norm1": "norm1", "sa_output": "self_attn", "ffn_output": "linear2"},
+                         hooks={"norm1": "norm1", "sa_output": "self_attn", "ffn_hidden": "linear2:input",
+                                "ffn_output": "linear2", "output": ""},
                          call=lambda m, x: m(x["src"], src_mask=x["src_mask"]), **kw)
 
 
@@ -115,3 +116,13 @@ def test_bad_options_are_refused_with_the_clis_line():
         tparity.check(function=softmax, case="softmax", options={"seq": 0})
     with pytest.raises(TypeError, match="exactly one of module= .* and function="):
         tparity.check(case="softmax")
+
+
+def test_a_wrong_activation_is_named_at_the_hooked_input():
+    def gelu_instead(c):
+        m = encoder()(c)
+        m.activation = torch.nn.functional.gelu  # relu is the case's
+        return m
+    r = run_encoder(gelu_instead)
+    assert not r.passed
+    assert r.cases[0].first_divergence == "ffn_hidden"  # linear2's input: after the activation
