@@ -70,7 +70,10 @@ def _answer(conn, compute, stats):
         except Exception as e:  # the user's code failed: its traceback, and the case fails
             traceback.print_exc()
             error = f"{type(e).__name__}: {e}"
-        conn.sendall((json.dumps({"error": error}) + "\n").encode())
+        try:
+            conn.sendall((json.dumps({"error": error}) + "\n").encode())
+        except OSError:  # the relay is gone: exec timed it out (its report says so) or was interrupted
+            pass
 
 
 def run_exec(compute, args, tparity=None, echo=False):

@@ -126,3 +126,15 @@ def test_a_wrong_activation_is_named_at_the_hooked_input():
     r = run_encoder(gelu_instead)
     assert not r.passed
     assert r.cases[0].first_divergence == "ffn_hidden"  # linear2's input: after the activation
+
+
+def test_code_slower_than_the_timeout_fails_its_case_and_the_run_goes_on():
+    import time
+
+    def slow(problem, dtype):
+        if dtype == "float64":
+            time.sleep(3)
+        return softmax(problem, dtype)
+    r = tparity.check(function=slow, case="softmax", timeout=1)
+    assert not r.passed
+    assert any("timed out after 1 s" in f["text"] for f in r.failures), r
