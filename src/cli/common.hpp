@@ -28,6 +28,11 @@ void register_sweep(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
 void register_selftest(CLI::App& app, Action& action);
 void register_census(CLI::App& app, Action& action);
+void register_components(CLI::App& app, Action& action);
+
+// The layout of a component of the problem in words ("[B, heads, T, head_dim], after the head split,
+// before rotary"); empty when none is written (cmd_components.cpp).
+std::string component_layout(const Problem& p, const std::string& name);
 
 // main()'s arguments, for a subcommand that must re-execute itself (bench, to change the
 // environment OpenBLAS reads when it loads).

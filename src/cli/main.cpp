@@ -20,8 +20,9 @@ namespace {
 // (cmd_exec.cpp adds exec and judge), declared in common.hpp. A new verb is one entry here; --help
 // and the unknown-verb message list what these added, in this order.
 using AddVerb = void (*)(CLI::App&, Action&);
-constexpr AddVerb kVerbs[] = {register_run,  register_eval,  register_check, register_gate,     register_export,
-                              register_exec, register_sweep, register_bench, register_selftest, register_census};
+constexpr AddVerb kVerbs[] = {register_run,      register_eval,   register_check,     register_gate,
+                              register_export,   register_exec,   register_sweep,     register_bench,
+                              register_selftest, register_census, register_components};
 
 }  // namespace
 }  // namespace tparity::cli
