@@ -116,7 +116,7 @@ TRANSPOSE = ["attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp
 # the model has no padding).
 FORWARD = {"hidden_states": "x"}
 # Canonical component (tparity components --case gpt2) -> the submodule whose forward output it is.
-# The fused SDPA call gives no q, k, v, scores or weights: those components are not hooked.
+# The fused SDPA call gives no scores or weights: those components are not hooked.
 HOOKS = {
     "ln_1": "ln_1",
     "attn.output": "attn.c_proj",
@@ -126,6 +126,10 @@ HOOKS = {
     "mlp.proj": "mlp.c_proj",
     "output": "",  # the block itself
 }
+# Components that are one third of the fused c_attn's output (B, T, 3 * n_embd), split into heads:
+# component -> (submodule, which third); the third viewed (B, T, n_head, head_dim).transpose(1, 2)
+# gives the canonical (B, heads, T, head_dim).
+FUSED_SPLIT = {"attn.q": ("attn.c_attn", 0), "attn.k": ("attn.c_attn", 1), "attn.v": ("attn.c_attn", 2)}
 # Components that are the input of a submodule (a forward pre-hook): component -> submodule.
 HOOK_INPUTS = {
     "attn.context": "attn.c_proj",  # the heads side by side, before c_proj
