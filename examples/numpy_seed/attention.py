@@ -74,7 +74,7 @@ def softmax(Z):
 def scores_and_weights(q, k, masked, slip=None):
     # q (B, H, T, D), k (B, H, S, D), masked (B, 1, T, S) -> scores with -inf at masked keys, weights
     D = q.shape[-1]
-    raw = q @ k.transpose(0, 1, 3, 2) / np.sqrt(D)  # (B, H, T, S)
+    raw = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.dtype.type(D))  # (B, H, T, S); sqrt in q's dtype
     scores = np.where(masked, -np.inf, raw)  # the canonical scores: -inf where masked
     if slip == "nan-masked-rows":
         with np.errstate(invalid="ignore"):

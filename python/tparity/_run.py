@@ -54,6 +54,8 @@ class Recorder:
 
     def record(self, name, value):
         shapes = self.problem.components
+        if name not in shapes and name in self.problem.outputs:  # an output the components leave out:
+            shapes = self.problem.outputs  # judged as an output, and locally on the reference's inputs
         if name not in shapes:
             known = ", ".join(sorted(shapes)) or "none: the problem holds no components"
             raise ValueError(f"record({name!r}): not a component of {self.problem.module} in case "
@@ -89,12 +91,25 @@ def _outputs(problem, result, pick):
     return out
 
 
+def _same_precision(dtype, tensors, what):
+    """A float64 or float32 run's arrays must be of its dtype: one computed in the other precision
+    is the code's slip (numpy promotes float32 with a float64 scalar such as np.sqrt(D))."""
+    if dtype not in ("float64", "float32"):
+        return
+    for name, a in tensors.items():
+        if a.dtype.kind == "f" and a.dtype.name != dtype:
+            raise ValueError(f"{what} {name}: computed in {a.dtype.name} in a {dtype} run (compute in the run's "
+                             f"dtype throughout: numpy promotes {dtype} with a float64 scalar, e.g. np.sqrt(D))")
+
+
 def _finish(problem, dtype, run, local):
     """(outputs, components, local) from run(recorder) -> the user's return value."""
     own = Recorder(problem)
     with recording(own):
         outputs = run(own)
-    components = own.values
+    _same_precision(dtype, outputs, "output")
+    _same_precision(dtype, own.values, "component")
+    components = {k: v for k, v in own.values.items() if k in problem.components}
     if components and "output" in problem.components and "output" in outputs and "output" not in components:
         components["output"] = outputs["output"]
     lc = None

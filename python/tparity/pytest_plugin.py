@@ -55,7 +55,7 @@ class TparityCase:
         self._marker, self._cache, self._config = marker_kwargs, cache, config
 
     def __repr__(self):
-        return f"{self.target}-{self.dtype}"
+        return f"{_label(self.target)}-{self.dtype}"
 
     def check(self, **how):
         """tparity.check for this case and every precision of the marker (cached for the case), then
@@ -80,6 +80,11 @@ class TparityCase:
         if not result.cases and result.skipped:
             pytest.skip("; ".join(f"{s['name']}: {s['reason']}" for s in result.skipped))
         mine = [(c, f) for c in result.cases for f in c.failures if _precision(f) in (None, self.dtype)]
+        legs = {leg for c in result.cases for comp in c.json.get("components", []) for leg in comp.get("legs", {})}
+        if not mine and not any(_precision({"leg": leg}) == self.dtype for leg in legs):
+            why = "; ".join(f["text"] for c in result.cases for f in c.failures) or "no leg of it in the report"
+            mine = [(c, {"component": "", "leg": "", "text": f"case {c.name}: {self.dtype} was not judged ({why})"})
+                    for c in result.cases[:1]]
         if mine:
             lines = []
             for c in result.cases:
@@ -114,3 +119,9 @@ def pytest_generate_tests(metafunc):
     cache = {}
     params = [TparityCase(kind, t, d, dtypes, kwargs, cache, metafunc.config) for kind, t in targets for d in dtypes]
     metafunc.parametrize("tparity_case", params, ids=[repr(p) for p in params])
+
+
+def _label(target):
+    """A case's name, or a fixture's file name without .json."""
+    name = str(target).replace("\\", "/").rsplit("/", 1)[-1]
+    return name[:-5] if name.endswith(".json") else name

@@ -138,3 +138,11 @@ def test_code_slower_than_the_timeout_fails_its_case_and_the_run_goes_on():
     r = tparity.check(function=slow, case="softmax", timeout=1)
     assert not r.passed
     assert any("timed out after 1 s" in f["text"] for f in r.failures), r
+
+
+def test_a_float32_run_computed_in_float64_is_refused_with_the_reason():
+    def promotes(problem, dtype):
+        return softmax(problem, dtype) / np.sqrt(1)  # np.sqrt(1) is a float64 scalar: float32 becomes float64
+    r = tparity.check(function=promotes, case="softmax")
+    assert not r.passed
+    assert "output output: computed in float64 in a float32 run" in r.stderr

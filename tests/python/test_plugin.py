@@ -22,6 +22,10 @@ def test_right(tparity_case):
 @pytest.mark.tparity(case="softmax")
 def test_float32_inside(tparity_case):
     tparity_case.check(function=lambda p, d: softmax(p, d, compute="float32"))
+
+@pytest.mark.tparity(case="softmax")
+def test_float64_inside(tparity_case):  # float32's run is refused, so the case judges neither precision
+    tparity_case.check(function=lambda p, d: softmax(p, d, compute="float64").astype("float64"))
 '''
 
 
@@ -37,7 +41,10 @@ def test_one_test_per_case_and_precision(pytester):
     # float32 arithmetic inside the float64 run: the float64 test fails, on its own leg, and says where
     assert "test_float32_inside[softmax-float64] FAILED" in out, out
     assert "component output: leg hand64_vs_torch64" in out, out
-    r.assert_outcomes(passed=3, failed=1, skipped=2)
+    # a precision not judged fails its test too, saying why
+    assert "test_float64_inside[softmax-float64] FAILED" in out and "test_float64_inside[softmax-float32] FAILED" in out
+    assert "float64 was not judged (case softmax (float32):" in out, out
+    r.assert_outcomes(passed=3, failed=3, skipped=2)
 
 
 def test_a_marker_without_cases_is_a_usage_error(pytester):
