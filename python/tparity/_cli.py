@@ -5,6 +5,7 @@ judges it (legs, gates, report, JUnit, baseline) exactly as for any program."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -76,6 +77,18 @@ def _answer(conn, compute, stats):
             pass
 
 
+def _stop(proc, grace=10):
+    """End exec as Ctrl-C would: on SIGTERM it kills the relay's process group and removes its work
+    directory (SIGKILL would leave both); SIGKILL only if it has not ended within grace seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def run_exec(compute, args, tparity=None, echo=False):
     """`tparity exec ARGS -- relay`, serving compute(problem, dtype) -> (outputs, components, local):
     (exit code, the JSON report or None, standard error)."""
@@ -88,7 +101,10 @@ def run_exec(compute, args, tparity=None, echo=False):
         server.settimeout(0.1)
         cmd = [exe, "exec", "--format", "json", *args, "--", sys.executable, "-I", str(RELAY), sock_path,
                "{problem}", "{out}", "{dtype}"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Its own session: a terminal's Ctrl-C reaches this process alone, which stops exec with one
+        # SIGTERM (_stop); a second signal would make exec end at once, leaving its work directory.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
         out, err, stats = [], [], []
         readers = [threading.Thread(target=_drain, args=(proc.stdout, out, False), daemon=True),
                    threading.Thread(target=_drain, args=(proc.stderr, err, echo), daemon=True)]
@@ -102,8 +118,8 @@ def run_exec(compute, args, tparity=None, echo=False):
                     continue
                 conn.settimeout(None)
                 _answer(conn, compute, stats)
-        except BaseException:
-            proc.kill()
+        except BaseException:  # Ctrl-C, or the code's KeyboardInterrupt: exec must not outlive the call
+            _stop(proc)
             raise
         finally:
             server.close()

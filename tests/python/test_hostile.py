@@ -1,0 +1,36 @@
+"""tparity.check against code that misbehaves: each test fails on the package as it was before the
+fix it names (the code under test does not choose the expected values)."""
+
+import os
+
+import numpy as np
+import pytest
+
+import tparity
+
+F64 = {"case": "softmax", "dtypes": ["float64"]}
+
+
+def softmax(problem, dtype):
+    x = problem.inputs["input"].astype(dtype)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_an_interrupt_leaves_no_exec_or_work_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where exec makes its work directory
+
+    def interrupted(problem, dtype):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        tparity.check(function=interrupted, **F64)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tparity-exec-")] == []
+    assert [pid for pid in os.listdir("/proc") if pid.isdigit() and str(tmp_path) in _cmdline(pid)] == []
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
