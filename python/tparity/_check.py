@@ -206,12 +206,17 @@ def check(*, module=None, function=None, case=None, cases=(), fixture=None, fixt
         label = name or getattr(function, "__qualname__", "function")
     args = exec_args(case, cases, fixture, fixtures, dtypes, without, accept, options, config, label, junit,
                      baseline, update_baseline, timeout, keep)
-    code, doc, stderr = _cli.run_exec(compute, args, tparity, echo)
+    code, doc, stderr, errors = _cli.run_exec(compute, args, tparity, echo)
     if code not in (0, 1) or doc is None:
         lines = [ln for ln in stderr.splitlines() if ln.strip()]
         skipped = (doc or {}).get("skipped", []) if code == 2 else []
         why = "".join(f" (skipped {s['name']}: {s['reason']})" for s in skipped)
         raise _cli.UsageError((lines[-1] if lines else f"tparity exec exited with code {code}") + why, skipped)
     cases_ = [_case(c) for c in doc.get("cases", [])]
+    for c in cases_:  # "the program exited with code 1" says nothing: what the code raised does
+        for f in c.failures:
+            for (case_name, dtype), error in errors.items():
+                if f["text"].startswith(f"case {case_name} ({dtype}): the program exited with code 1"):
+                    f["text"] += f" ({error})"
     return Result(passed=code == 0 and bool(cases_), cases=cases_, skipped=doc.get("skipped", []), exit_code=code,
                   stderr=stderr, json=doc)

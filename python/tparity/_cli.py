@@ -47,8 +47,9 @@ def _drain(stream, sink, echo):
             sys.stderr.write(line)
 
 
-def _answer(conn, compute, stats):
-    """Read one request from the relay, compute it, reply."""
+def _answer(conn, compute, errors):
+    """Read one request from the relay, compute it, reply. What the code raised goes into errors
+    ({(problem name, dtype): "Type: message"}) for the report's line of that case."""
     with conn:
         data = b""
         while not data.endswith(b"\n"):
@@ -57,7 +58,7 @@ def _answer(conn, compute, stats):
                 return
             data += chunk
         req = json.loads(data)
-        error = None
+        error, problem = None, None
         try:
             problem = tparity_io.load_problem(req["problem"])
             try:
@@ -67,10 +68,11 @@ def _answer(conn, compute, stats):
             else:
                 tparity_io.write_outputs(req["out"], req["dtype"], outputs, components, local,
                                          tensors="safetensors" if problem.tensor_file else "inline")
-            stats.append((problem.name, req["dtype"]))
         except Exception as e:  # the user's code failed: its traceback, and the case fails
             traceback.print_exc()
-            error = f"{type(e).__name__}: {e}"
+            error = " ".join(f"{type(e).__name__}: {e}".split())
+            if problem is not None:
+                errors[(problem.name, req["dtype"])] = error
         try:
             conn.sendall((json.dumps({"error": error}) + "\n").encode())
         except OSError:  # the relay is gone: exec timed it out (its report says so) or was interrupted
@@ -91,7 +93,7 @@ def _stop(proc, grace=10):
 
 def run_exec(compute, args, tparity=None, echo=False):
     """`tparity exec ARGS -- relay`, serving compute(problem, dtype) -> (outputs, components, local):
-    (exit code, the JSON report or None, standard error)."""
+    (exit code, the JSON report or None, standard error, {(case, dtype): what the code raised})."""
     exe = binary(tparity)
     with tempfile.TemporaryDirectory(prefix="tparity-py-") as tmp:
         sock_path = os.path.join(tmp, "relay.sock")
@@ -105,7 +107,7 @@ def run_exec(compute, args, tparity=None, echo=False):
         # SIGTERM (_stop); a second signal would make exec end at once, leaving its work directory.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
-        out, err, stats = [], [], []
+        out, err, errors = [], [], {}
         readers = [threading.Thread(target=_drain, args=(proc.stdout, out, False), daemon=True),
                    threading.Thread(target=_drain, args=(proc.stderr, err, echo), daemon=True)]
         for r in readers:
@@ -117,7 +119,7 @@ def run_exec(compute, args, tparity=None, echo=False):
                 except socket.timeout:
                     continue
                 conn.settimeout(None)
-                _answer(conn, compute, stats)
+                _answer(conn, compute, errors)
         except BaseException:  # Ctrl-C, or the code's KeyboardInterrupt: exec must not outlive the call
             _stop(proc)
             raise
@@ -131,4 +133,4 @@ def run_exec(compute, args, tparity=None, echo=False):
             report = json.loads("".join(out))
         except ValueError:
             report = None
-        return proc.returncode, report, stderr
+        return proc.returncode, report, stderr, errors

@@ -34,3 +34,12 @@ def _cmdline(pid):
             return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_what_the_code_raised_is_in_the_report():
+    def raises(problem, dtype):
+        raise RuntimeError("shapes do not\nmatch")
+    r = tparity.check(function=raises, **F64)
+    assert not r.passed
+    assert "case softmax (float64): the program exited with code 1 (RuntimeError: shapes do not match)" in str(r), r
+
