@@ -68,7 +68,7 @@ def _answer(conn, compute, errors):
             else:
                 tparity_io.write_outputs(req["out"], req["dtype"], outputs, components, local,
                                          tensors="safetensors" if problem.tensor_file else "inline")
-        except Exception as e:  # the user's code failed: its traceback, and the case fails
+        except (Exception, SystemExit) as e:  # the user's code failed (sys.exit too): the case fails
             traceback.print_exc()
             error = " ".join(f"{type(e).__name__}: {e}".split())
             if problem is not None:

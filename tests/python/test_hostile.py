@@ -43,3 +43,14 @@ def test_what_the_code_raised_is_in_the_report():
     assert not r.passed
     assert "case softmax (float64): the program exited with code 1 (RuntimeError: shapes do not match)" in str(r), r
 
+
+
+def test_sys_exit_in_the_code_fails_its_case_and_the_run_goes_on():
+    def exits(problem, dtype):
+        if problem.module == "Softmax":
+            raise SystemExit(3)
+        raise tparity.Unsupported("softmax only")
+    r = tparity.check(function=exits, cases=["softmax", "layernorm"], dtypes=["float64"])
+    assert not r.passed
+    assert "case softmax (float64): the program exited with code 1 (SystemExit: 3)" in str(r), r
+    assert [s["name"] for s in r.skipped] == ["layernorm"]  # the next case still ran
