@@ -15,6 +15,7 @@ holds them in other shapes; a Layout is found from the two shapes alone and appl
     [B, H, T, S]   -> [B, T, S]       per-head weights averaged over the heads (not invertible)
     [1, ...] <-> [...]                a batch dimension of one added or dropped
 
+When two layouts fit the shapes (heads as many as positions), the one nearest the reference is taken;
 and, on top of any of them, a fill of -1e4 or below where the reference holds -inf (a mask written as
 masked_fill(-1e9) or finfo.min) reads as -inf.
 """
@@ -101,10 +102,26 @@ def _grouped(u, s):
     return out
 
 
-def find(name, array, shape):
+def _distance(a, reference):
+    """How far a is from the reference: the summed difference where both are finite, every position
+    where only one is (or the two differ in sign of infinity) counted as infinitely far."""
+    a, r = np.asarray(a, np.float64), np.asarray(reference, np.float64)
+    both = np.isfinite(a) & np.isfinite(r)
+    if not np.array_equal(a[~both], r[~both], equal_nan=True):
+        return np.inf
+    return float(np.abs(a[both] - r[both]).sum())
+
+
+def find(name, array, shape, reference=None):
     """The Layout taking `array` (the user's) to the canonical `shape`, or raise ValueError naming the
-    component and both shapes."""
+    component and both shapes. When the shapes alone fit more than one layout (heads as many as
+    positions: [B, T, H, D] and [B, H, T, D] are the same shape), the one that takes the array nearest
+    the reference's canonical value (its finite values; a masked -inf stays -inf in none of them) is
+    the user's. Each candidate is a layout user code holds: the values judged are still the user's,
+    and code that holds them in one layout and uses them as another fails at the next component."""
     c = _candidates(array.shape, shape)
+    if len(c) > 1 and reference is not None and tuple(reference.shape) == tuple(shape):
+        return min(c, key=lambda layout: _distance(to_canonical(layout, array, reference), reference))
     if c:
         return c[0]
     for layout, fits in _grouped(array.shape, shape):

@@ -64,7 +64,7 @@ class Recorder:
             raise ValueError(f"record({name!r}): recorded twice in one run (a decode session's steps go "
                              f"under tparity.scope('step.N'))")
         mine = to_numpy(value)
-        layout = _layouts.find(name, mine, shapes[name].shape)
+        layout = _layouts.find(name, mine, shapes[name].shape, shapes[name])
         self.values[name] = _layouts.to_canonical(layout, mine, shapes[name])
         if self.reference is None or not layout.invertible:
             return value
@@ -87,7 +87,8 @@ def _outputs(problem, result, pick):
         if v is None:
             continue
         a = to_numpy(v)
-        out[k] = _layouts.to_canonical(_layouts.find(k, a, problem.outputs[k].shape), a, problem.outputs[k])
+        out[k] = _layouts.to_canonical(_layouts.find(k, a, problem.outputs[k].shape, problem.outputs[k]), a,
+                                       problem.outputs[k])
     return out
 
 

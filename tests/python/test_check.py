@@ -146,3 +146,9 @@ def test_a_float32_run_computed_in_float64_is_refused_with_the_reason():
     r = tparity.check(function=promotes, case="softmax")
     assert not r.passed
     assert "output output: computed in float64 in a float32 run" in r.stderr
+
+
+def test_heads_as_many_as_positions_pass():
+    # q, k, v recorded as [B, T, H, D] with T == H: the same shape as the canonical [B, H, T, D]
+    r = tparity.check(function=mha, case="multihead", options={"batch": 2, "seq": 4, "heads": 4}, dtypes=["float64"])
+    assert r.passed, r

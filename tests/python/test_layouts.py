@@ -68,3 +68,17 @@ def test_unbatched():
     x = rng.standard_normal((T, D))
     layout = _layouts.find("output", x, (1, T, D))
     assert layout.forward(x).shape == (1, T, D) and np.array_equal(layout.inverse(layout.forward(x)), x)
+
+
+def test_heads_as_many_as_positions_take_the_users_layout():
+    # H == T: [B, T, H, D] has the canonical shape; read as identity it would be the transpose
+    ref = rng.standard_normal((B, H, H, D))
+    user = ref.transpose(0, 2, 1, 3).copy()
+    layout = _layouts.find("attn.q", user, ref.shape, ref)
+    assert np.array_equal(_layouts.to_canonical(layout, user, ref), ref)
+    assert np.array_equal(_layouts.from_canonical(layout, ref, user), user)  # the local pass feeds it back so
+    # the context [B, H, T, D] against [B, T, H*D] with H == T: transposed before the merge, not reshaped alone
+    ctx = ref.transpose(0, 2, 1, 3).reshape(B, H, H * D)
+    assert np.array_equal(_layouts.to_canonical(_layouts.find("attn.context", ref, ctx.shape, ctx), ref), ctx)
+    mine = ref.transpose(0, 2, 1, 3).copy()  # the user's context as [B, T, H, D]: merged by a reshape alone
+    assert np.array_equal(_layouts.to_canonical(_layouts.find("attn.context", mine, ctx.shape, ctx), mine), ctx)
