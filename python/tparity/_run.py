@@ -76,8 +76,16 @@ def _outputs(problem, result, pick):
     names = sorted(problem.outputs, key=lambda n: n != "output")  # "output" first, as modules return it
     if pick is not None:
         result = pick(result)
+    expected = f"expected an array, a tuple in the order {', '.join(names)}, or a dict by those names"
+    if result is None:
+        raise ValueError(f"outputs: the code returned None ({expected})")
+    if isinstance(result, list) and not all(v is None or _is_torch(v) or isinstance(v, np.ndarray) for v in result):
+        result = np.asarray(result)  # an array as nested lists (.tolist()), not one output per element
     if isinstance(result, dict):
         got = {k: v for k, v in result.items() if k in names}
+        if not got:
+            raise ValueError(f"outputs: the code returned a dict of {', '.join(map(repr, result)) or 'nothing'} "
+                             f"({expected})")
     elif isinstance(result, (tuple, list)):
         got = dict(zip(names, result))
     else:

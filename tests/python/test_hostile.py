@@ -54,3 +54,19 @@ def test_sys_exit_in_the_code_fails_its_case_and_the_run_goes_on():
     assert not r.passed
     assert "case softmax (float64): the program exited with code 1 (SystemExit: 3)" in str(r), r
     assert [s["name"] for s in r.skipped] == ["layernorm"]  # the next case still ran
+
+
+@pytest.mark.parametrize("returned, says", [
+    (lambda y: None, "(ValueError: outputs: the code returned None (expected an array, a tuple in the order "
+                     "output, or a dict by those names))"),
+    (lambda y: {"out": y}, "(ValueError: outputs: the code returned a dict of 'out' (expected an array"),
+])
+def test_a_result_with_no_output_says_what_came(returned, says):
+    r = tparity.check(function=lambda p, d: returned(softmax(p, d)), **F64)
+    assert not r.passed
+    assert says in str(r), r
+
+
+def test_an_array_as_nested_lists_is_one_output():
+    r = tparity.check(function=lambda p, d: softmax(p, d).tolist(), **F64)  # was: rows read as outputs
+    assert r.passed, r
