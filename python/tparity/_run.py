@@ -157,15 +157,23 @@ def _default_dtype(dt):
 
 def _load_weights(module, state_dict, weights, transpose, dt):
     torch = _torch()
+    for what, names in (("transpose", transpose), ("weights", () if callable(weights) else weights)):
+        for n in names:
+            if n not in state_dict:
+                raise ValueError(f"{what}: {n!r} is not in the reference's state_dict (it has: "
+                                 f"{', '.join(state_dict)})")
     for n in transpose:
-        if n not in state_dict:
-            raise ValueError(f"transpose: {n!r} is not in the reference's state_dict (it has: "
-                             f"{', '.join(state_dict)})")
-    mapped = {}
+        if np.ndim(state_dict[n]) != 2:
+            raise ValueError(f"transpose: {n!r} is {np.ndim(state_dict[n])}-D {list(np.shape(state_dict[n]))}: "
+                             f"expected a 2-D weight")
+    mapped, source = {}, {}
     for ref, a in state_dict.items():
         mine = weights(ref) if callable(weights) else weights.get(ref, ref)
         if mine is None:
             continue
+        if mine in source:
+            raise ValueError(f"weights: {source[mine]!r} and {ref!r} both go to the module's {mine!r}")
+        source[mine] = ref
         if ref in transpose:
             a = a.T
         t = torch.from_numpy(np.ascontiguousarray(a))

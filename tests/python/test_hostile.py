@@ -70,3 +70,20 @@ def test_a_result_with_no_output_says_what_came(returned, says):
 def test_an_array_as_nested_lists_is_one_output():
     r = tparity.check(function=lambda p, d: softmax(p, d).tolist(), **F64)  # was: rows read as outputs
     assert r.passed, r
+
+
+@pytest.mark.parametrize("weights, transpose, says", [
+    ({"linear.wieght": "linear.weight"}, (), "weights: 'linear.wieght' is not in the reference's state_dict"),
+    ({"linear.bias": "linear.weight"}, (), "weights: 'linear.weight' and 'linear.bias' both go to the module's "
+                                            "'linear.weight'"),
+    ({}, ("linear.bias",), "transpose: 'linear.bias' is 1-D [3]: expected a 2-D weight"),
+])
+def test_weights_and_transpose_that_cannot_be_meant_are_named(weights, transpose, says):
+    torch = pytest.importorskip("torch")
+    from tparity import _run
+    m = torch.nn.Sequential()
+    m.add_module("linear", torch.nn.Linear(3, 3))
+    sd = {"linear.weight": np.eye(3), "linear.bias": np.zeros(3)}
+    with pytest.raises(ValueError) as e:
+        _run._load_weights(m, sd, weights, set(transpose), torch.float64)
+    assert str(e.value).startswith(says), e.value
