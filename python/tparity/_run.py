@@ -231,7 +231,11 @@ def module_runner(factory, weights=None, transpose=(), call=None, outputs=None, 
                     except AttributeError:
                         raise ValueError(f"hooks: {comp!r}: the module has no submodule {path!r}") from None
                     if side == "input":  # the submodule's first argument
-                        def pre_hook(mod, args, comp=comp):
+                        def pre_hook(mod, args, comp=comp, where=where):
+                            if not args:
+                                raise ValueError(f"hooks: {comp!r}: {where!r} was called with no positional "
+                                                 f"argument (its input is passed by keyword): record it with "
+                                                 f"tparity.record")
                             new = record(comp, args[0])
                             return None if new is args[0] else (new, *args[1:])
                         handles.append(sub.register_forward_pre_hook(pre_hook))

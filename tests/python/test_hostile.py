@@ -87,3 +87,19 @@ def test_weights_and_transpose_that_cannot_be_meant_are_named(weights, transpose
     with pytest.raises(ValueError) as e:
         _run._load_weights(m, sd, weights, set(transpose), torch.float64)
     assert str(e.value).startswith(says), e.value
+
+
+def test_an_input_hook_on_a_call_by_keyword_says_so():
+    torch = pytest.importorskip("torch")
+
+    class ByKeyword(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.softmax = torch.nn.Softmax(dim=-1)
+
+        def forward(self, input):
+            return self.softmax(input=input)
+    r = tparity.check(module=lambda c: ByKeyword(), hooks={"output": "softmax:input"}, **F64)
+    assert not r.passed
+    assert ("(ValueError: hooks: 'output': 'softmax:input' was called with no positional argument (its input is "
+            "passed by keyword): record it with tparity.record)") in str(r), r
