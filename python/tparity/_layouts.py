@@ -22,7 +22,9 @@ masked_fill(-1e9) or finfo.min) reads as -inf.
 
 import numpy as np
 
-_FILL = -1e4
+# -1e4 as bfloat16 holds it (masked_fill(-1e4) in a bfloat16 run stores its nearest, -9984); float16
+# and wider hold -1e4 itself.
+_FILL = -9984.0
 
 
 class Layout:

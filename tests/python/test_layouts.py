@@ -82,3 +82,13 @@ def test_heads_as_many_as_positions_take_the_users_layout():
     assert np.array_equal(_layouts.to_canonical(_layouts.find("attn.context", ref, ctx.shape, ctx), ref), ctx)
     mine = ref.transpose(0, 2, 1, 3).copy()  # the user's context as [B, T, H, D]: merged by a reshape alone
     assert np.array_equal(_layouts.to_canonical(_layouts.find("attn.context", mine, ctx.shape, ctx), mine), ctx)
+
+
+def test_a_minus_1e4_fill_in_bfloat16_reads_as_minus_inf():
+    torch = pytest.importorskip("torch")
+    fill = torch.tensor(-1e4, dtype=torch.bfloat16).item()  # what masked_fill(-1e4) stores in bfloat16
+    ref = np.array([[0.5, -np.inf]])
+    mine = np.array([[0.5, fill]], dtype=np.float32)
+    layout = _layouts.find("scores", mine, ref.shape)
+    assert _layouts.to_canonical(layout, mine, ref)[0, 1] == -np.inf
+    assert _layouts.from_canonical(layout, ref, mine)[0, 1] == fill
