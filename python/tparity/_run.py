@@ -5,6 +5,7 @@ import contextlib
 import inspect
 
 import numpy as np
+import tparity_io
 
 from . import _layouts
 from ._record import record, recording
@@ -44,12 +45,24 @@ def like(a, value):
     return a.astype(np.asarray(value).dtype)
 
 
+def in_precision(a, dtype):
+    """A component in the run's precision, as exec takes every tensor of an outputs file. What the code
+    holds in another (a float32 table in the float64 run, a softmax upcast to float32 in a bfloat16
+    one) is the code's own choice: widened exactly, or rounded to the run's precision, it is judged
+    rather than the whole case refused for its dtype."""
+    if a.dtype.kind != "f":
+        return a  # not a float: tparity_io's writer names it
+    if dtype == "bfloat16":
+        return tparity_io.round_bfloat16(a)
+    return a.astype(dtype)
+
+
 class Recorder:
     """What record() and the hooks feed: each component in the canonical layout; in the local pass
     (`reference` given) it returns the reference's value to go on with."""
 
-    def __init__(self, problem, reference=None):
-        self.problem, self.reference = problem, reference
+    def __init__(self, problem, dtype, reference=None):
+        self.problem, self.dtype, self.reference = problem, dtype, reference
         self.values = {}
 
     def record(self, name, value):
@@ -65,7 +78,7 @@ class Recorder:
                              f"under tparity.scope('step.N'))")
         mine = to_numpy(value)
         layout = _layouts.find(name, mine, shapes[name].shape, shapes[name])
-        self.values[name] = _layouts.to_canonical(layout, mine, shapes[name])
+        self.values[name] = in_precision(_layouts.to_canonical(layout, mine, shapes[name]), self.dtype)
         if self.reference is None or not layout.invertible:
             return value
         return like(_layouts.from_canonical(layout, self.reference[name], mine), value)
@@ -113,7 +126,7 @@ def _same_precision(dtype, tensors, what):
 
 def _finish(problem, dtype, run, local):
     """(outputs, components, local) from run(recorder) -> the user's return value."""
-    own = Recorder(problem)
+    own = Recorder(problem, dtype)
     with recording(own):
         outputs = run(own)
     _same_precision(dtype, outputs, "output")
@@ -123,7 +136,7 @@ def _finish(problem, dtype, run, local):
         components["output"] = outputs["output"]
     lc = None
     if local and components and dtype in ("float64", "float32"):
-        forced = Recorder(problem, reference=problem.components)
+        forced = Recorder(problem, dtype, reference=problem.components)
         with recording(forced):
             again = run(forced)
         lc = forced.values

@@ -103,3 +103,20 @@ def test_an_input_hook_on_a_call_by_keyword_says_so():
     assert not r.passed
     assert ("(ValueError: hooks: 'output': 'softmax:input' was called with no positional argument (its input is "
             "passed by keyword): record it with tparity.record)") in str(r), r
+
+
+def test_a_component_in_another_precision_is_judged_not_refused():
+    def recorded_in_float32(problem, dtype):  # the float64 run's component held in float32: a slip
+        y = softmax(problem, dtype)
+        tparity.record("output", y.astype(np.float32))
+        return y
+
+    def recorded_in_float64(problem, dtype):  # the float32 run's component held in float64: its own choice
+        y = softmax(problem, "float64")
+        tparity.record("output", y)
+        return y.astype(dtype)
+    r = tparity.check(function=recorded_in_float32, **F64)
+    assert not r.passed
+    assert r.cases[0].first_divergence == "output", r  # judged: was "components.output.dtype: expected"
+    r = tparity.check(function=recorded_in_float64, case="softmax", dtypes=["float32"])
+    assert r.passed, r
