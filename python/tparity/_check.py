@@ -157,6 +157,25 @@ def exec_args(case=None, cases=(), fixture=None, fixtures=(), dtypes=("float64",
     return args
 
 
+def _arguments(module, weights, transpose, hooks):
+    """The loading arguments' types, checked before anything runs: a wrong one would fail every case
+    with an AttributeError far from the call."""
+    if module is not None and hasattr(module, "named_parameters") and hasattr(module, "forward"):
+        raise TypeError(f"module=: expected a factory (config -> torch.nn.Module), got the module "
+                        f"{type(module).__name__} itself: give module=lambda config: {type(module).__name__}(...) "
+                        f"(it is built anew for each case and precision)")
+    if module is not None and not callable(module):
+        raise TypeError(f"module=: expected a factory (config -> torch.nn.Module), got {type(module).__name__}")
+    if weights is not None and not (callable(weights) or isinstance(weights, dict)):
+        raise TypeError(f"weights=: expected a dict {{reference name: yours}} or a function of the name, "
+                        f"got {type(weights).__name__}")
+    if isinstance(transpose, str) or not all(isinstance(n, str) for n in (transpose or ())):
+        raise TypeError(f"transpose=: expected a list of reference names, got {transpose!r}")
+    if hooks is not None and not (isinstance(hooks, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                  for k, v in hooks.items())):
+        raise TypeError(f"hooks=: expected a dict {{component: submodule path}}, got {hooks!r}")
+
+
 def check(*, module=None, function=None, case=None, cases=(), fixture=None, fixtures=(),
           dtypes=("float64", "float32"), without=(), accept=(), options=None, config=None,
           weights=None, transpose=(), call=None, outputs=None, hooks=None, local=True,
@@ -196,6 +215,7 @@ def check(*, module=None, function=None, case=None, cases=(), fixture=None, fixt
     if (module is None) == (function is None):
         raise TypeError("check: give exactly one of module= (a factory of a torch.nn.Module) and "
                         "function= (a function of problem and dtype)")
+    _arguments(module, weights, transpose, hooks)
     if module is not None:
         compute = _run.module_runner(module, weights, transpose, call, outputs, hooks, local)
         label = name or getattr(module, "__qualname__", "module")

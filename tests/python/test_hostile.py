@@ -120,3 +120,18 @@ def test_a_component_in_another_precision_is_judged_not_refused():
     assert r.cases[0].first_divergence == "output", r  # judged: was "components.output.dtype: expected"
     r = tparity.check(function=recorded_in_float64, case="softmax", dtypes=["float32"])
     assert r.passed, r
+
+
+@pytest.mark.parametrize("how, says", [
+    ({"module": "instance"}, "module=: expected a factory (config -> torch.nn.Module), got the module Softmax itself"),
+    ({"module": lambda c: None, "hooks": ["output"]}, "hooks=: expected a dict {component: submodule path}, got ['output']"),
+    ({"module": lambda c: None, "transpose": "weight"}, "transpose=: expected a list of reference names, got 'weight'"),
+    ({"module": lambda c: None, "weights": ["a"]}, "weights=: expected a dict {reference name: yours} or a function"),
+])
+def test_loading_arguments_of_the_wrong_kind_are_refused_before_anything_runs(how, says):
+    torch = pytest.importorskip("torch")
+    if how.get("module") == "instance":
+        how = {"module": torch.nn.Softmax(dim=-1)}  # the module itself, not a factory of it
+    with pytest.raises(TypeError) as e:
+        tparity.check(tparity="/nonexistent", **how, **F64)  # refused before exec is looked for
+    assert str(e.value).startswith(says), e.value
