@@ -231,7 +231,10 @@ def check(*, module=None, function=None, case=None, cases=(), fixture=None, fixt
         lines = [ln for ln in stderr.splitlines() if ln.strip()]
         skipped = (doc or {}).get("skipped", []) if code == 2 else []
         why = "".join(f" (skipped {s['name']}: {s['reason']})" for s in skipped)
-        raise _cli.UsageError((lines[-1] if lines else f"tparity exec exited with code {code}") + why, skipped)
+        line = lines[-1] if lines else f"tparity exec exited with code {code}"
+        if code == 2 and str(_cli.RELAY) in line:  # the relay's words named: an option exec does not take
+            line = _cli.option_error(args, tparity) or line
+        raise _cli.UsageError(line + why, skipped)
     cases_ = [_case(c) for c in doc.get("cases", [])]
     for c in cases_:  # "the program exited with code 1" says nothing: what the code raised does
         for f in c.failures:

@@ -91,6 +91,20 @@ def _stop(proc, grace=10):
         proc.kill()
 
 
+def option_error(args, tparity=None):
+    """exec's own line for an option it does not take. With the relay's command after `--`, exec's
+    parser names the command's words as the unexpected ones ("not expected: {dtype} {out} {problem}
+    .../relay.sock ..."); parsed alone, the options give the line that names the option ("The
+    following argument was not expected: --sq"). None when they parse."""
+    try:
+        r = subprocess.run([binary(tparity), "exec", *args], stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    return lines[-1] if r.returncode == 2 and lines and "not expected" in lines[-1] else None
+
+
 def run_exec(compute, args, tparity=None, echo=False):
     """`tparity exec ARGS -- relay`, serving compute(problem, dtype) -> (outputs, components, local):
     (exit code, the JSON report or None, standard error, {(case, dtype): what the code raised})."""

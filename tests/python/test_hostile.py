@@ -135,3 +135,9 @@ def test_loading_arguments_of_the_wrong_kind_are_refused_before_anything_runs(ho
     with pytest.raises(TypeError) as e:
         tparity.check(tparity="/nonexistent", **how, **F64)  # refused before exec is looked for
     assert str(e.value).startswith(says), e.value
+
+
+def test_an_option_exec_does_not_take_is_named():
+    with pytest.raises(tparity.UsageError) as e:
+        tparity.check(function=softmax, options={"seq_len": 4}, **F64)
+    assert "not expected: --seq-len" in str(e.value), e.value  # was: the relay's own arguments
