@@ -2,6 +2,7 @@
 and turned into what tparity's outputs file holds."""
 
 import contextlib
+import dataclasses
 import inspect
 
 import numpy as np
@@ -223,17 +224,23 @@ def module_runner(factory, weights=None, transpose=(), call=None, outputs=None, 
         # Tables the code builds in torch's default dtype follow the precision asked for; one built
         # with an explicit dtype=torch.float32 stays float32 (the slip the float64 leg names).
         with _default_dtype(dt if dtype in ("float64", "float32") else torch.float32):
-            module = factory(dict(problem.config))
-            if not isinstance(module, torch.nn.Module):
-                raise TypeError(f"module=: the factory returned {type(module).__name__}, not a torch.nn.Module")
-            module = module.to(dt).eval()
-            _load_weights(module, problem.state_dict, weights, transpose, dt)
-            inputs = {}
-            for k, a in problem.inputs.items():
-                t = torch.from_numpy(np.ascontiguousarray(a))
-                inputs[k] = t.to(dt) if t.is_floating_point() else t
+            def build():
+                module = factory(dict(problem.config))
+                if not isinstance(module, torch.nn.Module):
+                    raise TypeError(f"module=: the factory returned {type(module).__name__}, not a torch.nn.Module")
+                module = module.to(dt).eval()
+                _load_weights(module, problem.state_dict, weights, transpose, dt)
+                inputs = {}
+                for k, a in problem.inputs.items():
+                    t = torch.from_numpy(np.array(a))  # a copy: the code may change its inputs in place
+                    inputs[k] = t.to(dt) if t.is_floating_point() else t
+                return module, inputs
 
             def run(recorder):
+                # Each pass from the same start: a module that keeps state between calls (a cache that
+                # grows) or a forward that changes its inputs in place would run the local pass on
+                # something else than the first.
+                module, inputs = build()
                 handles = []
                 for comp, where in hooks.items():
                     path, _, side = where.partition(":")
@@ -274,5 +281,9 @@ def module_runner(factory, weights=None, transpose=(), call=None, outputs=None, 
 def function_runner(function, outputs=None, local=True):
     """compute(problem, dtype) for a Python function(problem, dtype) on numpy arrays."""
     def compute(problem, dtype):
-        return _finish(problem, dtype, lambda rec: _outputs(problem, function(problem, dtype), outputs), local)
+        def run(recorder):  # each pass on its own copy of the inputs and weights (see module_runner)
+            mine = dataclasses.replace(problem, inputs={k: np.array(a) for k, a in problem.inputs.items()},
+                                       state_dict={k: np.array(a) for k, a in problem.state_dict.items()})
+            return _outputs(problem, function(mine, dtype), outputs)
+        return _finish(problem, dtype, run, local)
     return compute

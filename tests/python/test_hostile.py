@@ -141,3 +141,30 @@ def test_an_option_exec_does_not_take_is_named():
     with pytest.raises(tparity.UsageError) as e:
         tparity.check(function=softmax, options={"seq_len": 4}, **F64)
     assert "not expected: --seq-len" in str(e.value), e.value  # was: the relay's own arguments
+
+
+def test_code_that_changes_its_inputs_in_place_is_run_twice_from_the_same_start():
+    def in_place(problem, dtype):
+        x = problem.inputs["input"]  # the problem's own array, not a copy
+        x *= 2.0  # in place (as `x += residual`): the local pass must not see it doubled again
+        return tparity.record("output", _softmax(x / 2.0))
+    r = tparity.check(function=in_place, **F64)
+    assert r.passed and "FAIL" not in r.tables(), r.tables()  # the local leg was 0.2 off
+
+    torch = pytest.importorskip("torch")
+
+    class Grows(torch.nn.Module):  # keeps what it saw, as a cache does: the second pass must start empty
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def forward(self, input):
+            self.seen.append(input)
+            return torch.softmax(input * len(self.seen), dim=-1)
+    r = tparity.check(module=lambda c: Grows(), hooks={"output": ""}, **F64)
+    assert r.passed and "FAIL" not in r.tables(), r.tables()
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
