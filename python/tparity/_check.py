@@ -109,6 +109,9 @@ def _case(doc):
                       notes=doc.get("notes", []), json=doc)
 
 
+_ON_OFF = {"bias"}  # exec's options that take on or off (the rest of the booleans are flags)
+
+
 def _flag(key):
     return "--" + key.replace("_", "-")
 
@@ -137,7 +140,9 @@ def exec_args(case=None, cases=(), fixture=None, fixtures=(), dtypes=("float64",
     for a in accept:
         args += ["--accept", a]
     for k, v in (options or {}).items():
-        if v is True:
+        if k in _ON_OFF and isinstance(v, bool):  # {"bias": False} is --bias off, not the case's default
+            args += [_flag(k), "on" if v else "off"]
+        elif v is True:
             args.append(_flag(k))
         elif v is not False and v is not None:
             args += [_flag(k), str(v)]

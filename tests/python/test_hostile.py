@@ -168,3 +168,13 @@ def test_code_that_changes_its_inputs_in_place_is_run_twice_from_the_same_start(
 def _softmax(x):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_boolean_bias_option_is_on_or_off(bias):
+    def names(problem, dtype):
+        raise tparity.Unsupported(" ".join(sorted(problem.state_dict)))
+    with pytest.raises(tparity.UsageError) as e:  # every case declined: the reason holds the weights' names
+        tparity.check(function=names, case="multihead", options={"batch": 2, "seq": 4, "bias": bias},
+                      dtypes=["float64"])
+    assert ("in_proj_bias" in e.value.skipped[0]["reason"]) == bias, e.value
