@@ -108,9 +108,14 @@ def _outputs(problem, result, pick):
     for k, v in got.items():
         if v is None:
             continue
+        # As returned: an output is the module's contract, no layout of it is converted (per-head
+        # weights where the module returns them averaged, a batch of one dropped, are wrong answers).
         a = to_numpy(v)
-        out[k] = _layouts.to_canonical(_layouts.find(k, a, problem.outputs[k].shape, problem.outputs[k]), a,
-                                       problem.outputs[k])
+        if a.shape != problem.outputs[k].shape:
+            raise ValueError(f"outputs: {k}: the code returned shape {list(a.shape)}, the module's is "
+                             f"{list(problem.outputs[k].shape)} (an output is judged as returned; outputs= "
+                             f"picks or reshapes it)")
+        out[k] = a
     return out
 
 

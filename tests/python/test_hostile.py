@@ -178,3 +178,23 @@ def test_a_boolean_bias_option_is_on_or_off(bias):
         tparity.check(function=names, case="multihead", options={"batch": 2, "seq": 4, "bias": bias},
                       dtypes=["float64"])
     assert ("in_proj_bias" in e.value.skipped[0]["reason"]) == bias, e.value
+
+
+
+def test_an_output_is_judged_as_returned_not_converted():
+    def per_head_weights(problem, dtype):  # MultiheadAttention returns the weights averaged over the heads
+        c = problem.config
+        H, E = c["num_heads"], c["embed_dim"]
+        x, w = problem.inputs["query"].astype(dtype), problem.state_dict["in_proj_weight"].astype(dtype)
+        B, T, _ = x.shape
+        q, k, v = ((x @ w[i * E:(i + 1) * E].T).reshape(B, T, H, E // H).transpose(0, 2, 1, 3) for i in range(3))
+        s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(E // H) + problem.inputs["attn_mask"].astype(dtype)
+        a = np.exp(s - s.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        out = (a @ v).transpose(0, 2, 1, 3).reshape(B, T, E) @ problem.state_dict["out_proj.weight"].astype(dtype).T
+        return out, a  # [B, H, T, S]: was averaged for it, and passed
+    r = tparity.check(function=per_head_weights, case="multihead", options={"batch": 2, "seq": 12, "heads": 4},
+                      dtypes=["float64"])
+    assert not r.passed
+    assert ("(ValueError: outputs: attn_weights: the code returned shape [2, 4, 12, 12], the module's is "
+            "[2, 12, 12]") in str(r), r
