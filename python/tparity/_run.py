@@ -8,7 +8,7 @@ import inspect
 import numpy as np
 import tparity_io
 
-from . import _layouts
+from . import _layouts, _record
 from ._record import record, recording
 
 FLOATS = ("float64", "float32", "bfloat16", "float16")
@@ -242,6 +242,13 @@ def module_runner(factory, weights=None, transpose=(), call=None, outputs=None, 
                 return module, inputs
 
             def run(recorder):
+                def hooked(comp, where, value):
+                    if _record._PREFIX.get() + comp in recorder.values:
+                        raise ValueError(f"hooks: {comp!r}: {where!r} ran twice in one forward (a submodule "
+                                         f"called more than once: hook one that runs once, or give the value "
+                                         f"with tparity.record)")
+                    return record(comp, value)
+
                 # Each pass from the same start: a module that keeps state between calls (a cache that
                 # grows) or a forward that changes its inputs in place would run the local pass on
                 # something else than the first.
@@ -261,14 +268,14 @@ def module_runner(factory, weights=None, transpose=(), call=None, outputs=None, 
                                 raise ValueError(f"hooks: {comp!r}: {where!r} was called with no positional "
                                                  f"argument (its input is passed by keyword): record it with "
                                                  f"tparity.record")
-                            new = record(comp, args[0])
+                            new = hooked(comp, where, args[0])
                             return None if new is args[0] else (new, *args[1:])
                         handles.append(sub.register_forward_pre_hook(pre_hook))
                         continue
 
-                    def hook(mod, args, out, comp=comp):
+                    def hook(mod, args, out, comp=comp, where=where):
                         first = out[0] if isinstance(out, (tuple, list)) else out
-                        new = record(comp, first)
+                        new = hooked(comp, where, first)
                         if new is first:
                             return None
                         return (new, *out[1:]) if isinstance(out, (tuple, list)) else new

@@ -198,3 +198,19 @@ def test_an_output_is_judged_as_returned_not_converted():
     assert not r.passed
     assert ("(ValueError: outputs: attn_weights: the code returned shape [2, 4, 12, 12], the module's is "
             "[2, 12, 12]") in str(r), r
+
+
+def test_a_hooked_submodule_that_runs_twice_is_named():
+    torch = pytest.importorskip("torch")
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.softmax = torch.nn.Softmax(dim=-1)
+
+        def forward(self, input):
+            return self.softmax(self.softmax(input).log())
+    r = tparity.check(module=lambda c: Twice(), hooks={"output": "softmax"}, **F64)
+    assert not r.passed
+    assert ("(ValueError: hooks: 'output': 'softmax' ran twice in one forward (a submodule called more than once: "
+            "hook one that runs once, or give the value with tparity.record)") in str(r), r
