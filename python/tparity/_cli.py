@@ -2,6 +2,7 @@
 each problem back to this process, which runs the user's code and writes the outputs file; exec
 judges it (legs, gates, report, JUnit, baseline) exactly as for any program."""
 
+import functools
 import json
 import os
 import shutil
@@ -79,6 +80,30 @@ def _answer(conn, compute, errors):
             pass
 
 
+def _prctl():
+    """libc's prctl, looked up here in the parent (a dlopen in the forked child could wait forever on a
+    loader lock another thread of this process held at the fork), or None."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _with_parent(prctl, parent):
+    """In exec's child before it runs (Linux): SIGTERM when this process dies. exec runs in its own
+    session, so a signal to this process's group (a CI job cancelled, a terminal closed) does not
+    reach it; this process dying does, and exec removes its work directory as on Ctrl-C."""
+    prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # died before prctl took
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _parent_death():
+    prctl = _prctl() if sys.platform.startswith("linux") else None
+    return functools.partial(_with_parent, prctl, os.getpid()) if prctl is not None else None
+
+
 def _stop(proc, grace=10):
     """End exec as Ctrl-C would: on SIGTERM it kills the relay's process group and removes its work
     directory (SIGKILL would leave both); SIGKILL only if it has not ended within grace seconds."""
@@ -120,7 +145,7 @@ def run_exec(compute, args, tparity=None, echo=False):
         # Its own session: a terminal's Ctrl-C reaches this process alone, which stops exec with one
         # SIGTERM (_stop); a second signal would make exec end at once, leaving its work directory.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_parent_death())
         out, err, errors = [], [], {}
         readers = [threading.Thread(target=_drain, args=(proc.stdout, out, False), daemon=True),
                    threading.Thread(target=_drain, args=(proc.stderr, err, echo), daemon=True)]

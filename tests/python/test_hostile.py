@@ -214,3 +214,33 @@ def test_a_hooked_submodule_that_runs_twice_is_named():
     assert not r.passed
     assert ("(ValueError: hooks: 'output': 'softmax' ran twice in one forward (a submodule called more than once: "
             "hook one that runs once, or give the value with tparity.record)") in str(r), r
+
+
+def test_the_calling_process_killed_leaves_no_exec_or_work_directory(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    script = tmp_path / "slow.py"
+    script.write_text("import time, tparity\n"
+                      "def slow(problem, dtype):\n"
+                      "    print('computing', flush=True)\n"
+                      "    time.sleep(60)\n"
+                      "tparity.check(function=slow, case='softmax', dtypes=['float64'])\n")
+    work = tmp_path / "tmp"
+    work.mkdir()
+    p = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ, TMPDIR=str(work)),
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "computing\n"
+    finally:
+        p.send_signal(signal.SIGKILL)  # no finally of its own runs: exec must learn it from its parent's death
+        p.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and (list(work.glob("tparity-exec-*")) or _running_in(work)):
+        time.sleep(0.1)
+    assert list(work.glob("tparity-exec-*")) == [] and not _running_in(work)
+
+
+def _running_in(folder):
+    return [pid for pid in os.listdir("/proc") if pid.isdigit() and str(folder) in _cmdline(pid)]
