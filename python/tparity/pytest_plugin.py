@@ -14,11 +14,14 @@ fails on its own precision's legs only. Options: --tparity-bin PATH, --tparity-f
 component's legs in a failure's message).
 """
 
+import re
+
 import pytest
 
 from ._check import TparityFailure, check
 from ._cli import UsageError
 
+_RUN = re.compile(r"case \S+ \((float64|float32|bfloat16|float16)\):")
 _PRECISION_OF_LEG = (("handbf16", "bfloat16"), ("handf16", "float16"), ("hand64", "float64"), ("hand32", "float32"))
 
 
@@ -41,10 +44,8 @@ def _precision(failure):
     for key, dtype in _PRECISION_OF_LEG:
         if key in leg:
             return dtype
-    for dtype in ("float64", "float32", "bfloat16", "float16"):
-        if f"({dtype})" in failure.get("text", ""):
-            return dtype
-    return None  # the case as a whole
+    m = _RUN.match(failure.get("text", ""))  # "case NAME (DTYPE): ...": that run's program failed
+    return m.group(1) if m else None  # the case as a whole
 
 
 class TparityCase:

@@ -57,3 +57,10 @@ def test_nothing(tparity_case):
     r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert "@pytest.mark.tparity needs case=, cases= or fixtures=" in r.stderr.str() + r.stdout.str()
     assert r.ret != 0
+
+
+def test_a_program_failure_is_its_runs_precision_whatever_its_message_says():
+    from tparity.pytest_plugin import _precision
+    text = "case softmax (float32): the program exited with code 1 (ValueError: expected a tensor (float64))"
+    assert _precision({"component": "", "leg": "", "text": text}) == "float32"
+    assert _precision({"component": "", "leg": "", "text": "case softmax: no component matched (float16)"}) is None
