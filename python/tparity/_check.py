@@ -165,7 +165,8 @@ def exec_args(case=None, cases=(), fixture=None, fixtures=(), dtypes=("float64",
 def _arguments(module, weights, transpose, hooks):
     """The loading arguments' types, checked before anything runs: a wrong one would fail every case
     with an AttributeError far from the call."""
-    if module is not None and hasattr(module, "named_parameters") and hasattr(module, "forward"):
+    if (module is not None and not isinstance(module, type) and hasattr(module, "named_parameters")
+            and hasattr(module, "forward")):  # an instance; the class itself is a factory
         raise TypeError(f"module=: expected a factory (config -> torch.nn.Module), got the module "
                         f"{type(module).__name__} itself: give module=lambda config: {type(module).__name__}(...) "
                         f"(it is built anew for each case and precision)")

@@ -244,3 +244,13 @@ def test_the_calling_process_killed_leaves_no_exec_or_work_directory(tmp_path):
 
 def _running_in(folder):
     return [pid for pid in os.listdir("/proc") if pid.isdigit() and str(folder) in _cmdline(pid)]
+
+
+def test_a_module_class_is_a_factory():
+    torch = pytest.importorskip("torch")
+
+    class Softmax(torch.nn.Softmax):
+        def __init__(self, config):
+            super().__init__(dim=-1)
+    r = tparity.check(module=Softmax, **F64)
+    assert r.passed, r
