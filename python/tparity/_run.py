@@ -85,7 +85,7 @@ class Recorder:
         return like(_layouts.from_canonical(layout, self.reference[name], mine), value)
 
 
-def _outputs(problem, result, pick):
+def _outputs(problem, dtype, result, pick):
     """The user's return value as {output name: canonical array}."""
     names = sorted(problem.outputs, key=lambda n: n != "output")  # "output" first, as modules return it
     if pick is not None:
@@ -115,19 +115,8 @@ def _outputs(problem, result, pick):
             raise ValueError(f"outputs: {k}: the code returned shape {list(a.shape)}, the module's is "
                              f"{list(problem.outputs[k].shape)} (an output is judged as returned; outputs= "
                              f"picks or reshapes it)")
-        out[k] = a
+        out[k] = in_precision(a, dtype)
     return out
-
-
-def _same_precision(dtype, tensors, what):
-    """A float64 or float32 run's arrays must be of its dtype: one computed in the other precision
-    is the code's slip (numpy promotes float32 with a float64 scalar such as np.sqrt(D))."""
-    if dtype not in ("float64", "float32"):
-        return
-    for name, a in tensors.items():
-        if a.dtype.kind == "f" and a.dtype.name != dtype:
-            raise ValueError(f"{what} {name}: computed in {a.dtype.name} in a {dtype} run (compute in the run's "
-                             f"dtype throughout: numpy promotes {dtype} with a float64 scalar, e.g. np.sqrt(D))")
 
 
 def _finish(problem, dtype, run, local):
@@ -135,8 +124,6 @@ def _finish(problem, dtype, run, local):
     own = Recorder(problem, dtype)
     with recording(own):
         outputs = run(own)
-    _same_precision(dtype, outputs, "output")
-    _same_precision(dtype, own.values, "component")
     components = {k: v for k, v in own.values.items() if k in problem.components}
     if components and "output" in problem.components and "output" in outputs and "output" not in components:
         components["output"] = outputs["output"]
@@ -282,7 +269,7 @@ def module_runner(factory, weights=None, transpose=(), call=None, outputs=None, 
                     handles.append(sub.register_forward_hook(hook))
                 try:
                     with torch.no_grad():
-                        return _outputs(problem, call(module, inputs), outputs)
+                        return _outputs(problem, dtype, call(module, inputs), outputs)
                 finally:
                     for h in handles:
                         h.remove()
@@ -296,6 +283,6 @@ def function_runner(function, outputs=None, local=True):
         def run(recorder):  # each pass on its own copy of the inputs and weights (see module_runner)
             mine = dataclasses.replace(problem, inputs={k: np.array(a) for k, a in problem.inputs.items()},
                                        state_dict={k: np.array(a) for k, a in problem.state_dict.items()})
-            return _outputs(problem, function(mine, dtype), outputs)
+            return _outputs(problem, dtype, function(mine, dtype), outputs)
         return _finish(problem, dtype, run, local)
     return compute
