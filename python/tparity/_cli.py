@@ -134,7 +134,9 @@ def run_exec(compute, args, tparity=None, echo=False):
     """`tparity exec ARGS -- relay`, serving compute(problem, dtype) -> (outputs, components, local):
     (exit code, the JSON report or None, standard error, {(case, dtype): what the code raised})."""
     exe = binary(tparity)
-    with tempfile.TemporaryDirectory(prefix="tparity-py-") as tmp:
+    # A Unix socket's path holds at most 107 bytes: under a long $TMPDIR the folder goes in /tmp.
+    where = None if len(os.path.join(tempfile.gettempdir(), "tparity-py-XXXXXXXX", "relay.sock")) < 100 else "/tmp"
+    with tempfile.TemporaryDirectory(prefix="tparity-py-", dir=where) as tmp:
         sock_path = os.path.join(tmp, "relay.sock")
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(sock_path)

@@ -254,3 +254,13 @@ def test_a_module_class_is_a_factory():
             super().__init__(dim=-1)
     r = tparity.check(module=Softmax, **F64)
     assert r.passed, r
+
+
+def test_a_long_tmpdir_does_not_break_the_socket(tmp_path, monkeypatch):
+    import tempfile
+    long = tmp_path / ("x" * 100)
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read $TMPDIR again
+    r = tparity.check(function=softmax, case="softmax", dtypes=["float64"])
+    assert r.passed, r
