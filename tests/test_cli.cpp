@@ -213,8 +213,11 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
   Result r = tparity("check --fixture " + kFixtures + "/mha_kdim_vdim.json --fixture " + kFixtures +
                      "/encoder_unbatched_eps.json");
   CHECK(r.code == 0);
-  CHECK_THAT(r.out, Catch::Contains("=> PASS"));
+  // One line per case by default: its verdict, name and worst component against LibTorch's own error.
+  CHECK_THAT(r.out, Catch::Contains("\nPASS  mha_kdim_vdim  worst: "));
+  CHECK_THAT(r.out, Catch::Contains("\nPASS  encoder_unbatched_eps  worst: "));
   CHECK_THAT(r.out, !Catch::Contains("FAIL"));
+  CHECK_THAT(r.out, !Catch::Contains("=> PASS"));  // the tables are --full's
 
   // One stored float64 output moved by 1e-5 (rel_l2 ~2e-6 of the whole tensor): far above float64 noise.
   json j = json::parse(slurp(kFixtures + "/mha_kdim_vdim.json"));
@@ -228,11 +231,21 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
   CHECK(doc.at("cases").at(0).at("pass") == false);
   CHECK_THAT(doc.at("cases").at(0).at("failures").at(0).get<std::string>(),
              Catch::StartsWith("case mha_kdim_vdim: component output: leg hand64_vs_torch64: rel_l2"));
-  // The table says the same, one line per failure, and the verdict.
+  // The summary line names where it breaks, then one line per failure with its size against the bound
+  // and against LibTorch's own float32 error; --full adds the table and its verdict.
   r = tparity("check --fixture " + tampered.string());
   CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("\nFAIL  mha_kdim_vdim  first divergence output (hand64: "));
+  CHECK_THAT(r.out, Catch::Contains("\n  FAIL case mha_kdim_vdim: component output: leg hand64_vs_torch64: rel_l2"));
+  CHECK_THAT(r.out, Catch::Contains("x the bound; ") && Catch::Contains("x LibTorch's own float32 error "));
+  CHECK_THAT(r.out, !Catch::Contains("  => FAIL"));
+  r = tparity("check --full --fixture " + tampered.string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("case mha_kdim_vdim: MultiheadAttention"));
+  CHECK_THAT(r.out, Catch::Contains("verdict  non-finite (matched)"));
   CHECK_THAT(r.out, Catch::Contains("  FAIL case mha_kdim_vdim: component output: leg hand64_vs_torch64: rel_l2"));
   CHECK_THAT(r.out, Catch::Contains("  => FAIL"));
+  CHECK_THAT(r.out, !Catch::Contains("\nFAIL  mha_kdim_vdim"));
   if (with_torch()) {  // and the per-component report against the LibTorch decomposition, which still passes
     REQUIRE(doc.at("cases").size() == 2);
     CHECK(doc.at("cases").at(1).at("name") == "mha_kdim_vdim/components");
@@ -248,11 +261,10 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   }
   Result r = tparity("run");
   CHECK(r.code == 0);
-  for (const char* c : {"case single",  "case batched", "case multihead", "case block",       "case sdpa",
-                        "case encoder", "case decoder", "case embed",     "case vit",         "case matmul",
-                        "case bmm",     "case softmax", "case layernorm", "case selfattn_v1", "case book_mha",
-                        "case llama",   "case gpt2",    "case mistral",   "case qwen3",       "case gemma2"})
-    CHECK_THAT(r.out, Catch::Contains(c));
+  for (const char* c : {"single",   "batched", "multihead", "block",   "sdpa",    "encoder",   "decoder",
+                        "embed",    "vit",     "matmul",    "bmm",     "softmax", "layernorm", "selfattn_v1",
+                        "book_mha", "llama",   "gpt2",      "mistral", "qwen3",   "gemma2"})
+    CHECK_THAT(r.out, Catch::Contains(std::string("\nPASS  ") + c + "  worst: "));
   // The 20 generated cases, and the pretrained one (two reports) unless its package is missing here.
   CHECK(std::regex_search(r.out, std::regex("\\n(20|22) case\\(s\\): \\1 passed, 0 failed\\n")));
 
@@ -273,21 +285,22 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
 
   // Overrides reach the case: cross-attention with random bool masks and biases.
   r = tparity(
-      "run --case multihead --batch 3 --seq 7 --kv-seq 11 --dim 24 --heads 6 --bias on --mask random --random-params "
+      "run --full --case multihead --batch 3 --seq 7 --kv-seq 11 --dim 24 --heads 6 --bias on --mask random "
+      "--random-params "
       "--seed 9");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("B=3 T=7 S=11 d=24 heads=6 bias=on mask=random random_params  (seed 9)"));
 
   // The new cases take the options that mean something for them: a ViT's --activation is its head's.
-  r = tparity("run --case vit --batch 3 --heads 4 --ffn 20 --activation softplus --random-params");
+  r = tparity("run --full --case vit --batch 3 --heads 4 --ffn 20 --activation softplus --random-params");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("ViT B=3 image=3x32x32 patch=8 (16 patches, d=192) heads=4 ffn=20 relu layers=2 "
                                     "head=[64, 10] softplus random_params"));
   CHECK_THAT(r.out, Catch::Contains("head.0.act"));
-  r = tparity("run --case embed --batch 3 --seq 9 --dim 12 --heads 3 --ffn 7 --activation gelu");
+  r = tparity("run --full --case embed --batch 3 --seq 9 --dim 12 --heads 3 --ffn 7 --activation gelu");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("TokenEncoder B=3 T=9 vocab=1000 d=12 heads=3 ffn=7 gelu layers=6"));
-  r = tparity("run --case bmm --case matmul --batch 0 --case softmax --case layernorm");
+  r = tparity("run --full --case bmm --case matmul --batch 0 --case softmax --case layernorm");
   CHECK(r.code == 0);
   for (const char* c : {"Matmul [3, 5, 4] @ [3, 4, 3]", "Matmul [4, 10, 3] @ [3, 6]", "Softmax [100, 100] scale=8",
                         "LayerNorm [100, 64] offset=100 affine"})
@@ -300,7 +313,7 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   CHECK(llama.at("config").at("rms_norm_eps") == 1e-5);
   CHECK(llama.at("pass") == true);
   // The selftest's two stress cases run by name, as the README says.
-  r = tparity("run --case softmax_hot --case long_keys");
+  r = tparity("run --full --case softmax_hot --case long_keys");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("case softmax_hot: Softmax"));
   CHECK_THAT(r.out, Catch::Contains("case long_keys: MultiheadAttention B=1 T=32 S=16384"));
@@ -369,7 +382,8 @@ TEST_CASE("cli: gate's JUnit files a failure under its own component / whatever 
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("FAIL case x: component attn_weights: y: component output: leg hand64_vs_torch64: "
                                     "rel_l2 "));
-  CHECK_THAT(r.out, Catch::Contains("FAIL named (2 components)\nPASS named/components (8 components)\n"));
+  CHECK_THAT(r.out, Catch::Contains("\nFAIL  named  first divergence output (hand64: "));
+  CHECK_THAT(r.out, Catch::Contains("\nPASS  named/components  worst: "));
   const std::string x = slurp(xml);
   CHECK_THAT(x, Catch::Contains("<testcase classname=\"tparity.named\" name=\"output\">\n      <failure message=\"case "
                                 "x: component attn_weights: y: component output: leg hand64_vs_torch64: rel_l2 "));

@@ -260,6 +260,6 @@ TEST_CASE("NaN and inf in weights and inputs: reported, matched NaN counted, nev
   }
   CHECK(doc.at("cases").at(0).at("components").at(1).at("legs").at("hand64_vs_torch64").at("nan_matched") == 100);
   CHECK_THAT(doc.at("cases").at(0).at("notes").dump(), Catch::Contains("non-finite values in inputs.query: 1 NaN"));
-  r = cli("check --fixture " + poisoned.string());
+  r = cli("check --full --fixture " + poisoned.string());
   CHECK_THAT(r.out, Catch::Contains("PASS     nan 64 inf 99"));  // the table's non-finite column counts them
 }

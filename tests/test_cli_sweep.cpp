@@ -258,6 +258,8 @@ TEST_CASE("cli: sweep JSON has the documented keys and one point per grid point"
                                             "failures",
                                             "notes",
                                             "first_divergence",
+                                            "summary",
+                                            "diagnoses",
                                             "reference",
                                             "stored_reference"};
   for (size_t i = 0; i < 4; ++i) {

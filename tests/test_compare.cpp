@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "tparity/compare/baseline.hpp"
@@ -187,7 +188,10 @@ TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
   };
   // The keys the README documents, no fewer and no others.
   CHECK(keys(c) == std::set<std::string>{"name", "description", "config", "seed", "pass", "components", "failures",
-                                         "notes", "first_divergence", "reference", "stored_reference"});
+                                         "notes", "first_divergence", "reference", "stored_reference", "summary",
+                                         "diagnoses"});
+  CHECK(c.at("summary") == summary_line(r));
+  CHECK(c.at("diagnoses") == nlohmann::json::array());
   CHECK(keys(c.at("components").at(0)) == std::set<std::string>{"name", "shape", "pass", "growth", "legs"});
   CHECK(keys(legs) ==
         std::set<std::string>{"hand64_vs_torch64", "hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"});
@@ -246,6 +250,156 @@ TEST_CASE("diagnosis: growth between components and the first component whose lo
   for (const Failure& f : r.failures) CHECK(f.text.find("local_") == std::string::npos);
   CHECK_THAT(render_table(r), Catch::Contains("first divergence: component b"));
   CHECK(to_json(r).at("first_divergence").at("component") == "b");
+}
+
+TEST_CASE("failure lines: the size against the bound and against LibTorch's own float32 error", "[compare]") {
+  // hand64 off by 2e-4 on x, LibTorch's float32 error 2e-7: 2e-4 / 1e-10 = 2e6 times the bound, 2e-4 / 2e-7
+  // = 1000 times LibTorch's own error; hand32 off by 1e-6, its bound worked out as in the gates' test.
+  const CaseReport r = judge(2e-4, 1e-6, 2e-7);
+  REQUIRE(r.failures.size() == 2);
+  CHECK_THAT(r.failures[0].text,
+             Catch::StartsWith("case demo: component x: leg hand64_vs_torch64: rel_l2 0.0002 > bound 1e-10 (2e+06x "
+                               "the bound; 1000x LibTorch's own float32 error 2e-07); semantic bound; max_abs"));
+  const double bound = 2 * noise_quantile(100, 1) * 2e-7 + 4 * 0x1p-24;
+  CHECK_THAT(r.failures[1].text,
+             Catch::Contains(fmt::format("rel_l2 1e-06 > bound {:.3g} ({:.1f}x the bound; 5.0x LibTorch's own float32 "
+                                         "error 2e-07); bound = 2 x ",
+                                         bound, 1e-6 / bound)));
+  // The one-line summary: the first failing component and leg, and the worst against LibTorch's error.
+  CHECK(summary_line(r) ==
+        "FAIL  demo  first divergence x (hand64: 2.0e-04 > 1e-10); worst: x 1000x LibTorch's own "
+        "float32 error");
+  CHECK(summary_line(judge(1e-15, 3e-7, 2e-7)) == "PASS  demo  worst: x 1.5x LibTorch's own float32 error");
+  // The default view is that line and the findings; the table is --full's.
+  const std::string brief = render_summary(r);
+  CHECK(brief.rfind(summary_line(r) + "\n  FAIL case demo: component x: leg hand64_vs_torch64", 0) == 0);
+  CHECK(brief.find("verdict  non-finite") == std::string::npos);
+  CHECK(render_table(r).find("verdict  non-finite") != std::string::npos);
+}
+
+namespace {
+
+// Components a -> b of 100 elements each, torch64 = 1 + a spread pattern, in every implementation named
+// in `errs` with its relative errors on (a, b); a missing name is not run.
+CaseReport slipped(const std::map<std::string, std::pair<double, double>>& errs) {
+  auto make = [](std::pair<double, double> e) {
+    Components cs;
+    for (auto [name, err] : {std::pair<const char*, double>{"a", e.first}, {"b", e.second}}) {
+      Tensor<double> t({100}, 1.0);
+      const double amp = 10 * err / std::sqrt(103.0);
+      for (size_t i = 0; i < 100; ++i) t.data[i] += (i == 7 ? 2 * amp : amp) * (i % 2 ? -1 : 1);
+      cs.push_back({name, t});
+    }
+    return cs;
+  };
+  std::map<std::string, Components> made;
+  Implementations impls;
+  for (const auto& [name, e] : errs) made[name] = make(e);
+  made["torch64"] = make({0, 0});
+  for (const auto& [name, c] : made) impls[name] = &c;
+  CaseReport r;
+  r.name = "demo";
+  compare_components(r, {"a", "b"}, impls, standard_legs(), GatePolicy{}, {"torch64", "torch32"});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("diagnosis: a precision slip is named at its first component / --accept precision-slip", "[compare]") {
+  // float64 off by 3e-8 on a and 5e-8 on b (a float32 rounding's size), float32 as good as LibTorch's 2e-7.
+  CaseReport r = slipped({{"hand64", {3e-8, 5e-8}}, {"hand32", {2e-7, 2e-7}}, {"torch32", {2e-7, 2e-7}}});
+  CHECK_FALSE(r.pass);
+  REQUIRE(r.diagnoses.size() == 1);
+  CHECK(r.diagnoses[0].kind == "precision-slip");
+  CHECK(r.diagnoses[0].component == "a");  // the first in dataflow order, not b
+  CHECK(r.diagnoses[0].leg == "hand64_vs_torch64");
+  CHECK_THAT(r.diagnoses[0].text,
+             Catch::StartsWith("precision slip: float64 differs at 3e-08, the size of a float32 value inside the "
+                               "float64 computation: a constant, a table or a cast (0.15x LibTorch's own float32 "
+                               "error 2e-07 on a; every float32 leg passes)"));
+  CHECK_THAT(render_summary(r), Catch::Contains("  diagnosis: a: hand64_vs_torch64: precision slip: "));
+  CHECK_THAT(r.diagnoses[0].text, Catch::Contains("It fails the case"));
+  CHECK(to_json(r).at("diagnoses").at(0).at("kind") == "precision-slip");
+  // Accepted: the failures become notes, the case passes, the summary says so.
+  CHECK(accept_precision_slip(r));
+  CHECK(r.pass);
+  CHECK(r.failures.empty());
+  REQUIRE(r.notes.size() == 2);
+  CHECK_THAT(r.notes[0], Catch::StartsWith("accepted as a precision slip (--accept precision-slip): case demo: "
+                                           "component a: leg hand64_vs_torch64: rel_l2 3e-08"));
+  CHECK_THAT(summary_line(r), Catch::StartsWith("PASS  demo  precision slip accepted at a; worst: "));
+  CHECK_THAT(r.diagnoses.at(0).text, Catch::EndsWith("Accepted (--accept precision-slip): every float32 leg passes"));
+
+  // Not a slip, not accepted: a semantic failure far above float32's level ...
+  r = slipped({{"hand64", {1e-3, 1e-3}}, {"hand32", {2e-7, 2e-7}}, {"torch32", {2e-7, 2e-7}}});
+  CHECK(r.diagnoses.empty());
+  CHECK_FALSE(accept_precision_slip(r));
+  CHECK_FALSE(r.pass);
+  // ... a float64 slip downstream of a larger one (b at 1e-5: not every failure is float32-sized) ...
+  r = slipped({{"hand64", {3e-8, 1e-5}}, {"hand32", {2e-7, 2e-7}}, {"torch32", {2e-7, 2e-7}}});
+  CHECK(r.diagnoses.size() == 1);
+  CHECK_FALSE(accept_precision_slip(r));
+  CHECK_FALSE(r.pass);
+  // ... a slip-sized float64 error while a float32 leg fails (something bigger is wrong) ...
+  r = slipped({{"hand64", {3e-8, 3e-8}}, {"hand32", {2e-7, 1e-5}}, {"torch32", {2e-7, 2e-7}}});
+  CHECK(r.diagnoses.empty());
+  CHECK_FALSE(accept_precision_slip(r));
+  CHECK_FALSE(r.pass);
+  // ... and a float64 run alone: named by its size, but with no float32 leg there is nothing to accept by.
+  r = slipped({{"hand64", {3e-8, 3e-8}}, {"torch32", {2e-7, 2e-7}}});
+  REQUIRE(r.diagnoses.size() == 1);
+  CHECK_THAT(r.diagnoses[0].text, Catch::Contains("the float32 leg was not run"));
+  CHECK_FALSE(accept_precision_slip(r));
+  CHECK_FALSE(r.pass);
+  // Below 1e-9 or above 4x LibTorch's float32 error (and 4u) it is not float32's rounding level.
+  CHECK(slipped({{"hand64", {5e-10, 0}}, {"hand32", {2e-7, 2e-7}}, {"torch32", {2e-7, 2e-7}}}).diagnoses.empty());
+  CHECK(slipped({{"hand64", {9e-7, 0}}, {"hand32", {2e-7, 2e-7}}, {"torch32", {2e-7, 2e-7}}}).diagnoses.empty());
+  CHECK(slipped({{"hand64", {7e-7, 0}}, {"hand32", {2e-7, 2e-7}}, {"torch32", {2e-7, 2e-7}}}).diagnoses.size() == 1);
+}
+
+TEST_CASE("diagnosis: NaN rows where the reference's weights are uniform / other non-finite patterns", "[compare]") {
+  // Attention weights (2 queries x 4 keys): query 1 has every key masked, the reference gives 1/4 each,
+  // the implementation NaN.
+  const Tensor<double> ref({1, 2, 4}, {0.1, 0.2, 0.3, 0.4, 0.25, 0.25, 0.25, 0.25});
+  const Tensor<double> nan_row({1, 2, 4}, {0.1, 0.2, 0.3, 0.4, kNaN, kNaN, kNaN, kNaN});
+  NonfinitePattern p = nonfinite_pattern(nan_row, ref);
+  CHECK(p.kind == "nonfinite-rows");
+  CHECK(p.rows == 1);
+  CHECK(p.uniform_rows == 1);
+  CHECK(p.first_row == std::vector<int64_t>{0, 1});
+  CHECK(p.text ==
+        "1 row(s) of the last axis (length 4) are NaN in yours where the reference's are finite, first row [0,1]; all "
+        "in the reference uniform (every value 1/4: rows where every key is masked): the reference gives uniform "
+        "weights, yours NaN");
+  // Not uniform in the reference: the rows are named, without the masked-row reading.
+  const Tensor<double> ref2({1, 2, 4}, {0.1, 0.2, 0.3, 0.4, 0.1, 0.2, 0.3, 0.4});
+  p = nonfinite_pattern(nan_row, ref2);
+  CHECK(p.kind == "nonfinite-rows");
+  CHECK(p.uniform_rows == 0);
+  CHECK(p.text.find("uniform") == std::string::npos);
+  // An infinity where the reference is finite, in a row otherwise finite: a plain precise description.
+  const Tensor<double> inf1({1, 2, 4}, {0.1, kInf, 0.3, 0.4, 0.25, 0.25, 0.25, 0.25});
+  p = nonfinite_pattern(inf1, ref);
+  CHECK(p.kind == "nonfinite");
+  CHECK(p.text == "1 infinite in yours where the reference is finite; first at [0,0,1]");
+  CHECK(nonfinite_pattern(ref, ref).kind.empty());
+
+  // Through the legs: the failure line carries the pattern, the case a diagnosis at the first
+  // component, with the later components it spreads to.
+  Components t64{{"w", ref}, {"out", ref}}, h64{{"w", nan_row}, {"out", nan_row}};
+  CaseReport r;
+  r.name = "demo";
+  compare_components(r, {"w", "out"}, {{"hand64", &h64}, {"torch64", &t64}}, standard_legs(), GatePolicy{},
+                     {"hand64", "torch64"});
+  REQUIRE(r.failures.size() == 2);
+  CHECK_THAT(r.failures[0].text, Catch::Contains("4 non-finite value(s) differ, first at [0,1,0]: 1 row(s) of the "
+                                                 "last axis"));
+  REQUIRE(r.diagnoses.size() == 1);
+  CHECK(r.diagnoses[0].kind == "nonfinite-rows");
+  CHECK(r.diagnoses[0].component == "w");
+  CHECK_THAT(r.diagnoses[0].text, Catch::Contains("the reference gives uniform weights, yours NaN") &&
+                                      Catch::Contains("differ in 1 later component(s) (out): spreading from w"));
+  CHECK_THAT(summary_line(r), Catch::StartsWith("FAIL  demo  first divergence w (hand64: 4 non-finite differ)"));
 }
 
 TEST_CASE("baseline: recorded legs / rounding / and the drift ratchet with its floors", "[compare]") {

@@ -79,7 +79,9 @@ std::vector<CaseReport> check_fixtures(const Implementation& impl, const std::ve
 // 0 when every case passed, 1 otherwise (the CLI's exit codes).
 int exit_code(const std::vector<CaseReport>& reports);
 
-// Each report as a table, then a summary line; or one JSON document.
-void print_reports(const std::vector<CaseReport>& reports, std::FILE* out = stdout, bool json = false);
+// Each report as its summary line and findings (failures, diagnoses), or with `full` as its table of
+// every component; then the line "N case(s): ..."; or one JSON document.
+void print_reports(const std::vector<CaseReport>& reports, std::FILE* out = stdout, bool json = false,
+                   bool full = false);
 
 }  // namespace tparity

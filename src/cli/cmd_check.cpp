@@ -10,6 +10,7 @@ namespace {
 struct CheckOptions {
   std::vector<std::string> fixtures;
   Format format = Format::Table;
+  ReportOptions report;
 };
 
 int check(const CheckOptions& o) {
@@ -18,7 +19,8 @@ int check(const CheckOptions& o) {
     std::vector<CaseReport> rs = check_fixture(read_fixture(f), f, GatePolicy{});
     reports.insert(reports.end(), rs.begin(), rs.end());
   }
-  return emit(reports, o.format);
+  apply_accept(reports, o.report);
+  return emit(reports, o.format, o.report.full);
 }
 
 }  // namespace
@@ -29,6 +31,7 @@ void register_check(CLI::App& app, Action& action) {
       app.add_subcommand("check", "Compare the hand core (and LibTorch) with the outputs stored in fixtures");
   cmd->add_option("--fixture", o->fixtures, "Fixture file(s), format v1")->required();
   add_format_option(*cmd, o->format);
+  add_report_options(*cmd, o->report);
   add_max_elements_option(*cmd);
   cmd->callback([o, &action] { action = [o] { return check(*o); }; });
 }

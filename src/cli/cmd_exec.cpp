@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 
 struct Judging {  // what exec and judge share
   Format format = Format::Table;
+  ReportOptions report;
   std::string junit, baseline;
   bool update = false;
   double factor = 2.0;
@@ -71,6 +72,7 @@ CaseReport refused(const std::string& name, const std::string& description, cons
 int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::string, std::string>>& skipped,
            const Judging& j, const std::string& rerun) {
   const ReferenceInfo ref = reference_info();
+  apply_accept(reports, j.report);
   if (!j.baseline.empty() && !j.update) {
     const Baseline b = read_baseline(j.baseline);
     for (const Drift& d : find_drift(reports, b, j.factor)) {
@@ -92,7 +94,7 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
     doc["skipped"] = sk;
     std::fputs((doc.dump(2) + "\n").c_str(), stdout);
   } else {
-    print_reports(reports, stdout, false);
+    print_reports(reports, stdout, false, j.report.full);
     for (const auto& [n, why] : skipped) fmt::print("skipped {}: {}\n", n, why);
   }
   // A gate that judged nothing must not pass: every case declined (or none asked for).
@@ -281,6 +283,7 @@ int judge(const JudgeOptions& o) {
 
 void add_judging_options(CLI::App& cmd, Judging& j) {
   add_format_option(cmd, j.format);
+  add_report_options(cmd, j.report);
   cmd.add_option("--junit", j.junit, "Also write JUnit XML here (one testcase per case and component)");
   cmd.add_option("--baseline", j.baseline, "Fail when an error grows beyond --factor times this baseline's");
   cmd.add_flag("--update-baseline", j.update, "Record this run in --baseline (only when every gate passes)");

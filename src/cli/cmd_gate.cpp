@@ -10,6 +10,7 @@
 #include "common.hpp"
 #include "gating.hpp"
 #include "tparity/compare/baseline.hpp"
+#include "tparity/compare/report.hpp"
 #include "tparity/core/gemm.hpp"
 #include "tparity/eval/evaluate.hpp"
 #include "tparity/fixture/fixture.hpp"
@@ -28,6 +29,7 @@ struct GateOptions {
   std::string junit;
   bool update = false;
   double factor = 2.0;
+  ReportOptions report;
 };
 
 // The fixtures under dir, its subdirectories included (one per torch version that exported a set):
@@ -73,7 +75,12 @@ int gate(const GateOptions& o) {
   }
 
   std::vector<CaseReport> reports;
-  for (const Gated& g : gated) reports.push_back(g.report);
+  for (Gated& g : gated) {
+    std::vector<CaseReport> one{std::move(g.report)};
+    apply_accept(one, o.report);
+    g.report = std::move(one.front());
+    reports.push_back(g.report);
+  }
   // Which PyTorch judged, recorded with the baseline and compared with the one that recorded it.
   const ReferenceInfo ref = reference_info();
   const std::map<std::string, std::string> env{{"torch", ref.torch},
@@ -150,10 +157,19 @@ int gate(const GateOptions& o) {
                           d.bound > o.factor * d.baseline ? fmt::format(", floor {:.3g}", drift_floor(d.leg)) : "")});
   }
 
-  for (const Gated& g : gated)
-    fmt::print("{} {} ({} components)\n", failed_by_case.count(g.report.name) ? "FAIL" : "PASS", g.report.name,
-               g.report.components.size());
+  // Each case's summary line (a pass that drifted beyond the baseline is a FAIL here), and with --full
+  // its table; then every failure with its re-run command, and the diagnoses.
+  for (const Gated& g : gated) {
+    std::string line = summary_line(g.report);
+    if (g.report.pass && failed_by_case.count(g.report.name))
+      line = "FAIL" + line.substr(4) + "; drifted beyond the baseline";
+    fmt::print("{}\n", line);
+    if (o.report.full) fmt::print("{}", render_table(g.report));
+  }
   for (const std::string& l : lines) fmt::print("FAIL {}\n", l);
+  for (const Gated& g : gated)
+    for (const Diagnosis& d : g.report.diagnoses)
+      fmt::print("diagnosis: case {}: {}: {}: {}\n", g.report.name, d.component, d.leg, d.text);
   if (optional_missing)
     fmt::print(
         "note: {} figures of fixtures compared with this LibTorch's decomposition have no baseline entry: the "
@@ -177,6 +193,7 @@ void register_gate(CLI::App& app, Action& action) {
   cmd->add_flag("--update-baseline", o->update, "Record this run as the baseline (only when every gate passes)");
   cmd->add_option("--factor", o->factor, "Fail when an error grows beyond this factor of its baseline")
       ->capture_default_str();
+  add_report_options(*cmd, o->report);
   add_max_elements_option(*cmd);
   cmd->callback([o, &action] { action = [o] { return gate(*o); }; });
 }

@@ -20,6 +20,7 @@ namespace {
 struct RunOptions {
   CaseSelection selection;
   Format format = Format::Table;
+  ReportOptions report;
 };
 
 bool any_override(const CaseOverrides& o) {
@@ -72,13 +73,14 @@ int run(const RunOptions& o) {
       reports.push_back(std::move(r));
     }
   }
+  apply_accept(reports, o.report);
   if (o.format == Format::Json) {
     nlohmann::json doc = to_json(reports);
     doc["skipped"] = skipped;
     std::fputs((doc.dump(2) + "\n").c_str(), stdout);
     return exit_code(reports) ? kFail : kPass;
   }
-  return emit(reports, o.format);
+  return emit(reports, o.format, o.report.full);
 }
 
 }  // namespace
@@ -91,6 +93,7 @@ void register_run(CLI::App& app, Action& action) {
   for (const PretrainedCase& c : pretrained_cases()) pretrained += ", " + c.name + " (" + c.description + ")";
   add_case_options(*cmd, o->selection, pretrained);
   add_format_option(*cmd, o->format);
+  add_report_options(*cmd, o->report);
   cmd->callback([o, &action] { action = [o] { return run(*o); }; });
 }
 

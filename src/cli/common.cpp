@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -214,8 +215,22 @@ CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const
           ""));
 }
 
-int emit(const std::vector<CaseReport>& reports, Format format) {
-  print_reports(reports, stdout, format == Format::Json);
+void add_report_options(CLI::App& cmd, ReportOptions& o) {
+  cmd.add_flag("--full", o.full,
+               "Print every case's table of components and legs, not only its summary line, failures and diagnoses");
+  cmd.add_option("--accept", o.accept,
+                 "precision-slip: a float64 leg failing at float32's rounding level (a float32 constant, table or "
+                 "cast in float64 code) is a note, not a failure, when every float32 leg of the case passes")
+      ->check(CLI::IsMember({"precision-slip"}));
+}
+
+void apply_accept(std::vector<CaseReport>& reports, const ReportOptions& o) {
+  if (std::find(o.accept.begin(), o.accept.end(), "precision-slip") == o.accept.end()) return;
+  for (CaseReport& r : reports) accept_precision_slip(r);
+}
+
+int emit(const std::vector<CaseReport>& reports, Format format, bool full) {
+  print_reports(reports, stdout, format == Format::Json, full);
   return exit_code(reports) ? kFail : kPass;
 }
 

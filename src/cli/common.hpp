@@ -77,7 +77,19 @@ CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const
 enum class Format { Table, Json };
 void add_format_option(CLI::App& cmd, Format& format);
 
-// Prints the reports (tables with a summary line, or one JSON document) and returns the exit code.
-int emit(const std::vector<CaseReport>& reports, Format format);
+// How the verbs that judge show and decide their reports: --full (every component's table, not only
+// each case's summary line and findings) and --accept precision-slip (a float64 failure at float32's
+// rounding level becomes a note when every float32 leg of the case passes: accept_precision_slip()).
+struct ReportOptions {
+  bool full = false;
+  std::vector<std::string> accept;  // "precision-slip"
+};
+void add_report_options(CLI::App& cmd, ReportOptions& o);
+// Applies --accept to each report (before a baseline's ratchet judges them).
+void apply_accept(std::vector<CaseReport>& reports, const ReportOptions& o);
+
+// Prints the reports (each case's summary line and findings, or with `full` its table, then the line
+// "N case(s): ..."; or one JSON document) and returns the exit code.
+int emit(const std::vector<CaseReport>& reports, Format format, bool full = false);
 
 }  // namespace tparity::cli

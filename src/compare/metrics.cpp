@@ -1,5 +1,7 @@
 #include "tparity/compare/metrics.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -111,6 +113,95 @@ Metrics measure(const Tensor<double>& a, const Tensor<double>& b) {
   m.rel_l2 = ratio(dn, rn);
   if (argmax >= 0) m.max_abs_index = unravel(argmax, a.shape);
   return m;
+}
+
+namespace {
+
+std::string index_text(const std::vector<int64_t>& idx) {
+  std::string s = "[";
+  for (size_t i = 0; i < idx.size(); ++i) s += (i ? "," : "") + std::to_string(idx[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+NonfinitePattern nonfinite_pattern(const Tensor<double>& a, const Tensor<double>& b) {
+  NonfinitePattern p;
+  if (a.shape != b.shape) return p;
+  const int64_t total = a.numel();
+  const int64_t n = a.shape.empty() ? 1 : std::max<int64_t>(a.shape.back(), 1);
+  const int64_t rows = total / n;
+  // Each kind of mismatch, counted, and its first position.
+  int64_t nan_vs_finite = 0, inf_vs_finite = 0, finite_vs_nonfinite = 0, other = 0, first = -1;
+  int64_t in_rows = 0;  // mismatches inside rows wholly non-finite in a and finite in b
+  bool all_nan = true;  // those rows are NaN, not infinities
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* x = a.data.data() + r * n;
+    const double* y = b.data.data() + r * n;
+    int64_t bad_a = 0, bad_b = 0, mismatched = 0;
+    bool row_nan = true;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool fx = std::isfinite(x[i]), fy = std::isfinite(y[i]);
+      bad_a += fx ? 0 : 1;
+      bad_b += fy ? 0 : 1;
+      row_nan = row_nan && std::isnan(x[i]);
+      if (fx && fy) continue;
+      if ((std::isnan(x[i]) && std::isnan(y[i])) || (std::isinf(x[i]) && x[i] == y[i])) continue;
+      ++mismatched;
+      if (first < 0) first = r * n + i;
+      if (std::isnan(x[i]) && fy)
+        ++nan_vs_finite;
+      else if (std::isinf(x[i]) && fy)
+        ++inf_vs_finite;
+      else if (fx)
+        ++finite_vs_nonfinite;
+      else
+        ++other;
+    }
+    if (mismatched && bad_a == n && bad_b == 0) {
+      in_rows += mismatched;
+      all_nan = all_nan && row_nan;
+      if (p.rows++ == 0) {
+        p.first_row = unravel(r * n, a.shape);
+        if (!p.first_row.empty()) p.first_row.pop_back();
+      }
+      // Uniform: every value the same 1/n (a softmax over keys that are all masked), to float64's
+      // rounding.
+      bool uniform = true;
+      for (int64_t i = 0; i < n && uniform; ++i) uniform = std::fabs(y[i] - 1.0 / double(n)) <= 1e-12 / double(n);
+      p.uniform_rows += uniform ? 1 : 0;
+    }
+  }
+  const int64_t mismatches = nan_vs_finite + inf_vs_finite + finite_vs_nonfinite + other;
+  if (mismatches == 0) return p;
+  if (in_rows == mismatches) {
+    p.kind = "nonfinite-rows";
+    const char* what = all_nan ? "NaN" : "non-finite";
+    p.text = fmt::format(
+        "{} row(s) of the last axis (length {}) are {} in yours where the reference's are finite, "
+        "first row {}",
+        p.rows, n, what, index_text(p.first_row));
+    if (p.uniform_rows)
+      p.text += fmt::format(
+          "; {} in the reference uniform (every value 1/{}: rows where every key is masked): the reference gives "
+          "uniform weights, yours {}",
+          p.uniform_rows == p.rows ? std::string("all") : fmt::format("{} of them", p.uniform_rows), n, what);
+    return p;
+  }
+  p.kind = "nonfinite";
+  std::vector<std::string> parts;
+  if (nan_vs_finite) parts.push_back(fmt::format("{} NaN in yours where the reference is finite", nan_vs_finite));
+  if (inf_vs_finite) parts.push_back(fmt::format("{} infinite in yours where the reference is finite", inf_vs_finite));
+  if (finite_vs_nonfinite)
+    parts.push_back(fmt::format("{} finite in yours where the reference is NaN or infinite", finite_vs_nonfinite));
+  if (other)
+    parts.push_back(fmt::format("{} non-finite in both but not alike (NaN against inf, +inf against -inf)", other));
+  for (size_t i = 0; i < parts.size(); ++i) p.text += (i ? ", " : "") + parts[i];
+  p.text += fmt::format("; first at {}", index_text(unravel(first, a.shape)));
+  if (p.rows)
+    p.text +=
+        fmt::format("; {} whole row(s) of the last axis among them, first row {}", p.rows, index_text(p.first_row));
+  return p;
 }
 
 }  // namespace tparity

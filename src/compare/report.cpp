@@ -93,11 +93,25 @@ std::string render_table(const CaseReport& r) {
     }
   }
   for (const std::string& n : r.notes) out += "  note: " + n + "\n";
-  for (const Failure& f : r.failures) out += "  FAIL " + f.text + "\n";
-  if (!r.first_divergence.empty()) out += "  first divergence: " + r.first_divergence_detail + "\n";
+  out += render_findings(r);
   out += fmt::format("  => {}\n", r.pass ? "PASS" : "FAIL");
   return out;
 }
+
+std::string render_findings(const CaseReport& r) {
+  std::string out;
+  for (const Failure& f : r.failures) out += "  FAIL " + f.text + "\n";
+  if (!r.first_divergence.empty()) out += "  first divergence: " + r.first_divergence_detail + "\n";
+  for (const Diagnosis& d : r.diagnoses) out += "  diagnosis: " + d.component + ": " + d.leg + ": " + d.text + "\n";
+  if (!r.not_checked.empty()) {
+    std::string list;
+    for (const std::string& n : r.not_checked) list += (list.empty() ? "" : ", ") + n;
+    out += "  not checked: " + list + "\n";
+  }
+  return out;
+}
+
+std::string render_summary(const CaseReport& r) { return summary_line(r) + "\n" + render_findings(r); }
 
 nlohmann::json to_json(const ReferenceInfo& ref) {
   return {{"torch", ref.torch},   {"source", ref.source},         {"blas", ref.blas},
@@ -143,9 +157,14 @@ nlohmann::json to_json(const CaseReport& r) {
                      {"growth", std::isnan(c.growth) ? nlohmann::json(nullptr) : nlohmann::json(c.growth)},
                      {"legs", std::move(legs)}});
   }
-  nlohmann::json j = {{"name", r.name},  {"description", r.description},   {"config", r.config},
-                      {"pass", r.pass},  {"components", std::move(comps)}, {"failures", to_json(r.failures)},
-                      {"notes", r.notes}};
+  nlohmann::json j = {{"name", r.name},   {"description", r.description},   {"config", r.config},
+                      {"pass", r.pass},   {"components", std::move(comps)}, {"failures", to_json(r.failures)},
+                      {"notes", r.notes}, {"summary", summary_line(r)}};
+  nlohmann::json diagnoses = nlohmann::json::array();
+  for (const Diagnosis& d : r.diagnoses)
+    diagnoses.push_back({{"kind", d.kind}, {"component", d.component}, {"leg", d.leg}, {"text", d.text}});
+  j["diagnoses"] = std::move(diagnoses);
+  if (!r.not_checked.empty()) j["not_checked"] = r.not_checked;
   j["seed"] = r.has_seed ? nlohmann::json(r.seed) : nlohmann::json(nullptr);
   j["reference"] = to_json(r.reference);
   j["stored_reference"] = r.stored_reference.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.stored_reference);

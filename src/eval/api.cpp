@@ -41,7 +41,7 @@ int exit_code(const std::vector<CaseReport>& reports) {
   return 0;
 }
 
-void print_reports(const std::vector<CaseReport>& reports, std::FILE* out, bool json) {
+void print_reports(const std::vector<CaseReport>& reports, std::FILE* out, bool json, bool full) {
   if (json) {
     std::fputs((to_json(reports).dump(2) + "\n").c_str(), out);
     return;
@@ -56,7 +56,7 @@ void print_reports(const std::vector<CaseReport>& reports, std::FILE* out, bool 
   }
   for (const CaseReport& r : reports) {
     failed += r.pass ? 0 : 1;
-    std::fputs((render_table(r) + "\n").c_str(), out);
+    std::fputs((full ? render_table(r) + "\n" : render_summary(r)).c_str(), out);
   }
   std::fputs(fmt::format("{} case(s): {} passed, {} failed\n", reports.size(), reports.size() - failed, failed).c_str(),
              out);

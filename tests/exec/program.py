@@ -21,6 +21,11 @@ echo-unless-sdpa  declines sdpa, echo otherwise
 partial       echo with one component alone (q, where the problem has it) and no local ones
 partial-bad-q partial, its q 0.1% off
 coarse        echo, every output and component value kept to 4 significant bits (rel. error ~ 2^-5)
+slip          echo, but in float64 every component but q, k and v (the scores and what follows them),
+              and the outputs, rounded to float32: a float32 value inside float64 code (rel. error ~ 3e-8)
+slip-coarse   slip in float64, coarse in float32: the float32 legs fail too
+nan-masked    echo, but every row of an attention weights component (last axis) whose reference
+              values are all equal (a query that sees no key: uniform weights) is NaN, in both precisions
 
 In a bfloat16 or float16 run, echo writes the reference's float64 results under that dtype (tparity reads
 them rounded to it).
@@ -29,6 +34,7 @@ import json
 import math
 import os
 import signal
+import struct
 import sys
 import time
 
@@ -76,7 +82,25 @@ def main():
         for d in (comps, local):
             s = d["scores"]
             s["data"] = [x * 1.001 if isinstance(x, float) else x for x in s["data"]]
-    if mode == "coarse":
+    if mode in ("slip", "slip-coarse") and not f32:
+        def f32_round(x):
+            return struct.unpack("f", struct.pack("f", x))[0] if isinstance(x, float) and math.isfinite(x) else x
+        for name, t in comps.items():  # every component from the scores on (the file's order is not dataflow's)
+            if name.split(".")[-1] not in ("q", "k", "v"):
+                t["data"] = [f32_round(x) for x in t["data"]]
+        for t in outputs.values():
+            t["data"] = [f32_round(x) for x in t["data"]]
+    if mode == "nan-masked":
+        for name, t in comps.items():
+            if not name.endswith("attn_weights"):
+                continue
+            n = t["shape"][-1]
+            data = t["data"]
+            for r in range(0, len(data), n):
+                row = data[r:r + n]
+                if all(isinstance(x, float) for x in row) and max(row) == min(row):
+                    data[r:r + n] = ["nan"] * n
+    if mode in ("coarse", "slip-coarse") and (mode == "coarse" or f32):
         def coarse(x):
             if not isinstance(x, float) or not math.isfinite(x) or x == 0:
                 return x

@@ -1332,7 +1332,7 @@ for _k in ("nested", "fifo", "link", "repeated", "tensor_file link", "tensor_fil
 
 
 def _exec_partial(sb):
-    return Run(sb.exec_argv("--case", "sdpa", mode="echo-scores"))
+    return Run(sb.exec_argv("--full", "--case", "sdpa", mode="echo-scores"))  # --full: the notes
 
 
 def _distinct_reports(sb, r):
@@ -1351,11 +1351,12 @@ def _distinct_reports(sb, r):
 
 def _exec_same_name(sb):
     sb.copy(sb.res.sdpa_path, "f.json")  # a fixture named "sdpa"
-    return Run(sb.exec_argv("--case", "sdpa", "--fixture", "f.json", "--keep", "k"), checks=[_distinct_reports])
+    return Run(sb.exec_argv("--full", "--case", "sdpa", "--fixture", "f.json", "--keep", "k"),
+               checks=[_distinct_reports])  # --full: each report's "case NAME:" header
 
 
 def _exec_same_case_twice(sb):
-    return Run(sb.exec_argv("--case", "sdpa", "--case", "sdpa", "--keep", "k"), checks=[_distinct_reports])
+    return Run(sb.exec_argv("--full", "--case", "sdpa", "--case", "sdpa", "--keep", "k"), checks=[_distinct_reports])
 
 
 def _exec_declined(sb):

@@ -46,6 +46,8 @@ if out=$("$build/tparity" exec --tensors safetensors --case multihead --case blo
 fi
 echo "$out" | grep -q "first divergence: component scores" || fail "broken.py: no first divergence at scores: $out"
 echo "$out" | grep -q "first divergence: component sa.scores" || fail "broken.py: no first divergence at sa.scores"
+echo "$out" | grep -q "^FAIL  multihead  first divergence scores (local_hand64: " ||
+  fail "broken.py: the summary line does not name scores: $out"
 echo "numpy example, broken: $(echo "$out" | summary), first divergence at scores and sa.scores"
 
 # 3. Low precision, against LibTorch's own error in it: the numpy example in bfloat16 and float16 (weights
@@ -61,7 +63,7 @@ out=$("$build/tparity" exec "${wide[@]}" --tensors safetensors --dtype bfloat16,
   echo "$out"
   fail "the numpy example failed in bfloat16 or float16"
 }
-[ "$(echo "$out" | grep -c '^case [a-z]*/\(bfloat16\|float16\):')" = 4 ] || fail "expected 4 low-precision reports: $out"
+[ "$(echo "$out" | grep -c '^PASS  [a-z]*/\(bfloat16\|float16\)  ')" = 4 ] || fail "expected 4 low-precision reports: $out"
 echo "numpy example in bfloat16 and float16: $(echo "$out" | summary)"
 if out=$("$build/tparity" exec "${wide[@]}" --dtype float16 --name "numpy example, float16 accumulators" \
   -- "$python" examples/numpy_attention/half_accumulate.py {problem} {out} {dtype}); then

@@ -94,7 +94,9 @@ struct Leg {
   double bound = 0;  // 0 for Noise/Report legs
   bool pass = true;
   bool diagnostic = false;
-  std::string breach;   // why it does not pass
+  std::string breach;  // why it does not pass
+  // When non-finite values differ: their pattern (nonfinite_pattern in metrics.hpp), else empty.
+  NonfinitePattern nonfinite;
   NoiseEstimate noise;  // Noise: the samples' statistics; Numeric: those its bound was built from
 };
 
@@ -120,6 +122,14 @@ struct Failure {
   operator const std::string&() const { return text; }
 };
 
+// A likely cause of a failure, named from its pattern: the reports print its text under the case.
+struct Diagnosis {
+  std::string kind;       // "precision-slip", "nonfinite-rows", "nonfinite"
+  std::string component;  // where it first appears, in dataflow order
+  std::string leg;
+  std::string text;  // "precision slip: float64 differs at 9.1e-09, the size of ..."
+};
+
 struct CaseReport {
   std::string name;
   std::string description;
@@ -130,6 +140,8 @@ struct CaseReport {
   std::vector<ComponentReport> components;
   std::vector<Failure> failures;   // in the order found
   std::vector<std::string> notes;  // what was verified or skipped on the way (reference checks)
+  std::vector<std::string>
+      not_checked;  // features the case ran without, or that the program's outputs leave unchecked (decode)
   // Which PyTorch judged: LibTorch (cases; a fixture's libtorch legs), and for a fixture also what
   // produced its stored outputs (its "reference" block, e.g. Python torch 2.13.0 or transformers).
   ReferenceInfo reference;
@@ -137,6 +149,9 @@ struct CaseReport {
   // The first component, in dataflow order, whose local error breaks its gate: where it breaks.
   std::string first_divergence;  // empty when none does
   std::string first_divergence_detail;
+  // What the failures (or a pass's notes) point to, named at the first component where each appears
+  // (diagnose()): a precision slip, NaN rows where the reference is finite, ...
+  std::vector<Diagnosis> diagnoses;
   void fail(Failure f) {
     pass = false;
     failures.push_back(std::move(f));
@@ -153,8 +168,26 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
                         const std::vector<LegSpec>& legs, const GatePolicy& policy,
                         const std::vector<std::string>& required);
 
-// Fills each component's growth and the case's first divergence from the legs compare_components
-// measured (it calls this itself).
+// Fills each component's growth, the case's first divergence and its diagnoses from the legs
+// compare_components measured (it calls this itself).
 void diagnose(CaseReport& report);
+
+// Float32's rounding level on a component, the range a float64 leg's rel_l2 falls in when a float32
+// value (a constant, a table, a cast) sits inside float64 code: from kSlipLow (1e-9, below which one
+// float32 rounding in a float64 computation hardly ever lands) to the larger of 4u (u = 2^-24) and 4x
+// LibTorch's own float32 error on the component (`noise32`, 0 when unknown). docs/noise-model.md,
+// "Precision slips", has the measurements.
+constexpr double kSlipLow = 1e-9;
+double slip_high(double noise32);
+
+// --accept precision-slip: when the case's failures are all float64 legs at float32's rounding level
+// (a precision-slip diagnosis) and every float32 leg of the case ran and passed, those failures become
+// notes and the case passes. Returns whether it accepted anything.
+bool accept_precision_slip(CaseReport& report);
+
+// The one line a person reads first: "PASS  gpt2  worst: mlp.fc 1.3x LibTorch's own float32 error",
+// "FAIL  gpt2  first divergence mlp.act (hand64: 2.0e-04 > 1e-10); worst: mlp.act 790x LibTorch's own
+// float32 error".
+std::string summary_line(const CaseReport& report);
 
 }  // namespace tparity

@@ -31,6 +31,19 @@ struct Metrics {
 // without overflow or underflow (Norm2), so rel_l2 is right for values near 1e-300 and 1e300 alike.
 Metrics measure(const Tensor<double>& a, const Tensor<double>& b);
 
+// How the non-finite mismatches of a against the reference b are laid out. Rows are along the last
+// axis (an attention row: one query's weights over the keys). kind "nonfinite-rows" when every
+// mismatch lies in rows that are wholly non-finite in a and wholly finite in b (e.g. NaN where every
+// key is masked and the reference gives uniform weights), else "nonfinite"; empty when nothing differs.
+struct NonfinitePattern {
+  std::string kind;
+  int64_t rows = 0;                // rows wholly non-finite in a, wholly finite in b
+  int64_t uniform_rows = 0;        // of those, rows where b's values are all 1/n
+  std::vector<int64_t> first_row;  // the first such row's index (the shape without its last axis)
+  std::string text;                // "3 row(s) of 16 are NaN in yours where the reference's are finite, ..."
+};
+NonfinitePattern nonfinite_pattern(const Tensor<double>& a, const Tensor<double>& b);
+
 // A norm as root x 2^exponent: in range whatever the values summed (a norm of 1e300-sized values
 // does not overflow, one of 1e-300-sized values does not underflow).
 struct ScaledNorm {

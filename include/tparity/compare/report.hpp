@@ -9,12 +9,19 @@
 
 namespace tparity {
 
-// Header line, one row per component (legs as columns), failures, notes, verdict.
+// Header line, one row per component (legs as columns), notes, findings, verdict (--full).
 std::string render_table(const CaseReport& r);
+
+// What a person reads first (the default): summary_line(), then the findings.
+std::string render_summary(const CaseReport& r);
+
+// The failure lines, the first divergence, the diagnoses and "not checked: ..." when any.
+std::string render_findings(const CaseReport& r);
 
 // {"name", "description", "config", "seed", "pass", "components": [{"name", "shape", "pass", "legs":
 //  {leg: {"l2", "rel_l2", "max_abs", "max_abs_index", "role", "bound", "pass", ...}}}], "failures", "notes",
-//  "reference": {...}, "stored_reference": a fixture's producer or null}
+//  "summary": summary_line(), "diagnoses": [{"kind", "component", "leg", "text"}], "not_checked" (when
+//  any), "reference": {...}, "stored_reference": a fixture's producer or null}
 nlohmann::json to_json(const CaseReport& r);
 
 // {"reference": {...} (which PyTorch judged, as the first case names it), "cases": [...]}
