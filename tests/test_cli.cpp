@@ -38,6 +38,9 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --heads abc", "--heads"},
            {"run --mask diagonal", "--mask"},
            {"run --format xml", "--format"},
+           {"run --accept everything", "--accept"},
+           {"check --fixture " + kFixtures + "/mha_single.json --accept precision", "--accept"},
+           {"gate --accept nan", "--accept"},
            {"run --case nope",
             "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
             "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, llama, gpt2, mistral, qwen3, gemma2, softmax_hot, "

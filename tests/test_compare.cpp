@@ -270,6 +270,13 @@ TEST_CASE("failure lines: the size against the bound and against LibTorch's own 
         "FAIL  demo  first divergence x (hand64: 2.0e-04 > 1e-10); worst: x 1000x LibTorch's own "
         "float32 error");
   CHECK(summary_line(judge(1e-15, 3e-7, 2e-7)) == "PASS  demo  worst: x 1.5x LibTorch's own float32 error");
+  // What the case ran without is said under it, and in the JSON only when there is something to say.
+  CaseReport without = judge(1e-15, 3e-7, 2e-7);
+  CHECK_FALSE(to_json(without).contains("not_checked"));
+  CHECK(render_summary(without).find("not checked") == std::string::npos);
+  without.not_checked = {"padding", "decode"};
+  CHECK(render_summary(without) == summary_line(without) + "\n  not checked: padding, decode\n");
+  CHECK(to_json(without).at("not_checked") == nlohmann::json{"padding", "decode"});
   // The default view is that line and the findings; the table is --full's.
   const std::string brief = render_summary(r);
   CHECK(brief.rfind(summary_line(r) + "\n  FAIL case demo: component x: leg hand64_vs_torch64", 0) == 0);
