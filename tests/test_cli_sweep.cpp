@@ -257,6 +257,7 @@ TEST_CASE("cli: sweep JSON has the documented keys and one point per grid point"
                                             "components",
                                             "failures",
                                             "notes",
+                                            "not_checked",
                                             "first_divergence",
                                             "summary",
                                             "diagnoses",

@@ -164,7 +164,7 @@ nlohmann::json to_json(const CaseReport& r) {
   for (const Diagnosis& d : r.diagnoses)
     diagnoses.push_back({{"kind", d.kind}, {"component", d.component}, {"leg", d.leg}, {"text", d.text}});
   j["diagnoses"] = std::move(diagnoses);
-  if (!r.not_checked.empty()) j["not_checked"] = r.not_checked;
+  j["not_checked"] = r.not_checked;
   j["seed"] = r.has_seed ? nlohmann::json(r.seed) : nlohmann::json(nullptr);
   j["reference"] = to_json(r.reference);
   j["stored_reference"] = r.stored_reference.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.stored_reference);
