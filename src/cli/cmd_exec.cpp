@@ -23,9 +23,6 @@
 
 namespace tparity::cli {
 
-std::vector<std::pair<std::string, Problem>> exported_problems(const CaseSelection& selection,
-                                                               const std::vector<std::string>& fixtures);
-
 namespace {
 
 namespace fs = std::filesystem;
@@ -172,7 +169,8 @@ int exec(const ExecOptions& o) {
     if (const int sig = interrupted()) throw Interrupted(sig);
   };
   // The cases' problems, each named after its case or fixture (names checked before any is made).
-  const std::vector<std::pair<std::string, Problem>> problems = exported_problems(o.selection, o.fixtures);
+  std::vector<std::pair<std::string, std::string>> skipped;  // declined by the program, or by --without
+  const std::vector<ExportedProblem> problems = exported_problems(o.selection, o.fixtures, skipped);
   stop_if_interrupted();
   // The work directory: --keep DIR, or a temporary one removed at the end.
   std::string dir = o.keep;
@@ -193,8 +191,7 @@ int exec(const ExecOptions& o) {
 
   const std::string who = o.name.empty() ? join(o.command) : o.name;
   std::vector<CaseReport> reports;
-  std::vector<std::pair<std::string, std::string>> skipped;
-  for (const auto& [name, p] : problems) {
+  for (const auto& [name, p, not_checked] : problems) {
     stop_if_interrupted();
     const std::string problem = (fs::path(dir) / (name + ".json")).string();
     write_problem(problem, p, o.tensors == "safetensors");
@@ -245,8 +242,10 @@ int exec(const ExecOptions& o) {
       continue;
     }
     if (f64 || f32)
-      for (CaseReport& r : check_fixture(p, problem, GatePolicy{}, foreign_implementation(who, f64, f32)))
+      for (CaseReport& r : check_fixture(p, problem, GatePolicy{}, foreign_implementation(who, f64, f32))) {
+        r.not_checked = not_checked;
         reports.push_back(std::move(r));
+      }
     for (const OutputsFile& f : low) reports.push_back(judge_low_precision(p, "case " + name, f, who));
   }
   return finish(std::move(reports), skipped, o.judging, "tparity exec -- " + join(o.command));

@@ -3,6 +3,7 @@
 // and every reference component in float64 and float32, inline JSON or a safetensors file beside it.
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -46,12 +47,24 @@ Problem fixture_problem(Problem p, const std::string& path) {
 // another problem (both sets' mha_single, a fixture named like a case) are named after their folder
 // too, "mha_single@torch-2.13", as the gate names them by folder; names still shared after that (two
 // files of one folder, a case given twice) are refused before any reference is computed.
-std::vector<std::pair<std::string, Problem>> exported_problems(const CaseSelection& selection,
-                                                               const std::vector<std::string>& fixtures) {
+// --without: a case that has no variant without a declared feature, and a fixture that has one (a
+// fixture cannot be re-shaped), go to `skipped` with the reason.
+std::vector<ExportedProblem> exported_problems(const CaseSelection& selection, const std::vector<std::string>& fixtures,
+                                               std::vector<std::pair<std::string, std::string>>& skipped) {
   std::vector<CaseSpec> cases;
-  if (!selection.cases.empty() || fixtures.empty()) cases = selected_cases(selection);  // fixtures alone: no cases
+  if (!selection.cases.empty() || fixtures.empty())  // fixtures alone: no cases
+    cases = selected_cases(selection, &skipped);
   std::vector<Problem> read;
-  for (const std::string& f : fixtures) read.push_back(read_fixture(f));
+  std::vector<std::string> kept;
+  for (const std::string& f : fixtures) {
+    Problem p = read_fixture(f);
+    if (const std::string why = fixture_without(p, selection.without); !why.empty()) {
+      skipped.push_back({p.name, why});
+      continue;
+    }
+    read.push_back(std::move(p));
+    kept.push_back(f);
+  }
   std::map<std::string, int> uses;
   for (const CaseSpec& s : cases) ++uses[s.name];
   for (const Problem& p : read) ++uses[p.name];
@@ -66,26 +79,26 @@ std::vector<std::pair<std::string, Problem>> exported_problems(const CaseSelecti
   for (const CaseSpec& s : cases) claim(s.name, "option --case " + s.name);
   for (size_t i = 0; i < read.size(); ++i) {
     Problem& p = read[i];
-    const std::string what = "option --fixture " + show_text(fixtures[i], 200);
+    const std::string what = "option --fixture " + show_text(kept[i], 200);
     if (uses[p.name] > 1) {
       std::error_code ec;
-      const fs::path full = fs::weakly_canonical(fs::absolute(fixtures[i]), ec);
+      const fs::path full = fs::weakly_canonical(fs::absolute(kept[i]), ec);
       p.name += "@" + full.parent_path().filename().string();
       check_file_name(p.name, what, "name, with its folder's (it is shared)");
     }
     claim(p.name, what);
   }
-  std::vector<std::pair<std::string, Problem>> out;
+  std::vector<ExportedProblem> out;
   for (const CaseSpec& s : cases) {
     Problem p = with_reference(make_problem(s), "case " + s.name);
     p.description = s.describe();
     p.producer["case"] = fmt::format("tparity run --case {} --seed {}", s.name, s.seed);
-    out.push_back({s.name, std::move(p)});
+    out.push_back({s.name, std::move(p), s.not_checked});
   }
-  for (size_t i = 0; i < fixtures.size(); ++i) {
-    Problem p = fixture_problem(std::move(read[i]), fixtures[i]);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    Problem p = fixture_problem(std::move(read[i]), kept[i]);
     std::string name = p.name;
-    out.push_back({std::move(name), std::move(p)});
+    out.push_back({std::move(name), std::move(p), {}});
   }
   return out;
 }
@@ -96,12 +109,18 @@ int export_problems(const ExportOptions& o) {
   if (!torch_available()) throw InputError("tparity export: built without LibTorch, there is no reference to export");
   make_output_folder(o.out, "option --out");
   const bool st = o.tensors == "safetensors";
-  for (auto& [name, p] : exported_problems(o.selection, o.fixtures)) {
+  std::vector<std::pair<std::string, std::string>> skipped;
+  std::vector<ExportedProblem> problems = exported_problems(o.selection, o.fixtures, skipped);
+  for (const auto& [name, why] : skipped) std::fprintf(stderr, "skipped %s: %s\n", name.c_str(), why.c_str());
+  for (auto& [name, p, not_checked] : problems) {
     if (o.no_components) p.components.clear(), p.components_float32.clear();
     const std::string path = (fs::path(o.out) / (name + ".json")).string();
     write_problem(path, p, st);
-    fmt::print("{}{}: {} {} components, reference {}\n", path, st ? " (+ " + name + ".safetensors)" : "",
-               module_name(p.module), p.components.size(), p.producer.count("torch") ? p.producer.at("torch") : "");
+    std::string without;
+    for (const std::string& f : not_checked) without += (without.empty() ? ", without " : ", ") + f;
+    fmt::print("{}{}: {} {} components, reference {}{}\n", path, st ? " (+ " + name + ".safetensors)" : "",
+               module_name(p.module), p.components.size(), p.producer.count("torch") ? p.producer.at("torch") : "",
+               without);
   }
   return kPass;
 }

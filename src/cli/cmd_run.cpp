@@ -25,12 +25,15 @@ struct RunOptions {
 
 bool any_override(const CaseOverrides& o) {
   return o.batch || o.seq || o.kv_seq || o.dim || o.value_dim || o.out_dim || o.heads || o.kv_heads || o.scale ||
-         o.ffn || o.bias || o.activation || o.mask || o.seed || o.random_params || !o.config.empty();
+         o.ffn || o.bias || o.activation || o.mask || o.seed || o.random_params || !o.config.empty() || o.head_dim ||
+         o.decode_steps || o.positions_offset || o.padding || o.rope || o.rotary_fraction || o.eps;
 }
 
 int run(const RunOptions& o) {
   const std::vector<std::string>& names = o.selection.cases;
   const CaseOverrides& overrides = o.selection.overrides;
+  const std::vector<std::string>& without = o.selection.without;
+  check_without(without);
   std::vector<CaseSpec> chosen = names.empty() ? default_cases() : std::vector<CaseSpec>{};
   std::vector<const PretrainedCase*> pretrained;
   for (const std::string& name : names)
@@ -53,21 +56,35 @@ int run(const RunOptions& o) {
   if (names.empty() && !any_override(overrides))
     for (const PretrainedCase& c : pretrained_cases()) pretrained.push_back(&c);
   std::vector<CaseReport> reports;
+  nlohmann::json skipped = nlohmann::json::array();
+  auto skip = [&](const std::string& name, const std::string& why) {  // one line, never a failure
+    std::fprintf(stderr, "skipped %s: %s\n", name.c_str(), why.c_str());
+    skipped.push_back({{"name", name}, {"reason", why}});
+  };
   for (CaseSpec s : chosen) {
     apply_overrides(s, overrides);
-    check_size(s, o.selection.max_elements);
-    reports.push_back(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
-  }
-  nlohmann::json skipped = nlohmann::json::array();
-  for (const PretrainedCase* c : pretrained) {
-    std::string skip;
-    const std::optional<std::string> f = pretrained_fixture(*c, skip);
-    if (!f) {  // one line, never a failure: the model's package is not installed here
-      std::fprintf(stderr, "%s\n", skip.c_str());
-      skipped.push_back({{"name", c->name}, {"reason", skip}});
+    if (const std::string why = without_features(s, without); !why.empty()) {
+      skip(s.name, why);
       continue;
     }
-    for (CaseReport& r : check_fixture(read_fixture(*f), *f, GatePolicy{})) {
+    check_size(s, o.selection.max_elements);
+    reports.push_back(evaluate_problem(make_problem(s), s.describe(), s.seed, GatePolicy{}));
+    reports.back().not_checked = s.not_checked;
+  }
+  for (const PretrainedCase* c : pretrained) {
+    std::string missing;
+    const std::optional<std::string> f = pretrained_fixture(*c, missing);
+    if (!f) {  // one line, never a failure: the model's package is not installed here
+      std::fprintf(stderr, "%s\n", missing.c_str());
+      skipped.push_back({{"name", c->name}, {"reason", missing}});
+      continue;
+    }
+    const Problem fixture = read_fixture(*f);
+    if (const std::string why = fixture_without(fixture, without); !why.empty()) {
+      skip(c->name, why);
+      continue;
+    }
+    for (CaseReport& r : check_fixture(fixture, *f, GatePolicy{})) {
       const size_t slash = r.name.find('/');
       r.name = c->name + (slash == std::string::npos ? "" : r.name.substr(slash));
       reports.push_back(std::move(r));

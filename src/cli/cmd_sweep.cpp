@@ -224,7 +224,13 @@ int sweep(const SweepOptions& o) {
           for (int64_t t : seqs)
             for (int64_t kv : kv_seqs) {
               CaseOverrides ov;
-              ov.batch = b, ov.dim = d, ov.heads = h, ov.ffn = f, ov.seq = t, ov.kv_seq = kv;
+              // only the axes that move the case: apply_overrides refuses a size the kind has not
+              if (b != base.batch) ov.batch = b;
+              if (d != base.dim) ov.dim = d;
+              if (h != base.heads) ov.heads = h;
+              if (f != base.ffn) ov.ffn = f;
+              if (t != base.seq) ov.seq = t;
+              if (kv != base.kv_seq) ov.kv_seq = kv;
               ov.mask = o.mask, ov.seed = o.seed, ov.random_params = o.random_params;
               Point p{grid.size(), base, ""};
               apply_overrides(p.spec, ov);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -24,7 +25,77 @@ void add_format_option(CLI::App& cmd, Format& format) {
       ->default_str("table");
 }
 
+namespace {
+
+[[noreturn]] void refuse(const char* option, const CaseSpec& s, const std::string& why) {
+  throw InputError(fmt::format("option {}: case {} ({}) {}", option, s.name, module_name(s.module), why));
+}
+
+bool gpt2_case(const CaseSpec& s) { return llm_module(s.module) && llm_row(s.module).block == LlmBlock::Gpt2; }
+
+// Options a module kind would ignore, refused before any is applied (the others' own refusals, such as
+// --scale beyond sdpa or --out-dim beyond the book's classes, stay where the case is made).
+void refuse_ignored(const CaseSpec& s, const CaseOverrides& o) {
+  const ModuleHandler h = module_handler(s.module);
+  const bool llm = h == ModuleHandler::Llm, gpt2 = gpt2_case(s);
+  const bool encoders = h == ModuleHandler::TransformerEncoderLayer || h == ModuleHandler::TransformerEncoder ||
+                        h == ModuleHandler::TransformerDecoderLayer || h == ModuleHandler::TokenEncoder ||
+                        h == ModuleHandler::ViT;
+  const bool ops = h == ModuleHandler::Matmul || h == ModuleHandler::Softmax || h == ModuleHandler::LayerNorm;
+  if (o.seq && h == ModuleHandler::Matmul) refuse("--seq", s, "takes its operands' own shapes, no sequence length");
+  if (o.kv_seq && (h == ModuleHandler::Matmul || h == ModuleHandler::LayerNorm || h == ModuleHandler::Book))
+    refuse("--kv-seq", s, "has no keys of their own length");
+  if (o.dim && (h == ModuleHandler::Matmul || h == ModuleHandler::Softmax))
+    refuse("--dim", s, "has no embedding dimension");
+  if (o.value_dim && h != ModuleHandler::ScaledDotProductAttention)
+    refuse("--value-dim", s, "has no separate value size (only scaled_dot_product_attention takes it)");
+  if (o.heads && ops) refuse("--heads", s, "has no heads");
+  if (o.kv_heads && gpt2)
+    refuse("--kv-heads", s, "has as many key/value heads as heads (GPT-2 has no grouped-query attention)");
+  if (o.ffn && !(encoders || (llm && llm_row(s.module).block != LlmBlock::Attention)))
+    refuse("--ffn", s, "has no feed-forward network");
+  if (o.bias) {
+    const bool on = *o.bias == "on";
+    if (ops || h == ModuleHandler::ScaledDotProductAttention) refuse("--bias", s, "has no attention biases");
+    if (!on && (gpt2 || encoders))
+      refuse("--bias", s, "off: its attention always has biases (the class has no option without them)");
+    if (on && h == ModuleHandler::Book && book_class(s.module) == BookClass::SelfAttentionV1)
+      refuse("--bias", s, "on: SelfAttention_v1's weights are bare parameters, it has no bias");
+    if (on && llm && !gpt2 && !llm_takes(s.module, "attention_bias"))
+      refuse("--bias", s, "on: the class has no attention_bias (its projections have no bias)");
+  }
+  if (o.activation && !encoders)
+    refuse("--activation", s, "has no feed-forward activation (only the encoder layers and vit take it)");
+  if (o.random_params && (ops || llm || h == ModuleHandler::Book || h == ModuleHandler::ScaledDotProductAttention))
+    refuse("--random-params", s,
+           "has no parameter that torch initialises to a constant (its parameters are drawn at random already)");
+  // the LLM blocks' own options
+  auto llm_only = [&](bool given, const char* option) {
+    if (given && !llm) refuse(option, s, "is not an LLM block (the option is the LLM blocks')");
+  };
+  llm_only(o.head_dim.has_value(), "--head-dim");
+  llm_only(o.decode_steps.has_value(), "--decode-steps");
+  llm_only(o.positions_offset.has_value(), "--positions-offset");
+  llm_only(o.padding.has_value(), "--padding");
+  llm_only(o.rope.has_value(), "--rope");
+  llm_only(o.rotary_fraction.has_value(), "--rotary-fraction");
+  llm_only(o.eps.has_value(), "--eps");
+  if (!llm) return;
+  if (o.head_dim && gpt2) refuse("--head-dim", s, "has head_dim = hidden / heads (GPT2Config has no head_dim)");
+  if (o.rope && !llm_takes(s.module, "rope_convention"))
+    refuse("--rope", s, gpt2 ? "has no rotary embedding" : "fixes its rotary convention (half; no rope_convention)");
+  if (o.rotary_fraction && !llm_takes(s.module, "partial_rotary_factor"))
+    refuse("--rotary-fraction", s,
+           gpt2 ? "has no rotary embedding" : "rotates every dim of a head (no partial_rotary_factor)");
+  if (o.eps && !llm_takes(s.module, "rms_norm_eps") && !llm_takes(s.module, "layer_norm_epsilon"))
+    refuse("--eps", s, "has no norm (the attention alone)");
+  if (o.padding && o.mask) refuse("--padding", s, "give --padding or --mask, not both (both set the key padding)");
+}
+
+}  // namespace
+
 void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
+  refuse_ignored(s, o);
   if (o.batch) s.batch = *o.batch;
   if (o.seq) s.seq = *o.seq;
   if (o.kv_seq) s.kv_seq = *o.kv_seq;
@@ -52,9 +123,76 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
       throw InputError("option --mask " + *o.mask + ": case " + s.name + " (" + module_name(s.module) +
                        ") is a causal decoder; expected causal, or padding (causal with a key padding mask)");
     s.mask = mask_kind_from_name(*o.mask);
+    s.pad_left = false;
   }
   if (o.seed) s.seed = *o.seed;
   if (o.random_params) s.random_params = true;
+  if (llm_module(s.module)) {
+    if (o.head_dim) s.head_dim = *o.head_dim;
+    if (o.decode_steps) s.decode_steps = *o.decode_steps;
+    if (o.positions_offset) {
+      if (*o.positions_offset == "none") {
+        s.position_offset = -1;
+      } else {
+        const std::string& v = *o.positions_offset;
+        size_t used = 0;
+        long long n = -1;
+        try {
+          n = std::stoll(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (v.empty() || used != v.size() || v[0] == '-' || v[0] == '+' || n > (1LL << 30))
+          throw InputError(fmt::format(
+              "option --positions-offset: expected none or an integer in [0, 2^30], got \"{}\"", show_text(v, 60)));
+        s.position_offset = n;
+      }
+    }
+    if (o.padding) {
+      s.mask = *o.padding == "none" ? MaskKind::None : MaskKind::Padding;
+      s.pad_left = *o.padding == "left";
+    }
+    if (o.rope) s.rope = rope_style_from_name(*o.rope);
+    if (o.rotary_fraction) {
+      const double f = *o.rotary_fraction;
+      if (!(f > 0 && f <= 1))
+        throw InputError(fmt::format("option --rotary-fraction: expected a fraction in (0, 1], got {}", f));
+      s.rotary_fraction = f;
+    }
+    if (o.eps) {
+      if (!(std::isfinite(*o.eps) && *o.eps > 0 && float(*o.eps) > 0))
+        throw InputError(
+            fmt::format("option --eps: expected a positive finite number (above 0 in float32), got {}", *o.eps));
+      s.config[llm_takes(s.module, "rms_norm_eps") ? "rms_norm_eps" : "layer_norm_epsilon"] = *o.eps;
+    }
+    // the values against each other, once all are set
+    if (o.decode_steps || o.seq) {
+      if (s.decode_steps >= s.seq)
+        throw InputError(fmt::format(
+            "option --decode-steps: case {}: expected fewer than its {} tokens (--seq; the prefill needs one at "
+            "least), got {}",
+            s.name, s.seq, s.decode_steps));
+    }
+    if (!gpt2_case(s) && (o.head_dim || o.rotary_fraction || o.dim || o.heads)) {
+      if (!s.head_dim && s.dim % s.heads)
+        throw InputError(
+            fmt::format("option --heads: case {}: expected a divisor of hidden {} (head_dim = hidden / "
+                        "heads), got {}; or give --head-dim",
+                        s.name, s.dim, s.heads));
+      const int64_t d = s.head_dim ? s.head_dim : s.dim / s.heads;
+      const int64_t r = int64_t(double(d) * s.rotary_fraction);
+      if (r < 2 || r % 2)
+        throw InputError(fmt::format(
+            "option {}: case {}: head_dim {} x rotary fraction {:g} = {} rotary dims, expected an even number >= 2",
+            o.rotary_fraction && !o.head_dim ? "--rotary-fraction" : "--head-dim", s.name, d, s.rotary_fraction, r));
+    }
+    if (s.pad_left && s.mask == MaskKind::Padding && s.decode_steps > 0)
+      throw InputError(fmt::format(
+          "option --padding: case {}: left padding with {} decode steps: a left-padded query row sees no key, and "
+          "transformers gives it uniform weights over however many keys the call has, so the prefill's rows cannot "
+          "equal the full forward's; expected right or none, or --decode-steps 0",
+          s.name, s.decode_steps));
+  }
   for (const std::string& kv : o.config) {
     const size_t eq = kv.find('=');
     const std::string key = kv.substr(0, eq), where = "option --config " + kv;
@@ -89,7 +227,9 @@ void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more
       ->check(size);
   cmd.add_option("--scale", o.scale, "sdpa: the scores' scale (default 1/sqrt(E))");
   cmd.add_option("--ffn", o.ffn, "Encoder dim_feedforward")->check(size);
-  cmd.add_option("--bias", o.bias, "MultiheadAttention bias")->check(CLI::IsMember({"on", "off"}));
+  cmd.add_option("--bias", o.bias,
+                 "Attention biases: MultiheadAttention's, the book's qkv_bias, Llama's attention_bias")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd.add_option("--activation", o.activation,
                  "Encoder feed-forward activation (relu, gelu); for vit the head's (also tanh, sigmoid, silu, "
                  "softplus, leakyrelu)")
@@ -101,6 +241,25 @@ void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more
   cmd.add_option("--config", o.config,
                  "The LLM blocks: KEY=VALUE over the class's config, transformers' key names and a JSON value "
                  "(e.g. --config sliding_window=4); repeatable");
+  cmd.add_option("--head-dim", o.head_dim, "The LLM blocks (not gpt2): head_dim (default: the case's; hidden / heads)")
+      ->check(size);
+  cmd.add_option("--decode-steps", o.decode_steps,
+                 "The LLM blocks: decode the last N tokens one call each over a KV cache (0: one forward call)")
+      ->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max() / 2));
+  cmd.add_option("--positions-offset", o.positions_offset,
+                 "The LLM blocks: position_ids = N + 5 b + arange(T); none: no position_ids input (arange(T))");
+  cmd.add_option("--padding", o.padding,
+                 "The LLM blocks' key padding: right (each element's last tokens), left (its first), none")
+      ->check(CLI::IsMember({"left", "right", "none"}));
+  cmd.add_option("--rope", o.rope, "Llama's rotary pairs: half (rotate_half) or interleaved (GPT-J's)")
+      ->check(CLI::IsMember({"half", "interleaved"}));
+  cmd.add_option("--rotary-fraction", o.rotary_fraction,
+                 "Llama's partial_rotary_factor: the fraction of each head's dims that rotate, in (0, 1]");
+  cmd.add_option("--eps", o.eps, "The LLM blocks' norm epsilon (rms_norm_eps; GPT-2's layer_norm_epsilon)");
+  cmd.add_option("--without", sel.without,
+                 "Features your code does not support (" + without_feature_list() +
+                     "): each case runs its variant without them, or is skipped; repeatable")
+      ->delimiter(',');
   add_seed_option(cmd, o.seed, "Seed of weights and inputs (default: each case's own)");
   cmd.add_flag("--random-params", o.random_params,
                "Draw biases and LayerNorm affine at random instead of torch's constant init");
@@ -119,14 +278,23 @@ void add_max_elements_option(CLI::App& cmd, int64_t* also) {
       ->default_str(std::to_string(max_elements()));
 }
 
-std::vector<CaseSpec> selected_cases(const CaseSelection& sel) {
+std::vector<CaseSpec> selected_cases(const CaseSelection& sel,
+                                     std::vector<std::pair<std::string, std::string>>* skipped) {
+  check_without(sel.without);
   std::vector<CaseSpec> chosen = sel.cases.empty() ? default_cases() : std::vector<CaseSpec>{};
   for (const std::string& name : sel.cases) chosen.push_back(find_case(name));
+  std::vector<CaseSpec> out;
   for (CaseSpec& s : chosen) {
     apply_overrides(s, sel.overrides);
+    if (const std::string why = without_features(s, sel.without); !why.empty()) {
+      if (!skipped) throw InputError("option --without: " + why);
+      skipped->push_back({s.name, why});
+      continue;
+    }
     check_size(s, sel.max_elements);
+    out.push_back(std::move(s));
   }
-  return chosen;
+  return out;
 }
 
 std::string case_names() {

@@ -47,14 +47,30 @@ struct CaseOverrides {
   std::optional<uint64_t> seed;
   bool random_params = false;
   std::vector<std::string> config;  // the LLM blocks: KEY=VALUE, VALUE a JSON value (4, 50.0, null, true)
+  // The LLM blocks' options (docs/cases.md): head_dim, decode steps, position offset ("none" or N),
+  // key padding (left, right, none), rotary convention and fraction, the norms' epsilon.
+  std::optional<int64_t> head_dim, decode_steps;
+  std::optional<std::string> positions_offset, padding, rope;
+  std::optional<double> rotary_fraction, eps;
 };
+// Refuses, naming the option, any override the case's module kind would ignore or cannot honour.
 void apply_overrides(CaseSpec& s, const CaseOverrides& o);
+
+// --without: features a program declares it does not support (docs/cases.md). Each case runs its
+// variant without them (s.not_checked lists those it had), or is skipped: the returned reason.
+std::string without_features(CaseSpec& s, const std::vector<std::string>& features);
+// A fixture cannot be re-shaped: the first declared feature it has, as a skip reason ("" none).
+std::string fixture_without(const Problem& p, const std::vector<std::string>& features);
+// The known features, "padding, positions, ..." (InputError naming --without for another).
+std::string without_feature_list();
+void check_without(const std::vector<std::string>& features);
 
 // The cases a command runs: run's --case and the size and option overrides, as run, export and exec
 // take them.
 struct CaseSelection {
   std::vector<std::string> cases;  // empty: every default case
   CaseOverrides overrides;
+  std::vector<std::string> without;  // --without FEATURE[,FEATURE...]
   int64_t max_elements = int64_t(1) << 28;
 };
 // Registers --case (help lists the default and stress cases, then `more_names`), the overrides and
@@ -63,8 +79,10 @@ void add_case_options(CLI::App& cmd, CaseSelection& selection, const std::string
 // --max-elements: the largest tensor a case, fixture or problem may make (harness/problem.hpp's
 // max_elements(), set when given, and in *also).
 void add_max_elements_option(CLI::App& cmd, int64_t* also = nullptr);
-// The chosen cases with the overrides applied and their size checked (InputError naming the option).
-std::vector<CaseSpec> selected_cases(const CaseSelection& selection);
+// The chosen cases with the overrides and --without applied and their size checked (InputError
+// naming the option); a case --without leaves no variant of goes to *skipped (name, reason).
+std::vector<CaseSpec> selected_cases(const CaseSelection& selection,
+                                     std::vector<std::pair<std::string, std::string>>* skipped = nullptr);
 
 std::string case_names();                     // "single, batched, ..., softmax_hot, long_keys"
 CaseSpec find_case(const std::string& name);  // InputError naming --case
@@ -73,6 +91,16 @@ long double largest_tensor(const CaseSpec& s);
 void check_size(const CaseSpec& s, int64_t max_elements);
 // --seed: a non-negative integer (CLI11 alone would wrap -1 to 2^64-1).
 CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const std::string& help);
+
+// A case or fixture as a problem file, with the reference's results (export, exec): named after its
+// case or fixture, and the features the case runs without (--without).
+struct ExportedProblem {
+  std::string name;
+  Problem problem;
+  std::vector<std::string> not_checked;
+};
+std::vector<ExportedProblem> exported_problems(const CaseSelection& selection, const std::vector<std::string>& fixtures,
+                                               std::vector<std::pair<std::string, std::string>>& skipped);
 
 enum class Format { Table, Json };
 void add_format_option(CLI::App& cmd, Format& format);

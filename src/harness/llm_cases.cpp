@@ -65,7 +65,7 @@ std::string llm_describe(const CaseSpec& s) {
   }
   if (block != LlmBlock::Attention) d += fmt::format(" ffn={}", s.ffn);
   for (auto it = s.config.begin(); it != s.config.end(); ++it) d += " " + it.key() + "=" + it.value().dump();
-  d += s.mask == MaskKind::Padding ? " mask=causal+padding" : " mask=causal";
+  d += s.mask != MaskKind::Padding ? " mask=causal" : s.pad_left ? " mask=causal+left-padding" : " mask=causal+padding";
   if (s.position_offset >= 0) d += fmt::format(" positions+{}", s.position_offset);
   if (s.decode_steps) d += fmt::format(" decode={} steps", s.decode_steps);
   return d;
@@ -184,11 +184,13 @@ Problem make_llm_problem(const CaseSpec& s) {
       for (int64_t t = 0; t < Tn; ++t) pos.data.push_back(double(s.position_offset + 5 * b + t));
     p.inputs["position_ids"] = pos;
   }
-  if (s.mask == MaskKind::Padding) {  // right padding: element b's last (b * 3 + 1) % ceil(T / 2) tokens
+  // Right padding: element b's last (b * 3 + 1) % ceil(T / 2) tokens; left padding: as many first
+  // tokens (a left-padded query row sees no key: transformers gives it uniform weights).
+  if (s.mask == MaskKind::Padding) {
     DTensor m{DType::Bool, {B, Tn}, std::vector<double>(size_t(B * Tn), 0.0)};
     for (int64_t b = 0; b < B; ++b) {
       const int64_t pad = (b * 3 + 1) % ((Tn + 1) / 2);
-      for (int64_t t = Tn - pad; t < Tn; ++t) m.data[size_t(b * Tn + t)] = 1.0;
+      for (int64_t t = s.pad_left ? 0 : Tn - pad; t < (s.pad_left ? pad : Tn); ++t) m.data[size_t(b * Tn + t)] = 1.0;
     }
     p.inputs["key_padding_mask"] = m;
   }

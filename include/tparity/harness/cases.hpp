@@ -55,6 +55,7 @@ struct CaseSpec {
   int64_t head_dim = 0;          // 0: dim / heads
   int64_t decode_steps = 0;      // > 0: a decode session, the last decode_steps tokens one call each
   int64_t position_offset = -1;  // position_ids = offset + 5 b + arange(T); -1: no position_ids input
+  bool pad_left = false;         // mask=padding: element b's padding at its start (left), not its end (right)
   RopeStyle rope = RopeStyle::HalfSplit;
   double rotary_fraction = 1.0;  // partial_rotary_factor
   double rope_theta = 10000;
@@ -62,6 +63,8 @@ struct CaseSpec {
   // {"sliding_window": 4}; each must be a key the class takes (harness/llm.hpp, LlmRow::keys).
   nlohmann::json config = nlohmann::json::object();
   uint64_t seed = 0;
+  // The features this case had and runs without (the CLI's --without), in the report's not_checked.
+  std::vector<std::string> not_checked;
 
   std::string describe() const;  // "MultiheadAttention B=50 T=100 d=64 heads=4 bias=off mask=causal"
 };
