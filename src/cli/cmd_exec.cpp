@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "tparity/eval/foreign.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/harness/cases.hpp"
+#include "tparity/harness/llm.hpp"
 #include "tparity/torch/reference.hpp"
 
 namespace tparity::cli {
@@ -124,6 +126,23 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
   }
   out.commit();
   return failed ? kFail : kPass;
+}
+
+// A decode session judged on its outputs alone: they could come from one full causal forward over
+// every token, so the decode itself went unchecked; the report says so (not_checked, and a note).
+void note_unchecked_decode(const Problem& p, const std::optional<OutputsFile>& f64,
+                           const std::optional<OutputsFile>& f32, CaseReport& r) {
+  if (!llm_module(p.module) || p.decode_steps <= 0) return;
+  for (const std::optional<OutputsFile>* f : {&f64, &f32})
+    if (*f)
+      for (const auto& [name, t] : (*f)->components)
+        if (name.rfind("step.", 0) == 0) return;
+  if (std::find(r.not_checked.begin(), r.not_checked.end(), "decode") == r.not_checked.end())
+    r.not_checked.push_back("decode");
+  r.notes.push_back(
+      fmt::format("decode not checked: the problem decodes {} steps over a KV cache, but the program gave no step.N.* "
+                  "component; its outputs alone could come from one full forward",
+                  p.decode_steps));
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -244,6 +263,7 @@ int exec(const ExecOptions& o) {
     if (f64 || f32)
       for (CaseReport& r : check_fixture(p, problem, GatePolicy{}, foreign_implementation(who, f64, f32))) {
         r.not_checked = not_checked;
+        note_unchecked_decode(p, f64, f32, r);
         reports.push_back(std::move(r));
       }
     for (const OutputsFile& f : low) reports.push_back(judge_low_precision(p, "case " + name, f, who));
@@ -275,6 +295,7 @@ int judge(const JudgeOptions& o) {
   const std::optional<OutputsFile> f64 = take("float64"), f32 = take("float32");
   std::vector<CaseReport> reports;
   if (f64 || f32) reports = check_fixture(p, o.problem, GatePolicy{}, foreign_implementation(o.name, f64, f32));
+  for (CaseReport& r : reports) note_unchecked_decode(p, f64, f32, r);
   for (const char* dtype : {"bfloat16", "float16"})
     if (auto f = take(dtype)) reports.push_back(judge_low_precision(p, o.problem, *f, o.name));
   return finish(reports, {}, o.judging, "tparity judge --problem " + o.problem);
