@@ -155,7 +155,8 @@ TEST_CASE("case options: an option the case would ignore or cannot honour exits 
   }
 }
 
-TEST_CASE("--without: each case runs its variant without the features, and the report says so", "[cli][torch]") {
+TEST_CASE("cases without features: each case runs its variant without the features, and the report says so",
+          "[cli][torch]") {
   if (!with_torch()) return;
   Result r = tparity("run --case gpt2 --case llama --without padding,decode --format json");
   CAPTURE(r.err);
@@ -197,7 +198,8 @@ TEST_CASE("--without: each case runs its variant without the features, and the r
              Catch::Contains("without bias") && Catch::Contains("always has biases"));
 }
 
-TEST_CASE("--without on exec and fixtures; a decode judged on its outputs alone is not checked", "[cli][torch]") {
+TEST_CASE("cases without features on exec and fixtures / a decode judged on its outputs alone is not checked",
+          "[cli][torch]") {
   if (!with_torch()) return;
   // exec: the variant without padding, and not_checked in the report.
   Result r = tparity("exec --case gpt2 --without padding --format json " + program("echo"));
