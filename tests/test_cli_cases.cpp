@@ -122,6 +122,8 @@ TEST_CASE("case options: an option the case would ignore or cannot honour exits 
       // values
       {"--case llama --decode-steps 9", "option --decode-steps: case llama: expected fewer than its 9 tokens"},
       {"--case llama --seq 2", "option --decode-steps: case llama: expected fewer than its 2 tokens"},
+      {"--case llama --kv-heads 3", "option --kv-heads: case llama: expected a divisor of heads 4, got 3"},
+      {"--case llama --heads 3", "option --kv-heads: case llama: expected a divisor of heads 3, got 2"},
       {"--case llama --head-dim 15", "option --head-dim: case llama: head_dim 15"},
       {"--case llama --rotary-fraction 0.3", "option --rotary-fraction: case llama: head_dim 24 x rotary fraction 0.3"},
       {"--case llama --rotary-fraction 0", "option --rotary-fraction: expected a fraction in (0, 1]"},

@@ -173,6 +173,9 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
             "least), got {}",
             s.name, s.seq, s.decode_steps));
     }
+    if (!gpt2_case(s) && (o.kv_heads || o.heads) && s.kv_heads && s.heads % s.kv_heads)
+      throw InputError(fmt::format("option --kv-heads: case {}: expected a divisor of heads {}, got {}", s.name,
+                                   s.heads, s.kv_heads));
     if (!gpt2_case(s) && (o.head_dim || o.rotary_fraction || o.dim || o.heads)) {
       if (!s.head_dim && s.dim % s.heads)
         throw InputError(
