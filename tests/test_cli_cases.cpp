@@ -135,6 +135,7 @@ TEST_CASE("case options: an option the case would ignore or cannot honour exits 
       {"--case llama --positions-offset 3x", "option --positions-offset: expected none or an integer"},
       {"--case llama --padding left", "option --padding: case llama: left padding with 2 decode steps"},
       {"--case llama --padding right --mask causal", "option --padding: case llama"},
+      {"--case gpt2 --without bias", "option --without: nothing was run: no chosen case has a variant without bias"},
       {"--case llama --without nonsense", "option --without: expected features among padding, positions, decode"},
   };
   for (const Refusal& x : refusals) {

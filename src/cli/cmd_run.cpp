@@ -57,8 +57,9 @@ int run(const RunOptions& o) {
     for (const PretrainedCase& c : pretrained_cases()) pretrained.push_back(&c);
   std::vector<CaseReport> reports;
   nlohmann::json skipped = nlohmann::json::array();
-  auto skip = [&](const std::string& name, const std::string& why) {  // one line, never a failure
-    std::fprintf(stderr, "skipped %s: %s\n", name.c_str(), why.c_str());
+  std::vector<std::string> without_lines;                             // printed once the run is known to run
+  auto skip = [&](const std::string& name, const std::string& why) {  // one line each, never a failure
+    without_lines.push_back("skipped " + name + ": " + why);
     skipped.push_back({{"name", name}, {"reason", why}});
   };
   for (CaseSpec s : chosen) {
@@ -90,6 +91,11 @@ int run(const RunOptions& o) {
       reports.push_back(std::move(r));
     }
   }
+  // A run that judged nothing must not pass: --without left no variant of any chosen case.
+  if (reports.empty() && !without.empty())
+    throw InputError(fmt::format("option --without: nothing was run: no chosen case has a variant without {} ({})",
+                                 fmt::join(without, ", "), fmt::join(without_lines, "; ")));
+  for (const std::string& line : without_lines) std::fprintf(stderr, "%s\n", line.c_str());
   apply_accept(reports, o.report);
   if (o.format == Format::Json) {
     nlohmann::json doc = to_json(reports);
