@@ -103,6 +103,7 @@ TEST_CASE("case options: an option the case would ignore or cannot honour exits 
       {"--case gpt2 --rotary-fraction 0.5", "option --rotary-fraction: case gpt2"},
       {"--case multihead --decode-steps 1", "option --decode-steps: case multihead"},
       {"--case gpt2 --head-dim 16", "option --head-dim: case gpt2"},
+      {"--case gpt2 --positions-offset 3", "option --positions-offset: case gpt2"},
       {"--case multihead --ffn 64", "option --ffn: case multihead"},
       {"--case sdpa --bias on", "option --bias: case sdpa"},
       {"--case gpt2 --bias off", "option --bias: case gpt2"},

@@ -82,6 +82,9 @@ void refuse_ignored(const CaseSpec& s, const CaseOverrides& o) {
   llm_only(o.eps.has_value(), "--eps");
   if (!llm) return;
   if (o.head_dim && gpt2) refuse("--head-dim", s, "has head_dim = hidden / heads (GPT2Config has no head_dim)");
+  if (o.positions_offset && *o.positions_offset != "none" && gpt2)
+    refuse("--positions-offset", s,
+           "has no rotary embedding: GPT2Block would ignore position_ids (its positions are GPT2Model's wpe)");
   if (o.rope && !llm_takes(s.module, "rope_convention"))
     refuse("--rope", s, gpt2 ? "has no rotary embedding" : "fixes its rotary convention (half; no rope_convention)");
   if (o.rotary_fraction && !llm_takes(s.module, "partial_rotary_factor"))
