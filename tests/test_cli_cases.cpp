@@ -243,4 +243,13 @@ TEST_CASE("cases without features on exec and fixtures / a decode judged on its 
   CHECK(r.code == 0);
   CHECK_THAT(r.err, Catch::Contains("declared without decode"));
   CHECK_FALSE(fs::exists(dir / "llama_decode.json"));
+  // MultiheadAttention's kdim and vdim: only fixtures have them.
+  const std::string sets = std::string(TPARITY_SOURCE) + "/fixtures/torch-2.13/";
+  fs::remove_all(dir);
+  r = tparity("export --fixture " + sets + "mha_kdim_vdim.json --fixture " + sets +
+              "mha_batched.json --without kdim-vdim --no-components --out " + dir.string());
+  CHECK(r.code == 0);
+  CHECK_THAT(r.err, Catch::Contains("skipped mha_kdim_vdim: declared without kdim-vdim"));
+  CHECK_FALSE(fs::exists(dir / "mha_kdim_vdim.json"));
+  CHECK(fs::exists(dir / "mha_batched.json"));
 }
