@@ -202,10 +202,12 @@ int exec(const ExecOptions& o) {
   struct Cleanup {
     std::string dir;
     bool on;
-    ~Cleanup() {
+    void now() {
       std::error_code ec;
       if (on) fs::remove_all(dir, ec);
+      on = false;
     }
+    ~Cleanup() { now(); }
   } cleanup{dir, temporary};
 
   const std::string who = o.name.empty() ? join(o.command) : o.name;
@@ -268,6 +270,10 @@ int exec(const ExecOptions& o) {
       }
     for (const OutputsFile& f : low) reports.push_back(judge_low_precision(p, "case " + name, f, who));
   }
+  // Removed before the report is written: a reader gone by then (a caller that died: SIGPIPE on the
+  // write) must not leave the folder behind.
+  cleanup.now();
+  stop_if_interrupted();
   return finish(std::move(reports), skipped, o.judging, "tparity exec -- " + join(o.command));
 }
 

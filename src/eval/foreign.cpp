@@ -85,17 +85,23 @@ std::string substitute(const std::string& arg, const std::string& problem, const
 
 // SIGINT, SIGTERM and SIGHUP while a program runs: the signal is noted and the program's process
 // group killed at once; run_program and tparity exec stop at the next step, removing what they made.
-// A second signal ends tparity at once.
+// A second signal ends tparity at once; the same signal again from the same sending process is the
+// same request, not a second one (PR_SET_PDEATHSIG fires once per thread of a dying multithreaded
+// parent, as the child is handed from thread to thread).
 volatile sig_atomic_t g_signal = 0;
+volatile sig_atomic_t g_sender = 0;   // the first signal's sending process, 0 the kernel (a terminal)
 volatile sig_atomic_t g_program = 0;  // the running program's process group, 0 when none
 
-void on_signal(int sig) {
+void on_signal(int sig, siginfo_t* info, void*) {
   if (const pid_t group = g_program; group > 0) kill(-group, SIGKILL);
+  const pid_t sender = info && info->si_code == SI_USER ? info->si_pid : 0;
+  if (g_signal && sig == g_signal && sender != 0 && sender == g_sender) return;
   if (g_signal) {  // a second one: tparity ends by it now, as it would have without the guard
     signal(sig, SIG_DFL);
     raise(sig);
     return;
   }
+  g_sender = sender;
   g_signal = sig;
 }
 
@@ -165,16 +171,21 @@ bool wait_until_gone(pid_t pid, int& status, std::chrono::steady_clock::time_poi
 }  // namespace
 
 InterruptGuard::InterruptGuard() {
-  g_signal = 0;
+  g_signal = 0, g_sender = 0;
   struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESTART;  // the handler only notes and kills; nothing else should see EINTR
+  sa.sa_sigaction = on_signal;
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;  // the handler only notes and kills; nothing else should see EINTR
   sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &sa, &saved_[i]);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, &saved_pipe_);
 }
 
 InterruptGuard::~InterruptGuard() {
   for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &saved_[i], nullptr);
+  sigaction(SIGPIPE, &saved_pipe_, nullptr);
 }
 
 int interrupted() { return g_signal; }
@@ -228,8 +239,11 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
     return r;
   }
   if (pid == 0) {
-    setpgid(0, 0);  // its own process group, so that a timeout kills what it started too
-    dup2(2, 1);     // the program's standard output goes to tparity's standard error
+    setpgid(0, 0);            // its own process group, so that a timeout kills what it started too
+    dup2(2, 1);               // the program's standard output goes to tparity's standard error
+    struct sigaction dfl {};  // the guard's ignored SIGPIPE would outlive execvp: the program gets the default
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGPIPE, &dfl, nullptr);
     close(status_pipe[0]);
     execvp(argv[0], argv.data());
     const int e = errno;

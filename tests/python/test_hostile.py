@@ -264,3 +264,4 @@ def test_a_long_tmpdir_does_not_break_the_socket(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", None)  # read $TMPDIR again
     r = tparity.check(function=softmax, case="softmax", dtypes=["float64"])
     assert r.passed, r
+

@@ -43,6 +43,8 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
 // While one lives, SIGINT, SIGTERM and SIGHUP are noted (interrupted()) instead of ending tparity at
 // once, and kill the running program's process group; a second signal ends tparity at once. The
 // caller stops at its next step (throwing Interrupted), so that its temporary files are removed.
+// SIGPIPE is ignored meanwhile: a reader of tparity's output that is gone (a caller that died) makes
+// a write fail, not tparity die before its temporary files are removed.
 class InterruptGuard {
  public:
   InterruptGuard();
@@ -53,6 +55,7 @@ class InterruptGuard {
  private:
   static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
   struct sigaction saved_[3]{};
+  struct sigaction saved_pipe_ {};
 };
 // The signal received under the guard, 0 when none.
 int interrupted();
