@@ -52,4 +52,10 @@ inline bool with_torch() {
   return yes;
 }
 
+// The exec stand-ins (tests/exec/program.py), and one of them as exec's command after its options.
+inline const std::string kProgram = std::string(TPARITY_SOURCE) + "/tests/exec/program.py";
+inline std::string program(const std::string& mode) {
+  return "-- python3 " + kProgram + " " + mode + " {problem} {out} {dtype}";
+}
+
 }  // namespace clitest

@@ -12,12 +12,6 @@ using nlohmann::json;
 
 namespace {
 
-const std::string kProgram = std::string(TPARITY_SOURCE) + "/tests/exec/program.py";
-
-std::string program(const std::string& mode) {
-  return "-- python3 " + kProgram + " " + mode + " {problem} {out} {dtype}";
-}
-
 // The exported problem file of one case, with the given options.
 json exported(const std::string& name, const std::string& options) {
   const fs::path dir = scratch() / ("export_" + name);

@@ -11,16 +11,6 @@
 using namespace clitest;
 using nlohmann::json;
 
-namespace {
-
-const std::string kProgram = std::string(TPARITY_SOURCE) + "/tests/exec/program.py";
-
-std::string program(const std::string& mode) {
-  return "-- python3 " + kProgram + " " + mode + " {problem} {out} {dtype}";
-}
-
-}  // namespace
-
 TEST_CASE("exec: a program as good as the reference passes / one that spoils the scores fails there first",
           "[cli][torch]") {
   if (!with_torch()) return;
