@@ -144,3 +144,17 @@ def test_heads_as_many_as_positions_pass():
     # q, k, v recorded as [B, T, H, D] with T == H: the same shape as the canonical [B, H, T, D]
     r = tparity.check(function=mha, case="multihead", options={"batch": 2, "seq": 4, "heads": 4}, dtypes=["float64"])
     assert r.passed, r
+
+
+def test_a_float32_constant_in_float64_code_is_a_precision_slip_and_can_be_accepted():
+    third = np.float64(np.float32(1 / 3))  # a constant rounded to float32, used in float64 code
+
+    def slipped(problem, dtype):
+        x = problem.inputs["input"].astype(dtype) * np.asarray(third * 3, dtype)
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    r = tparity.check(function=slipped, case="softmax")
+    assert not r.passed
+    assert [d["kind"] for d in r.cases[0].diagnoses] == ["precision-slip"], r
+    assert {f["leg"] for f in r.failures} == {"hand64_vs_torch64"}  # float32's leg passes
+    assert tparity.check(function=slipped, case="softmax", accept=["precision-slip"]).passed
