@@ -241,28 +241,17 @@ TEST_CASE("cli: sweep JSON has the documented keys and one point per grid point"
   REQUIRE(doc.at("points").size() == 4);
   CHECK(doc.at("skipped").empty());
   CHECK(doc.at("summary") == json({{"run", 4}, {"passed", 4}, {"failed", 0}, {"skipped", 0}}));
-  const std::set<std::string> point_keys = {"index",
-                                            "label",
-                                            "batch",
-                                            "seq",
-                                            "kv_seq",
-                                            "dim",
-                                            "heads",
-                                            "ffn",
-                                            "seed",
-                                            "name",
-                                            "description",
-                                            "config",
-                                            "pass",
-                                            "components",
-                                            "failures",
-                                            "notes",
-                                            "not_checked",
-                                            "first_divergence",
-                                            "summary",
-                                            "diagnoses",
-                                            "reference",
-                                            "stored_reference"};
+  const std::set<std::string> point_keys = {"index",       "label",
+                                            "batch",       "seq",
+                                            "kv_seq",      "dim",
+                                            "heads",       "ffn",
+                                            "seed",        "name",
+                                            "description", "config",
+                                            "pass",        "components",
+                                            "failures",    "notes",
+                                            "not_checked", "first_divergence",
+                                            "summary",     "diagnoses",
+                                            "reference",   "stored_reference"};
   for (size_t i = 0; i < 4; ++i) {
     const json& p = doc.at("points").at(i);
     CAPTURE(i);

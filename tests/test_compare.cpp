@@ -188,8 +188,8 @@ TEST_CASE("report: the JSON document has the documented shape", "[compare]") {
   };
   // The keys the README documents, no fewer and no others.
   CHECK(keys(c) == std::set<std::string>{"name", "description", "config", "seed", "pass", "components", "failures",
-                                         "notes", "not_checked", "first_divergence", "reference", "stored_reference", "summary",
-                                         "diagnoses"});
+                                         "notes", "not_checked", "first_divergence", "reference", "stored_reference",
+                                         "summary", "diagnoses"});
   CHECK(c.at("summary") == summary_line(r));
   CHECK(c.at("diagnoses") == nlohmann::json::array());
   CHECK(keys(c.at("components").at(0)) == std::set<std::string>{"name", "shape", "pass", "growth", "legs"});
