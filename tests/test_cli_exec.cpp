@@ -186,7 +186,7 @@ TEST_CASE("exec: a bad program gets one line per case naming what went wrong / a
 
 TEST_CASE("exec: usage errors exit 2 with one line", "[cli]") {
   for (const auto& [args, mention] : std::vector<std::pair<std::string, std::string>>{
-           {"exec --case sdpa", "command"},
+           {"exec --case sdpa", "no program given (expected -- CMD ARGS... after the options)"},
            {"exec --case sdpa --timeout 0 " + program("echo"), "option --timeout: expected seconds > 0, got 0"},
            {"exec --case sdpa -- python3 " + kProgram + " echo", "never names {problem}"},
            {"exec --case nope " + program("echo"), "option --case: expected one of"},
@@ -236,4 +236,18 @@ TEST_CASE("export: problem files that check passes / judge reads what a program 
               (keep / "sdpa.float64.out.json").string());
   CHECK(r.code == 2);
   CHECK_THAT(r.err, Catch::Contains("option --outputs: two files of dtype float64"));
+}
+
+TEST_CASE("exec: the program after -- is its own, whatever option came before it", "[cli][torch]") {
+  // CLI11 ends a vector option (--case, --dtype) at "--" and then went on reading options: the
+  // program's own "-c" was refused as tparity's.
+  for (const std::string& before : {"--case softmax", "--case softmax --dtype float64"}) {
+    const Result r = tparity("exec " + before + " -- python3 -c 'import sys; sys.exit(3)' {problem}");
+    CAPTURE(before, r.err);
+    CHECK(r.code == 1);
+    CHECK(r.err.find("the program exited with code 3") != std::string::npos);
+  }
+  const Result none = tparity("exec --case softmax --");
+  CHECK(none.code == 2);
+  CHECK(none.err == "tparity: tparity exec: no program given (expected -- CMD ARGS... after the options)\n");
 }

@@ -337,9 +337,13 @@ void register_exec(CLI::App& app, Action& action) {
       ->capture_default_str();
   cmd->add_option("--keep", o->keep, "Keep the problem and outputs files in this directory");
   cmd->add_option("--name", o->name, "The implementation's name in the reports (default: the command)");
-  cmd->add_option("command", o->command, "The program and its arguments, after --")->required();
+  cmd->add_option("command", o->command, "The program and its arguments, after --");
   add_judging_options(*cmd, o->judging);
-  cmd->callback([o, &action] { action = [o] { return exec(*o); }; });
+  cmd->callback([o, &action] {
+    if (!g_after_separator.empty())
+      o->command.insert(o->command.end(), g_after_separator.begin(), g_after_separator.end());
+    action = [o] { return exec(*o); };
+  });
 
   auto j = std::make_shared<JudgeOptions>();
   CLI::App* jc = app.add_subcommand(

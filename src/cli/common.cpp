@@ -17,6 +17,7 @@ namespace tparity::cli {
 
 int g_argc = 0;
 char** g_argv = nullptr;
+std::vector<std::string> g_after_separator;
 
 void add_format_option(CLI::App& cmd, Format& format) {
   cmd.add_option("--format", format, "Output: table (human) or json (one document)")

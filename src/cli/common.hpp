@@ -38,6 +38,10 @@ std::string component_layout(const Problem& p, const std::string& name);
 // environment OpenBLAS reads when it loads).
 extern int g_argc;
 extern char** g_argv;
+// exec's program and its arguments: everything after the first "--", taken out of the arguments
+// before CLI11 parses them (CLI11 ends a vector option such as --case at "--" but then goes on parsing
+// options, so `--case x -- python3 -c ...` was refused for "-c").
+extern std::vector<std::string> g_after_separator;
 
 // Sizes and options that override a default case's, as run and sweep take them.
 struct CaseOverrides {

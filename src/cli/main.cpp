@@ -61,8 +61,17 @@ int main(int argc, char** argv) {
       return cli::kBadInput;
     }
   }
+  // exec's program after "--" is its own: never parsed as options.
+  int parsed = argc;
+  if (argc > 1 && std::string(argv[1]) == "exec")
+    for (int i = 2; i < argc; ++i)
+      if (std::string(argv[i]) == "--") {
+        cli::g_after_separator.assign(argv + i + 1, argv + argc);
+        parsed = i;
+        break;
+      }
   try {
-    app.parse(argc, argv);
+    app.parse(parsed, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
