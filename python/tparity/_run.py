@@ -11,9 +11,6 @@ import tparity_io
 from . import _layouts, _record
 from ._record import record, recording
 
-FLOATS = ("float64", "float32", "bfloat16", "float16")
-
-
 class Unsupported(Exception):
     """Raise it from a factory, a forward or a function: the case is skipped with this reason."""
 
