@@ -29,6 +29,7 @@ void register_bench(CLI::App& app, Action& action);
 void register_selftest(CLI::App& app, Action& action);
 void register_census(CLI::App& app, Action& action);
 void register_components(CLI::App& app, Action& action);
+void register_model(CLI::App& app, Action& action);
 
 // The layout of a component of the problem in words ("[B, heads, T, head_dim], after the head split,
 // before rotary"); empty when none is written (cmd_components.cpp).

@@ -22,7 +22,7 @@ namespace {
 using AddVerb = void (*)(CLI::App&, Action&);
 constexpr AddVerb kVerbs[] = {register_run,      register_eval,   register_check,     register_gate,
                               register_export,   register_exec,   register_sweep,     register_bench,
-                              register_selftest, register_census, register_components};
+                              register_selftest, register_census, register_components, register_model};
 
 }  // namespace
 }  // namespace tparity::cli

@@ -34,8 +34,6 @@ const PretrainedCase* find_pretrained(const std::string& name) {
   return nullptr;
 }
 
-namespace {
-
 std::string env_or(const char* var, const char* fallback) {
   const char* v = std::getenv(var);
   return v && *v ? v : fallback;
@@ -49,9 +47,7 @@ std::string last_line(const std::string& path) {
   return last;
 }
 
-// Runs argv with stdout to /dev/null and stderr to `log`; the exit code, or -1 when it could not start
-// or ended by a signal.
-int run(const std::vector<std::string>& argv, const std::string& log) {
+int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
@@ -68,8 +64,6 @@ int run(const std::vector<std::string>& argv, const std::string& log) {
     if (errno != EINTR) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
-
-}  // namespace
 
 std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::string& skip) {
   const std::string dir = env_or("TPARITY_PRETRAINED_DIR", TPARITY_PRETRAINED_DIR_DEFAULT);
@@ -92,7 +86,7 @@ std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::stri
   fs::create_directories(dir, ec);
   if (ec) throw InputError("case " + c.name + ": cannot create " + dir + ": " + ec.message());
   const std::string log = dir + "/" + c.name + ".log";
-  const int rc = run({python, script, "--out", dir}, log);
+  const int rc = run_logged({python, script, "--out", dir}, log);
   if (rc == 0) return fixture;
   std::string why = last_line(log);
   if (const size_t at = why.find("skipped: "); at != std::string::npos) why = why.substr(at + 9);

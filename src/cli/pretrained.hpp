@@ -27,4 +27,12 @@ const PretrainedCase* find_pretrained(const std::string& name);
 // build's pretrained/ directory. Which Python: $TPARITY_PYTHON, else the one tparity was built with.
 std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::string& skip);
 
+// The environment variable's value, or `fallback` when unset or empty.
+std::string env_or(const char* var, const char* fallback);
+// The file's last non-empty line ("" when none).
+std::string last_line(const std::string& path);
+// Runs argv (argv[0] a path) with stdout to /dev/null and stderr to `log`; its exit code, or -1 when
+// it could not start or ended by a signal.
+int run_logged(const std::vector<std::string>& argv, const std::string& log);
+
 }  // namespace tparity::cli

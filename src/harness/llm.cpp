@@ -663,9 +663,17 @@ std::vector<std::string> llm_component_names(const Problem& p) {
   return n;
 }
 
+template <class T>
+LlmLayerCall<T> llm_layer_call(const Problem& p) {
+  auto call = std::make_shared<const LlmCall<T>>(p);
+  return [call](const Tensor<T>& x, const DecoderMask& m, KvCache<T>* cache) { return (*call)(x, m, cache, nullptr); };
+}
+
 template Tensor<float> run_llm<float>(const Problem&, Observer<float>*);
 template Tensor<double> run_llm<double>(const Problem&, Observer<double>*);
 template std::function<void()> prepare_llm<float>(const Problem&);
 template std::function<void()> prepare_llm<double>(const Problem&);
+template LlmLayerCall<float> llm_layer_call<float>(const Problem&);
+template LlmLayerCall<double> llm_layer_call<double>(const Problem&);
 
 }  // namespace tparity

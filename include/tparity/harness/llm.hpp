@@ -95,4 +95,12 @@ std::function<void()> prepare_llm(const Problem& p);
 // Components in dataflow order.
 std::vector<std::string> llm_component_names(const Problem& p);
 
+// One call of the problem's block with its weights converted once, on hidden states x (B, L, hidden)
+// and a mask of the caller's, through `cache` when not null: a whole model's layer in greedy
+// generation (eval/model.hpp), which steps every layer a token at a time.
+template <class T>
+using LlmLayerCall = std::function<Tensor<T>(const Tensor<T>& x, const DecoderMask& mask, KvCache<T>* cache)>;
+template <class T>
+LlmLayerCall<T> llm_layer_call(const Problem& p);
+
 }  // namespace tparity

