@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "tparity/compare/metrics.hpp"
+#include "tparity/compare/noise.hpp"
 #include "tparity/compare/report.hpp"
 #include "tparity/core/llm.hpp"
 #include "tparity/core/ops.hpp"
@@ -22,7 +23,6 @@ namespace tparity {
 
 namespace {
 
-constexpr double kU32 = 0x1.0p-24;
 
 // ---- reading ----------------------------------------------------------------------------------
 
@@ -269,6 +269,23 @@ PositionStats stats(std::vector<double> v) {
   return s;
 }
 
+// The float32 bound on a hidden state (or logits) against the truth, from transformers' own float32
+// error there: the component gates' rule (compare/noise.hpp) on its one sample, 2 x quantile(n_eff,
+// 1) x rel_l2 + 4u, so that an error living in few elements (a massive activation) widens it as the
+// noise model says it must.
+// Logits are the head's image of the last hidden state: their error lives in as few independent
+// elements as that state's, whatever their count, so `cap_n_eff` (the last layer's) caps theirs.
+double float32_bound(const std::vector<double>& ref, const std::vector<double>& truth, double* n_eff = nullptr,
+                     double cap_n_eff = 0) {
+  Tensor<double> a({int64_t(ref.size())}), b({int64_t(truth.size())});
+  std::copy(ref.begin(), ref.end(), a.data.begin());
+  std::copy(truth.begin(), truth.end(), b.data.begin());
+  NoiseEstimate e = estimate_noise({{&a, &b}});
+  if (cap_n_eff > 0 && e.n_eff > cap_n_eff) e.n_eff = cap_n_eff, e.quantile = noise_quantile(cap_n_eff, 1);
+  if (n_eff) *n_eff = e.n_eff;
+  return GatePolicy{}.numeric_factor * e.quantile * e.rms + GatePolicy{}.numeric_floor;
+}
+
 // log-softmax of a row, in double
 std::vector<double> log_softmax(const double* x, int64_t V) {
   double mx = -std::numeric_limits<double>::infinity();
@@ -387,7 +404,8 @@ void check_layer_fixture(const ModelExport& m, const Problem& p, const ModelLaye
 }
 
 // The logits' checks: hand64 and hand32 rows against the truth's, on the real positions.
-ModelLogitsResult judge_logits(const ModelExport& m, const std::vector<double>* l64, const std::vector<double>& l32) {
+ModelLogitsResult judge_logits(const ModelExport& m, const std::vector<double>* l64, const std::vector<double>& l32,
+                                double cap_n_eff) {
   ModelLogitsResult r;
   r.present = true;
   const Shape bt = ids_shape(m);
@@ -427,7 +445,8 @@ ModelLogitsResult judge_logits(const ModelExport& m, const std::vector<double>* 
   if (l64) r.rel64 = rel_l2(h64_real, t_real);
   r.kl32 = stats(kl32);
   r.kl_ref = stats(klr);
-  r.pass = r.rel32 <= kChainFactor * r.ref32 + 4 * kU32;
+  r.bound32 = float32_bound(r_real, t_real, &r.n_eff, cap_n_eff);
+  r.pass = r.rel32 <= r.bound32;
   if (l64) r.pass = r.pass && r.rel64 <= GatePolicy{}.semantic_rel && r.flips64.empty();
   for (const ModelFlip& f : r.flips32) r.pass = r.pass && f.explained;
   return r;
@@ -498,7 +517,7 @@ Generated generate(const ModelExport& m, const ModelOptions& o) {
   return g;
 }
 
-ModelGenerationResult judge_generation(const ModelExport& m, const ModelOptions& o) {
+ModelGenerationResult judge_generation(const ModelExport& m, const ModelOptions& o, double cap_n_eff) {
   ModelGenerationResult g;
   g.present = true;
   g.steps = m.generate_steps;
@@ -520,10 +539,10 @@ ModelGenerationResult judge_generation(const ModelExport& m, const ModelOptions&
     n = std::min(size_t(g.steps), n + 1);  // the first differing step's inputs are still the truth's
     const std::vector<double> a(h.logits.begin(), h.logits.begin() + long(n * size_t(V))),
         b(lt.data.begin(), lt.data.begin() + long(n * size_t(V))), r(lr.data.begin(), lr.data.begin() + long(n * size_t(V)));
-    return std::make_pair(rel_l2(a, b), rel_l2(r, b));
+    return std::make_tuple(rel_l2(a, b), rel_l2(r, b), float32_bound(r, b, nullptr, cap_n_eff));
   };
-  std::tie(g.logits64, std::ignore) = steps_rel(h64);
-  std::tie(g.logits32, g.logits_ref) = steps_rel(h32);
+  std::tie(g.logits64, std::ignore, std::ignore) = steps_rel(h64);
+  std::tie(g.logits32, g.logits_ref, g.logits_bound) = steps_rel(h32);
   auto first_diff = [&](const std::vector<int64_t>& v) {
     for (size_t i = 0; i < v.size(); ++i)
       if (v[i] != g.truth[i]) return int64_t(i);
@@ -542,7 +561,7 @@ ModelGenerationResult judge_generation(const ModelExport& m, const ModelOptions&
   // float64 must give the truth's tokens; a float32 token may differ only where the reference's own
   // float32 noise would flip it too.
   g.pass = g.first64 < 0 && (g.first32 < 0 || g.p_flip32 >= kFlipExplained) &&
-           g.logits64 <= GatePolicy{}.semantic_rel && g.logits32 <= kChainFactor * g.logits_ref + 4 * kU32;
+           g.logits64 <= GatePolicy{}.semantic_rel && g.logits32 <= g.logits_bound;
   return g;
 }
 
@@ -633,7 +652,7 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
     l.chain64 = rel_l2(h64.data, truth.data);
     l.chain32 = rel_l2(h32.data, truth.data);
     l.ref32 = rel_l2(ref.data, truth.data);
-    l.bound32 = kChainFactor * l.ref32 + 4 * kU32;
+    l.bound32 = float32_bound(ref.data, truth.data, &l.n_eff);
     l.chain_pass = l.chain64 <= o.policy.semantic_rel && l.chain32 <= l.bound32;
     r.layers.push_back(std::move(l));
   }
@@ -644,9 +663,9 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
     const Tensor<float> f32 = to_tensor<float>(h32);
     const Tensor<float> l32f = head_of<float>(m)(f32.ptr(), N);
     const std::vector<double> l32(l32f.data.begin(), l32f.data.end());
-    r.logits = judge_logits(m, &l64.data, l32);
+    r.logits = judge_logits(m, &l64.data, l32, r.layers.back().n_eff);
   }
-  if (m.generate_steps && o.generate) r.generation = judge_generation(m, o);
+  if (m.generate_steps && o.generate) r.generation = judge_generation(m, o, r.layers.back().n_eff);
   if (o.defect != Defect::None)
     r.notes.push_back("defect " + defect_name(o.defect) + " planted in the hand core at layer " +
                       std::to_string(o.defect_layer));
@@ -706,7 +725,7 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
         l.chain_pass = err <= l.bound32;
       } else {
         l.chain32 = err;
-        l.bound32 = kChainFactor * l.ref32 + 4 * kU32;
+        l.bound32 = float32_bound(ref.data, truth.data, &l.n_eff);
         l.chain_pass = err <= l.bound32;
       }
       if (!l.chain_pass) {
@@ -732,11 +751,13 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
       throw InputError(dump + ": logits: expected shape " + to_string(Shape{bt[0], bt[1], m.vocab}) + ", got " +
                        to_string(e->shape));
     const DTensor got = d.tensor("logits");
-    if (got.dtype == DType::Float64) {
-      r.logits = judge_logits(m, &got.data, got.data);
-    } else {
-      r.logits = judge_logits(m, nullptr, got.data);
+    // The last layer's n_eff of transformers' own float32 error caps the logits' (as the hand core's).
+    double cap = 0;
+    {
+      const std::string k = std::to_string(m.last);
+      (void)float32_bound(m.tensors->tensor("hidden_float32." + k).data, m.tensors->tensor("hidden." + k).data, &cap);
     }
+    r.logits = judge_logits(m, got.dtype == DType::Float64 ? &got.data : nullptr, got.data, cap);
   }
   if (!any_layer && !r.logits.present)
     throw InputError(dump + ": expected layers.N.output tensors or logits, got none of them");
@@ -750,7 +771,7 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
     }
   r.pass = r.first_layer < 0 && (!r.logits.present || r.logits.pass);
   r.notes.push_back("an engine's dump: each layer's output judged against transformers' own float32 chain at its "
-                    "depth (x" + fmt::format("{:g}", kChainFactor) + " + 4u), float64 dumps at 1e-10");
+                    "depth (2 x quantile(n_eff) x its rel_l2 + 4u), float64 dumps at 1e-10");
   return r;
 }
 
@@ -758,21 +779,22 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
 
 std::string render_model(const ModelReport& r, bool full) {
   std::string s = fmt::format("model {}: {}\n", r.name, r.description);
-  s += fmt::format("  {:>5}  {:<6} {:<28} {:>10} {:>10} {:>10} {:>6}  {}\n", "layer", "local", "first divergence",
-                   "chain h64", "chain h32", "t32 own", "ratio", "verdict");
+  s += fmt::format("  {:>5}  {:<6} {:<28} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6}  {}\n", "layer", "local",
+                   "first divergence", "chain h64", "chain h32", "bound", "t32 own", "n_eff", "ratio", "verdict");
   for (const ModelLayerResult& l : r.layers) {
     const bool judged_local = !l.local.empty();
-    s += fmt::format("  {:>5}  {:<6} {:<28} {:>10.2e} {:>10.2e} {:>10.2e} {:>6.2f}  {}\n", l.index,
+    s += fmt::format("  {:>5}  {:<6} {:<28} {:>10.2e} {:>10.2e} {:>10.2e} {:>10.2e} {:>6.0f} {:>6.2f}  {}\n", l.index,
                      judged_local ? (l.local_pass ? "PASS" : "FAIL") : "-",
-                     l.local_divergence.empty() ? "-" : l.local_divergence, l.chain64, l.chain32, l.ref32,
-                     l.ref32 > 0 ? l.chain32 / l.ref32 : 0.0, l.local_pass && l.chain_pass ? "PASS" : "FAIL");
+                     l.local_divergence.empty() ? "-" : l.local_divergence, l.chain64, l.chain32, l.bound32, l.ref32,
+                     l.n_eff, l.ref32 > 0 ? l.chain32 / l.ref32 : 0.0, l.local_pass && l.chain_pass ? "PASS" : "FAIL");
   }
   if (r.logits.present) {
     const ModelLogitsResult& g = r.logits;
     s += fmt::format(
-        "  logits ({} positions): h64 rel_l2 {:.2e}; h32 rel_l2 {:.2e} (transformers' float32 {:.2e}); KL(truth||h32) "
-        "mean {:.2e} p99 {:.2e} max {:.2e} (transformers' float32: mean {:.2e} max {:.2e})\n",
-        g.positions, g.rel64, g.rel32, g.ref32, g.kl32.mean, g.kl32.p99, g.kl32.max, g.kl_ref.mean, g.kl_ref.max);
+        "  logits ({} positions): h64 rel_l2 {:.2e}; h32 rel_l2 {:.2e} <= {:.2e} (transformers' float32 {:.2e}, n_eff "
+        "{:.0f}); KL(truth||h32) mean {:.2e} p99 {:.2e} max {:.2e} (transformers' float32: mean {:.2e} max {:.2e})\n",
+        g.positions, g.rel64, g.rel32, g.bound32, g.ref32, g.n_eff, g.kl32.mean, g.kl32.p99, g.kl32.max, g.kl_ref.mean,
+        g.kl_ref.max);
     s += fmt::format(
         "  top-1: h32 {}/{} h64 {}/{} (transformers' float32 {}/{}); expected flips from the reference's own float32 "
         "noise {:.3g}; smallest top-2 margin {:.3g}\n",
@@ -796,9 +818,9 @@ std::string render_model(const ModelReport& r, bool full) {
     s += fmt::format("  greedy generation, {} tokens after a prompt of {}: h64 {}; h32 {}; transformers' float32 {}\n",
                      g.steps, g.prompt_length, same(g.hand64, g.first64), same(g.hand32, g.first32),
                      same(g.ref32, g.first_ref));
-    s += fmt::format("  the steps' logits (KV cache) while the tokens agree: h64 rel_l2 {:.2e}; h32 {:.2e} (transformers' "
-                     "float32 {:.2e})\n",
-                     g.logits64, g.logits32, g.logits_ref);
+    s += fmt::format("  the steps' logits (KV cache) while the tokens agree: h64 rel_l2 {:.2e}; h32 {:.2e} <= {:.2e} "
+                     "(transformers' float32 {:.2e})\n",
+                     g.logits64, g.logits32, g.logits_bound, g.logits_ref);
     if (g.first32 >= 0)
       s += fmt::format("  h32's first different token: the truth's margin {:.3g}, P(reference's noise flips it) {:.2e}: "
                        "{}\n",
@@ -836,7 +858,7 @@ nlohmann::json to_json(const ModelReport& r) {
     layers.push_back({{"index", l.index}, {"local_pass", l.local_pass},
                       {"local_first_divergence", l.local_divergence.empty() ? nlohmann::json() : nlohmann::json(l.local_divergence)},
                       {"decode_float64_rel_l2", l.decode64}, {"chain_float64_rel_l2", l.chain64}, {"chain_float32_rel_l2", l.chain32},
-                      {"reference_float32_rel_l2", l.ref32}, {"chain_float32_bound", l.bound32},
+                      {"reference_float32_rel_l2", l.ref32}, {"chain_float32_bound", l.bound32}, {"n_eff", l.n_eff},
                       {"chain_pass", l.chain_pass}, {"local", local}});
   }
   nlohmann::json j = {{"name", r.name}, {"description", r.description}, {"config", r.config},
@@ -854,6 +876,7 @@ nlohmann::json to_json(const ModelReport& r) {
       return a;
     };
     j["logits"] = {{"positions", g.positions}, {"float64_rel_l2", g.rel64}, {"float32_rel_l2", g.rel32},
+                   {"float32_bound", g.bound32}, {"n_eff", g.n_eff},
                    {"reference_float32_rel_l2", g.ref32}, {"kl_float32", st(g.kl32)}, {"kl_reference_float32", st(g.kl_ref)},
                    {"top1_float32", g.top1_32}, {"top1_float64", g.top1_64}, {"top1_reference_float32", g.top1_ref},
                    {"expected_flips", g.expected_flips}, {"min_margin", g.min_margin},
@@ -868,6 +891,7 @@ nlohmann::json to_json(const ModelReport& r) {
                        {"first_diff_reference_float32", first(g.first_ref)}, {"margin_float32", g.margin32},
                        {"p_flip_float32", g.p_flip32}, {"logits_float64_rel_l2", g.logits64},
                        {"logits_float32_rel_l2", g.logits32}, {"logits_reference_float32_rel_l2", g.logits_ref},
+                       {"logits_float32_bound", g.logits_bound},
                        {"pass", g.pass}};
   }
   return j;

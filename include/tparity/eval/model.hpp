@@ -14,7 +14,8 @@
 //   chain   the hand core's own hidden states carried from layer to layer (float64 and float32) against
 //           the truth's at the same depth: an error made at layer k shows in k's local check, one
 //           inherited from below in the chain only; the float32 chain's error is judged against
-//           transformers' own float32 chain's at the same depth
+//           transformers' own float32 chain's at the same depth by the component gates' rule
+//           (2 x quantile(n_eff) x its rel_l2 + 4u, one sample)
 //   end     the final norm and the head on the chain's last hidden state: logits' rel_l2, KL divergence,
 //           top-1 agreement, expected flips; greedy generation token by token with the KV cache
 // Layers are read one at a time and dropped (a model's weights are never all held at once), but for
@@ -73,7 +74,8 @@ struct ModelLayerResult {
   double decode64 = 0;             // a decoder: its KV-cache session's output against the truth's, float64
   double chain64 = 0, chain32 = 0;  // rel_l2 of the hand core's chain against the truth's, after this layer
   double ref32 = 0;                 // transformers' float32 chain against the truth's at the same depth
-  double bound32 = 0;               // chain32's bound: kChainFactor x ref32 + 4u
+  double bound32 = 0;               // chain32's bound: 2 x quantile(n_eff, 1) x ref32 + 4u (compare/noise.hpp)
+  double n_eff = 0;                 // the effective elements of transformers' own float32 error there
   bool chain_pass = true;
 };
 
@@ -89,6 +91,7 @@ struct ModelLogitsResult {
   bool present = false;
   int64_t positions = 0;
   double rel64 = 0, rel32 = 0, ref32 = 0;  // rel_l2 against the truth: hand64, hand32, transformers' float32
+  double bound32 = 0, n_eff = 0;            // rel32's bound, as a chain's
   PositionStats kl32, kl_ref;              // KL(truth || hand32), KL(truth || transformers' float32), per position
   int64_t top1_32 = 0, top1_64 = 0, top1_ref = 0;  // positions whose argmax is the truth's
   double expected_flips = 0;                        // sum over positions of p_flip
@@ -107,7 +110,7 @@ struct ModelGenerationResult {
   double margin64 = 0, margin32 = 0, p_flip32 = 0, p_flip64 = 0;
   // The steps' logits against the truth's while the tokens agree (and at the first that differs):
   // hand64, hand32, transformers' float32 (teacher-forced on the truth's tokens).
-  double logits64 = 0, logits32 = 0, logits_ref = 0;
+  double logits64 = 0, logits32 = 0, logits_ref = 0, logits_bound = 0;
   bool pass = true;
 };
 
@@ -126,9 +129,7 @@ struct ModelReport {
   bool pass = true;
 };
 
-// The float32 chain's bound against transformers' own float32 chain at the same depth, and the
-// probability of a flip below which the reference's noise does not explain it.
-inline constexpr double kChainFactor = 4.0;
+// The probability of a flip below which the reference's own float32 noise does not explain it.
 inline constexpr double kFlipExplained = 1e-3;
 
 struct ModelOptions {
@@ -144,7 +145,7 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o);
 // An engine's activations for the export's tokens (safetensors: "layers.N.<component>" with the
 // components the layer fixtures name, "layers.N.output" the hidden state after layer N, "logits"),
 // float32 or float64, judged against the truth: each layer's output against transformers' own
-// float32 chain at that depth (kChainFactor), the first diverging layer named, its components and the
+// float32 chain at that depth (as the hand core's chain), the first diverging layer named, its components and the
 // logits measured. InputError naming the dump and the tensor for a name or shape it does not know.
 ModelReport judge_dump(const ModelExport& m, const std::string& dump);
 
