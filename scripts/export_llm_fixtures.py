@@ -571,6 +571,46 @@ def fidelity_extra(runs, decode_steps):
     return extra
 
 
+def llama_config_json(cfg, decode_steps, attention_only=False):
+    """A LlamaDecoderLayer (or LlamaAttention) fixture's config, from a LlamaConfig."""
+    config = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+              "rope_theta": cfg.rope_parameters["rope_theta"], "rope_convention": "half",
+              "partial_rotary_factor": 1.0, "attention_bias": cfg.attention_bias,
+              "max_position_embeddings": cfg.max_position_embeddings, "causal": True, "decode_steps": decode_steps}
+    if not attention_only:
+        config.update({"intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
+                       "mlp_bias": cfg.mlp_bias})
+    return config
+
+
+def decoder_config_json(kind, cfg, head_dim, window, decode_steps):
+    """A Qwen3DecoderLayer, MistralDecoderLayer or Gemma2DecoderLayer fixture's config: window is the layer's
+    own sliding window (None on a full-attention layer)."""
+    config = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": head_dim,
+              "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
+              "rope_theta": cfg.rope_parameters["rope_theta"]}
+    if kind == "Qwen3DecoderLayer":
+        config.update({"attention_bias": cfg.attention_bias, "sliding_window": window})
+    elif kind == "MistralDecoderLayer":
+        config.update({"sliding_window": window})
+    else:
+        assert cfg.hidden_activation == "gelu_pytorch_tanh"
+        config.update({"attention_bias": cfg.attention_bias, "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
+                       "attn_logit_softcapping": cfg.attn_logit_softcapping, "sliding_window": window})
+    config.update({"max_position_embeddings": cfg.max_position_embeddings, "causal": True,
+                   "decode_steps": decode_steps})
+    return config
+
+
+def gpt2_config_json(cfg, decode_steps):
+    """A GPT2Block fixture's config, from a GPT2Config (n_inner None: 4 x n_embd, as GPT2Block takes it)."""
+    return {"hidden_size": cfg.n_embd, "num_attention_heads": cfg.n_head, "n_inner": cfg.n_inner or 4 * cfg.n_embd,
+            "layer_norm_epsilon": cfg.layer_norm_epsilon, "max_position_embeddings": cfg.n_positions,
+            "causal": True, "decode_steps": decode_steps}
+
+
 def llama_fixture(name, desc, cfg, B, T, seed, positions, padding, decode_steps=0, attention_only=False):
     torch.manual_seed(seed)
     module = (ML.LlamaAttention(cfg, layer_idx=0) if attention_only else ML.LlamaDecoderLayer(cfg, layer_idx=0)).eval()
@@ -605,14 +645,7 @@ def llama_fixture(name, desc, cfg, B, T, seed, positions, padding, decode_steps=
     check_patches(name, runs)
     extra = fidelity_extra(runs, decode_steps)
     sd = {k: tensor_json(v, "float32") for k, v in module.state_dict().items()}
-    config = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
-              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-              "rope_theta": cfg.rope_parameters["rope_theta"], "rope_convention": "half",
-              "partial_rotary_factor": 1.0, "attention_bias": cfg.attention_bias,
-              "max_position_embeddings": cfg.max_position_embeddings, "causal": True, "decode_steps": decode_steps}
-    if not attention_only:
-        config.update({"intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
-                       "mlp_bias": cfg.mlp_bias})
+    config = llama_config_json(cfg, decode_steps, attention_only)
     inputs = {"hidden_states": tensor_json(x32, "float32"), "position_ids": tensor_json(positions)}
     if padding is not None:
         inputs["key_padding_mask"] = tensor_json(padding)
@@ -720,20 +753,7 @@ def decoder_fixture(name, desc, kind, cfg, B, T, seed, positions, padding, decod
         desc += (f"; the soft-cap {sa.attn_logit_softcapping:g} moves the visible scores by rel_l2 {moved:.3g} from "
                  f"the uncapped ones (largest |uncapped score| {biggest:.3g})")
     sd = {k: tensor_json(v, "float32") for k, v in module.state_dict().items()}
-    config = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
-              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": sa.head_dim,
-              "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
-              "rope_theta": cfg.rope_parameters["rope_theta"]}
-    if kind == "Qwen3DecoderLayer":
-        config.update({"attention_bias": cfg.attention_bias, "sliding_window": window})
-    elif kind == "MistralDecoderLayer":
-        config.update({"sliding_window": window})
-    else:
-        assert cfg.hidden_activation == "gelu_pytorch_tanh"
-        config.update({"attention_bias": cfg.attention_bias, "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
-                       "attn_logit_softcapping": cfg.attn_logit_softcapping, "sliding_window": window})
-    config.update({"max_position_embeddings": cfg.max_position_embeddings, "causal": True,
-                   "decode_steps": decode_steps})
+    config = decoder_config_json(kind, cfg, sa.head_dim, window, decode_steps)
     inputs = {"hidden_states": tensor_json(x32, "float32"), "position_ids": tensor_json(positions)}
     if padding is not None:
         inputs["key_padding_mask"] = tensor_json(padding)
@@ -768,8 +788,7 @@ def gpt2_fixture(name, desc, B, T, seed, padding, decode_steps=0):
     if decode_steps:
         extra["decode_vs_full_float64_rel_l2"] = f"{rel_l2(runs['true64']['session'], runs['true64']['output']):.3g}"
     sd = {k: tensor_json(v, "float32") for k, v in block.state_dict().items()}
-    config = {"hidden_size": 32, "num_attention_heads": 4, "n_inner": 128, "layer_norm_epsilon": 1e-5,
-              "max_position_embeddings": 64, "causal": True, "decode_steps": decode_steps}
+    config = gpt2_config_json(cfg, decode_steps)
     inputs = {"hidden_states": tensor_json(x32, "float32")}
     if padding is not None:
         inputs["key_padding_mask"] = tensor_json(padding)
