@@ -228,7 +228,6 @@ def map_state_dict(model):
     """TransformerEncoder state_dict (names "layers.N.*") built from the BertModel's encoder.
 
     Returns (state_dict, used) where used is the set of HF parameter names consumed."""
-    import torch
     hf = dict(model.named_parameters())
     used = set()
 
@@ -238,25 +237,34 @@ def map_state_dict(model):
 
     sd = {}
     for n in range(NUM_LAYERS):
-        p = f"encoder.layer.{n}."
-        q = f"layers.{n}."
-        sd[q + "self_attn.in_proj_weight"] = torch.cat(
-            [take(p + "attention.self.query.weight"), take(p + "attention.self.key.weight"),
-             take(p + "attention.self.value.weight")])
-        sd[q + "self_attn.in_proj_bias"] = torch.cat(
-            [take(p + "attention.self.query.bias"), take(p + "attention.self.key.bias"),
-             take(p + "attention.self.value.bias")])
-        sd[q + "self_attn.out_proj.weight"] = take(p + "attention.output.dense.weight")
-        sd[q + "self_attn.out_proj.bias"] = take(p + "attention.output.dense.bias")
-        sd[q + "linear1.weight"] = take(p + "intermediate.dense.weight")
-        sd[q + "linear1.bias"] = take(p + "intermediate.dense.bias")
-        sd[q + "linear2.weight"] = take(p + "output.dense.weight")
-        sd[q + "linear2.bias"] = take(p + "output.dense.bias")
-        sd[q + "norm1.weight"] = take(p + "attention.output.LayerNorm.weight")
-        sd[q + "norm1.bias"] = take(p + "attention.output.LayerNorm.bias")
-        sd[q + "norm2.weight"] = take(p + "output.LayerNorm.weight")
-        sd[q + "norm2.bias"] = take(p + "output.LayerNorm.bias")
+        layer = encoder_layer_state_dict(take, f"encoder.layer.{n}.")
+        sd.update((f"layers.{n}." + k, v) for k, v in layer.items())
     return sd, used
+
+
+def encoder_layer_state_dict(take, p):
+    """One BertLayer's weights (take(name) for the names under prefix p) under
+    torch.nn.TransformerEncoderLayer's names, in its state_dict order. Also used by
+    export_model.py for each layer of a BERT checkpoint."""
+    import torch
+    sd = {}
+    sd["self_attn.in_proj_weight"] = torch.cat(
+        [take(p + "attention.self.query.weight"), take(p + "attention.self.key.weight"),
+         take(p + "attention.self.value.weight")])
+    sd["self_attn.in_proj_bias"] = torch.cat(
+        [take(p + "attention.self.query.bias"), take(p + "attention.self.key.bias"),
+         take(p + "attention.self.value.bias")])
+    sd["self_attn.out_proj.weight"] = take(p + "attention.output.dense.weight")
+    sd["self_attn.out_proj.bias"] = take(p + "attention.output.dense.bias")
+    sd["linear1.weight"] = take(p + "intermediate.dense.weight")
+    sd["linear1.bias"] = take(p + "intermediate.dense.bias")
+    sd["linear2.weight"] = take(p + "output.dense.weight")
+    sd["linear2.bias"] = take(p + "output.dense.bias")
+    sd["norm1.weight"] = take(p + "attention.output.LayerNorm.weight")
+    sd["norm1.bias"] = take(p + "attention.output.LayerNorm.bias")
+    sd["norm2.weight"] = take(p + "output.LayerNorm.weight")
+    sd["norm2.bias"] = take(p + "output.LayerNorm.bias")
+    return sd
 
 
 def check_state_dict(sd, used, model, checkpoint_path):
