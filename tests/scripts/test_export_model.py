@@ -1,0 +1,335 @@
+"""scripts/export_model.py and scripts/make_checkpoint.py on tiny random checkpoints.
+
+    .venv/bin/python -m pytest tests/scripts/test_export_model.py
+
+The checkpoints are made in a temporary folder (make_checkpoint.py, in process); each export runs
+export_model.main() in process (one import of torch and transformers for the whole file), except the
+command-line test, which runs the script as a program. Where build/tparity exists, every layer fixture of
+every architecture must pass `tparity check` (TPARITY_BIN names another binary).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "scripts")
+sys.path.insert(0, SCRIPTS)
+import export_model  # noqa: E402
+import make_checkpoint  # noqa: E402
+
+ARCHS = ["llama", "mistral", "qwen3", "gemma2", "gpt2", "bert"]
+TOKENS = {"input_ids": [[5, 17, 200, 3, 9, 44, 81, 120], [7, 8, 9, 10, 11, 0, 0, 0], [250, 1, 2, 3, 4, 5, 6, 0]],
+          "attention_mask": [[1] * 8, [1] * 5 + [0] * 3, [1] * 7 + [0]]}
+TPARITY = os.environ.get("TPARITY_BIN", os.path.join(ROOT, "build", "tparity"))  # a worktree without a build
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("export_model")
+
+
+@pytest.fixture(scope="module")
+def tokens_file(work):
+    path = work / "tokens.json"
+    path.write_text(json.dumps(TOKENS))
+    return str(path)
+
+
+def make(work, arch, seed=0, name=None, shard=None):
+    out = work / (name or f"ck_{arch}")
+    if not out.exists():
+        argv = ["--arch", arch, "--shape", "tiny", "--out", str(out), "--seed", str(seed)]
+        if shard:
+            argv += ["--max-shard-size", shard]
+        assert make_checkpoint.main(argv) == 0
+    return str(out)
+
+
+def export(argv, capsys):
+    rc = export_model.main(argv)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def exports(work, tokens_file):
+    """One export of every architecture: {arch: (checkpoint, out folder)}."""
+    done = {}
+    for arch in ARCHS:
+        ck = make(work, arch)
+        out = str(work / f"out_{arch}")
+        assert export_model.main(["--checkpoint", ck, "--tokens", tokens_file, "--out", out]) == 0
+        done[arch] = (ck, out)
+    return done
+
+
+def model_of(out):
+    with open(os.path.join(out, "model.json")) as f:
+        doc = json.load(f)
+    return doc, load_file(os.path.join(out, doc["tensor_file"]))
+
+
+def fixture_of(out, k):
+    with open(os.path.join(out, f"layer_{k:03d}.json")) as f:
+        fx = json.load(f)
+    return fx, load_file(os.path.join(out, fx["tensor_file"]))
+
+
+def checkpoint_tensors(ck):
+    with safe_open(os.path.join(ck, "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+# ---- make_checkpoint ---------------------------------------------------------------------------------------
+
+def test_make_checkpoint_is_deterministic_in_its_seed(work):
+    a = checkpoint_tensors(make(work, "llama", 0, "det_a"))
+    b = checkpoint_tensors(make(work, "llama", 0, "det_b"))
+    c = checkpoint_tensors(make(work, "llama", 1, "det_c"))
+    assert a.keys() == b.keys() == c.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not any(torch.equal(a[k], c[k]) for k in a if "norm" not in k)
+
+
+def test_make_checkpoint_bad_arguments_exit_2_with_one_line(work, capsys):
+    for argv in (["--arch", "t5", "--shape", "tiny", "--out", str(work / "x")],
+                 ["--arch", "gpt2", "--shape", "1b", "--out", str(work / "x")],
+                 ["--arch", "llama", "--shape", "tiny"]):
+        assert make_checkpoint.main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+    (work / "full").mkdir()
+    (work / "full" / "keep.txt").write_text("mine")
+    assert make_checkpoint.main(["--arch", "llama", "--shape", "tiny", "--out", str(work / "full")]) == 2
+    assert (work / "full" / "keep.txt").read_text() == "mine"
+
+
+# ---- the export's invariants ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_files_and_model_json(exports, arch):
+    ck, out = exports[arch]
+    doc, t = model_of(out)
+    assert sorted(os.listdir(out)) == sorted(["model.json", "model.safetensors"] +
+                                             [f"layer_{k:03d}.{e}" for k in range(3) for e in ("json", "safetensors")])
+    assert doc["format"] == "tparity.model" and doc["version"] == 1
+    assert doc["architecture"] == arch and doc["num_hidden_layers"] == 3 and doc["slice"] == [0, 3]
+    assert doc["layers"] == [{"index": k, "fixture": f"layer_{k:03d}.json"} for k in range(3)]
+    assert doc["hidden_size"] == 64 and doc["vocab_size"] == 256 and doc["checkpoint"] == os.path.basename(ck)
+    assert doc["prompts"] is None and doc["generation"] is None
+    assert t["input_ids"].dtype == torch.int64 and t["input_ids"].tolist() == TOKENS["input_ids"]
+    assert t["attention_mask"].tolist() == TOKENS["attention_mask"]
+    for k in range(4):
+        assert t[f"hidden.{k}"].dtype == torch.float64 and t[f"hidden_float32.{k}"].dtype == torch.float32
+    if arch == "bert":
+        assert doc["final_norm"]["kind"] == "none" and "logits" not in t
+    else:
+        assert t["logits"].dtype == torch.float64 and t["logits"].shape == (3, 8, 256)
+        assert t["logits_float32"].dtype == torch.float32
+        assert t["lm_head.weight"].shape == (256, 64)
+        assert doc["final_norm"]["kind"] == {"gemma2": "gemma_rms", "gpt2": "layer"}.get(arch, "rms")
+        assert ("final_norm.bias" in t) == (arch == "gpt2")
+    assert doc["logit_softcap"] == (30.0 if arch == "gemma2" else None)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_chain_is_the_fixtures(exports, arch):
+    """hidden.k is layer k's input and hidden.(k+1) its truth output, bit for bit."""
+    ck, out = exports[arch]
+    _, t = model_of(out)
+    for k in range(3):
+        fx, ft = fixture_of(out, k)
+        x = fx["inputs"]["src" if arch == "bert" else "hidden_states"]
+        assert x["dtype"] == "float64"
+        assert torch.equal(ft[x["file"]], t[f"hidden.{k}"])
+        y = fx["outputs"]["output"]
+        assert y["dtype"] == "float64" and torch.equal(ft[y["file"]], t[f"hidden.{k + 1}"])
+        assert fx["outputs_float32"]["output"]["dtype"] == "float32"
+        assert fx["reference"]["layer"] == str(k) and fx["reference"]["checkpoint"] == os.path.basename(ck)
+        assert set(fx["components"]) == set(fx["components_float32"]) and fx["components"]
+        pad = fx["inputs"]["src_key_padding_mask" if arch == "bert" else "key_padding_mask"]
+        assert ft[pad["file"]].tolist() == [[m == 0 for m in row] for row in TOKENS["attention_mask"]]
+        if arch not in ("bert", "gpt2"):
+            assert fx["inputs"]["position_ids"]["data"] == list(range(8)) * 3
+    # the float32 chain starts where the truth does, rounded
+    assert torch.equal(t["hidden_float32.0"], t["hidden.0"].float()) or arch == "bert"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gpt2"])
+def test_layer_weights_are_the_checkpoints(exports, arch):
+    ck, out = exports[arch]
+    stored = checkpoint_tensors(ck)
+    prefix = "transformer.h." if arch == "gpt2" else "model.layers."
+    for k in range(3):
+        fx, ft = fixture_of(out, k)
+        for name, e in fx["state_dict"].items():
+            assert e["dtype"] == "float32"
+            assert torch.equal(ft[e["file"]], stored[f"{prefix}{k}.{name}"]), name
+    _, t = model_of(out)
+    head = stored.get("lm_head.weight", stored.get("model.embed_tokens.weight", stored.get("transformer.wte.weight")))
+    assert torch.equal(t["lm_head.weight"], head)
+
+
+@pytest.mark.skipif(not os.access(TPARITY, os.X_OK), reason="build/tparity is not built")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tparity_check_passes_every_layer(exports, arch):
+    _, out = exports[arch]
+    for k in range(3):
+        r = subprocess.run([TPARITY, "check", "--fixture", os.path.join(out, f"layer_{k:03d}.json")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_slice_and_a_sharded_checkpoint(work, tokens_file, exports, capsys):
+    ck = make(work, "llama", 0, "sharded", shard="40KB")
+    assert os.path.isfile(os.path.join(ck, "model.safetensors.index.json"))
+    out = str(work / "slice")
+    rc, stdout, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", out, "--layers", "1:2"], capsys)
+    assert rc == 0, err
+    assert stdout == ""
+    doc, t = model_of(out)
+    assert doc["slice"] == [1, 2] and doc["layers"] == [{"index": 1, "fixture": "layer_001.json"}]
+    assert sorted(os.listdir(out)) == ["layer_001.json", "layer_001.safetensors", "model.json", "model.safetensors"]
+    assert set(t) == {"input_ids", "attention_mask", "hidden.1", "hidden.2", "hidden_float32.1", "hidden_float32.2"}
+    # the same weights in one file: the same truth
+    _, whole = model_of(exports["llama"][1])
+    assert torch.equal(t["hidden.1"], whole["hidden.1"]) and torch.equal(t["hidden.2"], whole["hidden.2"])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
+def test_generation(work, tokens_file, capsys, arch):
+    ck = make(work, arch)
+    out = str(work / f"gen_{arch}")
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", out, "--generate", "5"], capsys)
+    assert rc == 0, err
+    doc, t = model_of(out)
+    assert doc["generation"] == {"steps": 5, "prompt_length": 8}
+    ids = t["generation.ids"]
+    assert ids.dtype == torch.int64 and ids.shape == (1, 13) and ids[0, :8].tolist() == TOKENS["input_ids"][0]
+    assert t["generation.logits"].dtype == torch.float64 and t["generation.logits"].shape == (5, 256)
+    assert t["generation.logits"].argmax(-1).tolist() == ids[0, 8:].tolist()
+    assert t["generation.logits_float32"].dtype == torch.float32 and t["generation.logits_float32"].shape == (5, 256)
+    assert t["generation.tokens_float32"].dtype == torch.int64 and t["generation.tokens_float32"].shape == (5,)
+    emb = ["wte.weight", "wpe.weight"] if arch == "gpt2" else ["embed_tokens.weight"]
+    assert all(n in t for n in emb)
+    # the truth's first step is the batch's logits at prompt 0's last token
+    assert torch.allclose(t["generation.logits"][0], t["logits"][0, 7], rtol=0, atol=1e-12)
+
+
+# ---- refusals ------------------------------------------------------------------------------------------------
+
+BAD_TOKENS = [
+    ("not json", "{", "not JSON"),
+    ("a list", "[[1, 2]]", "(top level)"),
+    ("no ids", '{"attention_mask": [[1]]}', "input_ids: missing"),
+    ("unknown field", '{"input_ids": [[1]], "labels": [[1]]}', "labels"),
+    ("ragged", '{"input_ids": [[1, 2], [3]]}', "input_ids[1]"),
+    ("empty", '{"input_ids": []}', "input_ids"),
+    ("out of vocab", '{"input_ids": [[1, 256]]}', "input_ids[0][1]"),
+    ("negative", '{"input_ids": [[-1]]}', "input_ids[0][0]"),
+    ("a float", '{"input_ids": [[1.5]]}', "input_ids[0][0]"),
+    ("a bool", '{"input_ids": [[true]]}', "input_ids[0][0]"),
+    ("mask 1 after 0", '{"input_ids": [[1, 2, 3]], "attention_mask": [[1, 0, 1]]}', "attention_mask[0]"),
+    ("mask all 0", '{"input_ids": [[1, 2]], "attention_mask": [[0, 0]]}', "attention_mask[0]"),
+    ("mask shape", '{"input_ids": [[1, 2]], "attention_mask": [[1, 1, 1]]}', "attention_mask"),
+    ("mask value", '{"input_ids": [[1, 2]], "attention_mask": [[1, 2]]}', "attention_mask[0][1]"),
+    ("too long", json.dumps({"input_ids": [[1] * 257]}), "input_ids"),
+]
+
+
+@pytest.mark.parametrize("what,text,field", BAD_TOKENS, ids=[b[0] for b in BAD_TOKENS])
+def test_bad_tokens_exit_2_with_one_line(work, capsys, what, text, field):
+    ck = make(work, "llama")
+    path = work / f"bad_{what.replace(' ', '_')}.json"
+    path.write_text(text)
+    out = work / f"never_{what.replace(' ', '_')}"
+    rc, stdout, err = export(["--checkpoint", ck, "--tokens", str(path), "--out", str(out)], capsys)
+    assert rc == 2 and stdout == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert str(path) in lines[0] and field in lines[0], lines[0]
+    assert not out.exists()
+    assert not [n for n in os.listdir(work) if n.startswith(f".{out.name}.")]
+
+
+def test_an_existing_folder_that_is_not_an_export_is_refused(work, tokens_file, capsys):
+    ck = make(work, "llama")
+    mine = work / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(mine)], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "not an export" in err
+    assert os.listdir(mine) == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
+    # a folder holding a model.json of another format, beside files named like ours
+    other = work / "other"
+    other.mkdir()
+    (other / "model.json").write_text('{"format": "something else"}')
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(other)], capsys)
+    assert rc == 2 and (other / "model.json").read_text() == '{"format": "something else"}'
+    # a symbolic link to a folder is never followed
+    target = work / "target"
+    target.mkdir()
+    link = work / "link"
+    link.symlink_to(target)
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(link)], capsys)
+    assert rc == 2 and "symbolic link" in err and os.listdir(target) == []
+
+
+def test_an_earlier_export_is_replaced(work, tokens_file, capsys):
+    ck = make(work, "llama")
+    out = work / "again"
+    assert export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(out)], capsys)[0] == 0
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(out), "--layers", "2:3"], capsys)
+    assert rc == 0, err
+    assert sorted(os.listdir(out)) == ["layer_002.json", "layer_002.safetensors", "model.json", "model.safetensors"]
+    assert not [n for n in os.listdir(work) if n.startswith(".again.")]
+
+
+def test_bad_options_and_checkpoints(work, tokens_file, capsys):
+    ck = make(work, "llama")
+    bert = make(work, "bert")
+    t5 = work / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 64}))
+    (t5 / "model.safetensors").write_bytes(b"")
+    cases = [
+        (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "2:9"], "--layers"),
+        (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "x"], "--layers"),
+        (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--generate", "-1"], "--generate"),
+        (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "0:1",
+          "--generate", "2"], "--generate"),
+        (["--checkpoint", bert, "--tokens", tokens_file, "--out", str(work / "o1"), "--generate", "2"],
+         "--generate"),
+        (["--checkpoint", ck, "--out", str(work / "o1")], "--tokens"),  # no tokenizer
+        (["--checkpoint", ck, "--tokens", tokens_file, "--prompt", "hi", "--out", str(work / "o1")], "--prompt"),
+        (["--checkpoint", str(work / "nowhere"), "--tokens", tokens_file, "--out", str(work / "o1")],
+         "--checkpoint"),
+        (["--checkpoint", str(t5), "--tokens", tokens_file, "--out", str(work / "o1")], "model_type 't5'"),
+        (["--checkpoint", ck, "--gguf-file", "none.gguf", "--out", str(work / "o1")], "--gguf-file"),
+        (["--tokens", tokens_file, "--out", str(work / "o1")], "--checkpoint"),
+    ]
+    for argv, field in cases:
+        rc, stdout, err = export(argv, capsys)
+        assert rc == 2 and stdout == "", (argv, err)
+        assert len(err.strip().splitlines()) == 1 and field in err, (argv, err)
+    assert not (work / "o1").exists()
+
+
+def test_the_program(work, tokens_file):
+    """As a program: exit 0, nothing on standard output, the summary on standard error."""
+    ck = make(work, "qwen3")
+    out = str(work / "program")
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "export_model.py"), "--checkpoint", ck, "--tokens",
+                        tokens_file, "--out", out], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    assert "logits: KL" in r.stderr and "bit for bit" in r.stderr
