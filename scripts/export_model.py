@@ -816,10 +816,29 @@ class TensorFile:
         save_file(self.tensors, path)
 
 
+def model_json_text(doc):
+    """model.json: one top-level field a line, an object's entries and a list's items one a line each."""
+    def dump(v):
+        return json.dumps(v, allow_nan=False, ensure_ascii=False)
+    lines = ["{"]
+    for i, (key, value) in enumerate(doc.items()):
+        comma = "," if i + 1 < len(doc) else ""
+        if isinstance(value, dict) and value:
+            inner = [f"  {dump(k)}: {dump(v)}" for k, v in value.items()]
+            lines += [f" {dump(key)}: {{", ",\n".join(inner), f" }}{comma}"]
+        elif isinstance(value, list) and value and isinstance(value[0], (dict, str)):
+            lines += [f" {dump(key)}: [", ",\n".join(f"  {dump(v)}" for v in value), f" ]{comma}"]
+        else:
+            lines.append(f" {dump(key)}: {dump(value)}{comma}")
+    text = "\n".join(lines + ["}"]) + "\n"
+    check(json.loads(text) == doc, "model.json does not round-trip")
+    return text
+
+
 def write_json(path, doc, one_field_a_line=True):
     import export_pretrained as P
     try:
-        text = P.fixture_json(doc) if one_field_a_line else json.dumps(doc, indent=1, allow_nan=False) + "\n"
+        text = P.fixture_json(doc) if one_field_a_line else model_json_text(doc)
     except (P.CheckFailed, ValueError) as e:
         raise CheckFailed(f"{os.path.basename(path)}: {e}") from None
     with open(path, "x", encoding="utf-8") as f:
@@ -917,6 +936,7 @@ def export(a, tmp, log):
             del m32, m64
             continue
         out64, comps64 = run.call(m64, x64, "true64", k, True)
+        check(bool(torch.isfinite(out64).all()), f"layer {k}: the float64 truth's output is not finite")
         out32, comps32 = run.call(m32, x32r, "hf32", k, True)
         extra = {}
         if arch in LLAMA_FAMILY:
@@ -1297,8 +1317,18 @@ def main(argv=None):
         tmp = tempfile.mkdtemp(prefix="." + os.path.basename(out) + ".tmp-", dir=parent)
         with contextlib.redirect_stdout(sys.stderr):
             lines = export(a, tmp, None)
-        put_in_place(tmp, out, parent, existed)
-        tmp = None
+        umask = os.umask(0)
+        os.umask(umask)
+        for n in os.listdir(tmp):  # mkdtemp's 0700 and safetensors' 0600 become the umask's usual modes
+            os.chmod(os.path.join(tmp, n), 0o666 & ~umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        # SIGINT and SIGTERM wait until the folder is in place
+        saved = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            put_in_place(tmp, out, parent, existed)
+            tmp = None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, saved)
     except UsageError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2

