@@ -1,0 +1,287 @@
+"""tparity model: whole checkpoints through the CLI, against what each must and must not find.
+
+    TPARITY_BIN=build/tparity .venv/bin/python -m pytest tests/scripts/test_model.py
+
+Tiny random checkpoints of every architecture (make_checkpoint.py) pass layer by layer and end to end;
+a defect planted in the hand core at one layer is named at that layer (and at no other); an engine's
+dump is judged (transformers' own float32 activations pass, one layer's perturbed output is caught at
+that layer); crafted exports are refused with one line and exit code 2. The real models: all-MiniLM-L6-v2
+and SmolLM2-135M-Instruct (30 layers, 32 greedy tokens), and a defect at layer 17 of SmolLM2's 30.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TPARITY = os.environ.get("TPARITY_BIN", os.path.join(ROOT, "build", "tparity"))
+PYTHON = sys.executable
+pytestmark = pytest.mark.skipif(not os.access(TPARITY, os.X_OK), reason="build/tparity is not built")
+
+TOKENS = {"input_ids": [[5, 17, 200, 3, 9, 44, 81, 120], [7, 8, 9, 10, 11, 0, 0, 0]],
+          "attention_mask": [[1] * 8, [1] * 5 + [0] * 3]}
+ARCHS = ["llama", "mistral", "qwen3", "gemma2", "gpt2", "bert"]
+
+# (arch, defect, layer, what the report must name there): each a bug people write, planted at one
+# layer of three (rope-decode-offset lives in the KV cache path alone).
+DEFECTS = [
+    ("llama", "rmsnorm-eps-outside", 1, "input_layernorm"),
+    ("llama", "kv-repeat-interleaved", 2, "attn.scores"),
+    ("llama", "rope-decode-offset", 1, "decode (KV cache"),
+    ("mistral", "window-off-by-one", 1, "attn.scores"),
+    ("qwen3", "qk-norm-after-rotary", 2, "attn.q_norm"),
+    ("gemma2", "gemma-norm-weight", 1, "input_layernorm"),
+    ("gpt2", "conv1d-untransposed", 1, "attn.q"),
+    ("bert", "layernorm-eps", 1, "norm1"),
+]
+
+
+def tparity(args, env_extra=None, timeout=900):
+    env = dict(os.environ, TPARITY_PYTHON=PYTHON, **(env_extra or {}))
+    return subprocess.run([TPARITY] + args, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("model")
+
+
+@pytest.fixture(scope="module")
+def exports(work):
+    """Per architecture: an export made by the verb itself (--checkpoint, --tokens, --generate)."""
+    tokens = work / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    models = work / "models"
+    out = {}
+    for arch in ARCHS:
+        ck = work / f"ck_{arch}"
+        subprocess.run([PYTHON, os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--arch", arch, "--shape", "tiny",
+                        "--out", str(ck)], check=True, capture_output=True)
+        args = ["model", "--checkpoint", str(ck), "--tokens", str(tokens), "--format", "json"]
+        if arch != "bert":
+            args += ["--generate", "3"]
+        r = tparity(args, {"TPARITY_MODELS_DIR": str(models)})
+        made = [d for d in models.iterdir() if d.is_dir() and d.name.startswith(f"ck_{arch}-")]
+        assert len(made) == 1, r.stderr
+        out[arch] = {"dir": str(made[0]), "run": r}
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_checkpoint_passes_every_layer_and_end_to_end(exports, arch):
+    r = exports[arch]["run"]
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["pass"] and doc["first_diverging_layer"] is None
+    assert [l["index"] for l in doc["layers"]] == [0, 1, 2]
+    for l in doc["layers"]:
+        assert l["local_pass"] and l["chain_pass"]
+        assert l["chain_float64_rel_l2"] < 1e-12  # the semantics, chained through three layers
+        assert 0 < l["chain_float32_rel_l2"] <= l["chain_float32_bound"]
+        assert all(c["pass"] for c in l["local"])
+    if arch == "bert":
+        assert "logits" not in doc and "generation" not in doc
+        return
+    lg = doc["logits"]
+    assert lg["positions"] == 13 and lg["top1_float64"] == 13 and lg["float64_rel_l2"] < 1e-12
+    assert lg["kl_float32"]["max"] < 1e-9
+    g = doc["generation"]
+    assert g["float64"] == g["truth"] and len(g["truth"]) == 3 and g["pass"]
+
+
+@pytest.mark.parametrize("arch,defect,layer,where", DEFECTS, ids=[f"{d[0]}-{d[1]}" for d in DEFECTS])
+def test_a_defect_at_one_layer_is_named_there(exports, arch, defect, layer, where):
+    r = tparity(["model", "--export", exports[arch]["dir"], "--defect", defect, "--defect-layer", str(layer),
+                 "--format", "json"])
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["first_diverging_layer"] == layer
+    assert where in doc["first_diverging"], doc["first_diverging"]
+    # the layers below it are untouched; the ones above inherit its error in the chain alone
+    for l in doc["layers"]:
+        if l["index"] < layer:
+            assert l["local_pass"] and l["chain_pass"]
+        if l["index"] > layer:
+            assert l["local_pass"], l
+
+
+def test_a_slice_starts_from_the_reference_at_its_first_layer(work, exports):
+    tokens = work / "tokens.json"
+    r = tparity(["model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(tokens), "--layers", "1:3",
+                 "--format", "json"], {"TPARITY_MODELS_DIR": str(work / "models_slice")})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [l["index"] for l in doc["layers"]] == [1, 2] and doc["logits"]["pass"]
+    # a defect below the slice cannot be seen; one inside it is named
+    r = tparity(["model", "--export", exports["llama"]["dir"], "--defect", "gate-up-swapped", "--defect-layer", "0"])
+    assert r.returncode == 1 and "first diverging layer 0: mlp.gate" in r.stdout
+
+
+def dump_of(export_dir, perturb_layer=None, scale=0.0):
+    """transformers' own float32 activations as an engine would dump them."""
+    t = load_file(os.path.join(export_dir, "model.safetensors"))
+    doc = json.load(open(os.path.join(export_dir, "model.json")))
+    a, b = doc["slice"]
+    d = {}
+    for k in range(a, b):
+        x = t[f"hidden_float32.{k + 1}"].clone()
+        if k == perturb_layer:
+            g = torch.Generator().manual_seed(k)
+            x += scale * x.norm() / x.numel() ** 0.5 * torch.randn(x.shape, generator=g)
+        d[f"layers.{k}.output"] = x.contiguous()
+    if "logits_float32" in t:
+        d["logits"] = t["logits_float32"]
+    return d
+
+
+def test_an_engines_dump_is_judged_layer_by_layer(work, exports):
+    ex = exports["llama"]["dir"]
+    good = work / "dump_good.safetensors"
+    save_file(dump_of(ex), str(good))
+    r = tparity(["model", "--export", ex, "--dump", str(good), "--format", "json"])
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["pass"] and doc["logits"]["top1_float32"] == doc["logits"]["positions"]
+    # one layer's output moved by 1e-4 of its scale: caught there, named there
+    bad = work / "dump_bad.safetensors"
+    save_file(dump_of(ex, perturb_layer=1, scale=1e-4), str(bad))
+    r = tparity(["model", "--export", ex, "--dump", str(bad)])
+    assert r.returncode == 1 and "first diverging layer 1: output" in r.stdout, r.stdout[-1500:]
+    # a perturbation at transformers' own float32 level passes (the bound is the reference's noise)
+    small = work / "dump_small.safetensors"
+    save_file(dump_of(ex, perturb_layer=1, scale=1e-7), str(small))
+    assert tparity(["model", "--export", ex, "--dump", str(small)]).returncode == 0
+
+
+def crafted(work, exports, name, edit):
+    """A copy of the llama export with model.json edited by `edit(doc)` (or the folder by edit(path))."""
+    dst = work / f"crafted_{name}"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(exports["llama"]["dir"], dst)
+    path = dst / "model.json"
+    doc = json.loads(path.read_text())
+    res = edit(doc, dst)
+    if res is not False:
+        path.write_text(json.dumps(doc))
+    return str(dst)
+
+
+def _set(k, v):
+    def f(doc, _):
+        doc[k] = v
+    return f
+
+
+def _del(k):
+    def f(doc, _):
+        del doc[k]
+    return f
+
+
+def _layer_file(name):
+    def f(doc, _):
+        doc["layers"][0]["fixture"] = name
+    return f
+
+
+def _link_model_json(doc, dst):
+    os.replace(dst / "model.json", dst / "real.json")
+    os.symlink("real.json", dst / "model.json")
+    return False
+
+
+def _swap_layers(doc, _):
+    doc["layers"][0]["fixture"], doc["layers"][1]["fixture"] = doc["layers"][1]["fixture"], doc["layers"][0]["fixture"]
+
+
+def _ids_out_of_vocab(doc, dst):
+    t = load_file(str(dst / "model.safetensors"))
+    t["input_ids"][0, 0] = 10 ** 6
+    save_file(t, str(dst / "model.safetensors"))
+    return False
+
+
+CRAFTED = [
+    ("format", _set("format", "tparity.fixture"), "format"),
+    ("version", _set("version", 2), "version"),
+    ("unknown field", _set("extra", 1), "unknown field"),
+    ("no layers", _del("layers"), "layers: missing"),
+    ("slice past the model", _set("slice", [0, 99]), "slice"),
+    ("layer file outside", _layer_file("../layer_000.json"), "layers[0].fixture"),
+    ("layer file hidden", _layer_file(".layer_000.json"), "layers[0].fixture"),
+    ("layers swapped", _swap_layers, "expected the truth's hidden.0"),
+    ("model.json a link", _link_model_json, "link"),
+    ("ids out of vocab", _ids_out_of_vocab, "input_ids"),
+    ("architecture", _set("architecture", "t5"), "architecture"),
+    ("module of another family", _set("module", "MultiheadAttention"), "module"),
+    ("tensor file", _set("tensor_file", "../model.safetensors"), "tensor_file"),
+]
+
+
+@pytest.mark.parametrize("name,edit,field", CRAFTED, ids=[c[0] for c in CRAFTED])
+def test_a_crafted_export_is_refused_with_one_line(work, exports, name, edit, field):
+    d = crafted(work, exports, name.replace(" ", "_"), edit)
+    r = tparity(["model", "--export", d])
+    assert r.returncode == 2, r.stdout[-500:] + r.stderr
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], r.stderr
+
+
+def test_usage_errors_exit_2_with_one_line(work, exports):
+    for args, field in [(["model"], "expected one of NAME"),
+                        (["model", "gpt5"], "NAME"),
+                        (["model", "--export", exports["llama"]["dir"], "--layers", "0:1"], "--export"),
+                        (["model", "--checkpoint", str(work), "--layers", "x"], "--layers"),
+                        (["model", "--export", exports["llama"]["dir"], "--defect", "swap-qk"], "--defect-layer"),
+                        (["model", "--export", exports["llama"]["dir"], "--defect", "swap-qk", "--defect-layer", "7"],
+                         "--defect-layer"),
+                        (["model", "--export", exports["llama"]["dir"], "--dump", str(work / "tokens.json")], "tokens.json")]:
+        r = tparity(args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and field in r.stderr, (args, r.stderr)
+
+
+def named_model_export(models, label):
+    made = [d for d in models.iterdir() if d.is_dir() and d.name.startswith(label + "-")]
+    assert len(made) == 1
+    return str(made[0])
+
+
+def test_minilm(work):
+    models = work / "models_real"
+    r = tparity(["model", "minilm", "--format", "json"], {"TPARITY_MODELS_DIR": str(models)})
+    if r.returncode == 2 and "not installed" in r.stderr:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["layers"]) == 6 and doc["pass"]
+    ex = named_model_export(models, "minilm")
+    r = tparity(["model", "--export", ex, "--defect", "layernorm-eps", "--defect-layer", "3"])
+    assert r.returncode == 1 and "first diverging layer 3: norm1" in r.stdout, r.stdout[-1500:]
+
+
+def test_smollm2_a_real_llm(work):
+    models = work / "models_real"
+    r = tparity(["model", "smollm2", "--format", "json"], {"TPARITY_MODELS_DIR": str(models)})
+    if r.returncode == 2 and "not installed" in r.stderr:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["layers"]) == 30 and doc["pass"]
+    lg = doc["logits"]
+    assert lg["top1_float64"] == lg["positions"] and lg["float64_rel_l2"] < 1e-12
+    g = doc["generation"]
+    assert len(g["truth"]) == 32 and g["float64"] == g["truth"] and g["pass"]
+    # a defect at layer 17 of 30 is named there
+    ex = named_model_export(models, "smollm2")
+    r = tparity(["model", "--export", ex, "--defect", "rmsnorm-eps-outside", "--defect-layer", "17"])
+    assert r.returncode == 1 and "first diverging layer 17: input_layernorm" in r.stdout, r.stdout[-1500:]
