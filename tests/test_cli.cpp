@@ -124,8 +124,8 @@ TEST_CASE("cli: --help and --version", "[cli]") {
 
 TEST_CASE("cli: --help and the unknown-verb message list every verb, in one order", "[cli]") {
   // The verbs the README's table and docs/cli.md name, written out here rather than read from kVerbs.
-  const std::vector<std::string> verbs = {"run",   "eval",  "check", "gate",     "export", "exec",
-                                          "judge", "sweep", "bench", "selftest", "census", "components"};
+  const std::vector<std::string> verbs = {"run",   "eval",  "check", "gate",   "export",     "exec", "judge",
+                                          "sweep", "bench", "selftest", "census", "components", "model"};
   const std::string help = tparity("--help").out;
   std::string listed;
   size_t at = 0;
