@@ -1305,18 +1305,23 @@ def generate(src, run, arch, cfg, prompt, N):
 
 # ---- main ---------------------------------------------------------------------------------------------------------
 
+def refused(e):
+    """One line on stderr and the exit code: 2 for bad input, 77 for a package missing."""
+    if isinstance(e, Missing):
+        print(f"{PROG}: skipped: {e}", file=sys.stderr)
+        return 77
+    print(f"{PROG}: {e}", file=sys.stderr)
+    return 2
+
+
 def main(argv=None):
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         a = parse_args(sys.argv[1:] if argv is None else argv)
         out, parent, existed = check_out_dir(a.out)
         import_dependencies(a.gguf_file is not None or a.smollm2)
-    except UsageError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 2
-    except Missing as e:
-        print(f"{PROG}: skipped: {e}", file=sys.stderr)
-        return 77
+    except (UsageError, Missing) as e:
+        return refused(e)
     import torch
     import transformers
     torch.set_num_threads(1)
@@ -1341,12 +1346,8 @@ def main(argv=None):
             tmp = None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, saved)
-    except UsageError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 2
-    except Missing as e:
-        print(f"{PROG}: skipped: {e}", file=sys.stderr)
-        return 77
+    except (UsageError, Missing) as e:
+        return refused(e)
     except CheckFailed as e:
         print(f"{PROG}: FAILED: {e}", file=sys.stderr)
         return 1

@@ -257,13 +257,19 @@ def named_model_export(models, label):
     return str(made[0])
 
 
-def test_minilm(work):
+def run_named(work, name):
+    """`tparity model NAME --format json`: its report (skipped where its package is missing, unless the
+    suite requires it), and the models folder its export went to."""
     models = work / "models_real"
-    r = tparity(["model", "minilm", "--format", "json"], {"TPARITY_MODELS_DIR": str(models)})
+    r = tparity(["model", name, "--format", "json"], {"TPARITY_MODELS_DIR": str(models)})
     if r.returncode == 2 and "not installed" in r.stderr and os.environ.get("TPARITY_REQUIRE_PRETRAINED") != "1":
         pytest.skip(r.stderr.strip())
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
-    doc = json.loads(r.stdout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    return json.loads(r.stdout), models
+
+
+def test_minilm(work):
+    doc, models = run_named(work, "minilm")
     assert len(doc["layers"]) == 6 and doc["pass"]
     ex = named_model_export(models, "minilm")
     r = tparity(["model", "--export", ex, "--defect", "layernorm-eps", "--defect-layer", "3"])
@@ -271,12 +277,7 @@ def test_minilm(work):
 
 
 def test_smollm2_a_real_llm(work):
-    models = work / "models_real"
-    r = tparity(["model", "smollm2", "--format", "json"], {"TPARITY_MODELS_DIR": str(models)})
-    if r.returncode == 2 and "not installed" in r.stderr and os.environ.get("TPARITY_REQUIRE_PRETRAINED") != "1":
-        pytest.skip(r.stderr.strip())
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    doc = json.loads(r.stdout)
+    doc, _ = run_named(work, "smollm2")
     assert len(doc["layers"]) == 30 and doc["pass"]
     lg = doc["logits"]
     assert lg["top1_float64"] == lg["positions"] and lg["float64_rel_l2"] < 1e-12
@@ -288,9 +289,7 @@ def test_smollm2_a_real_llm(work):
                     reason="a second SmolLM2 check (a minute); TPARITY_SLOW_MODELS=1 runs it (the tiny checkpoints' "
                            "defect tests run always)")
 def test_smollm2_a_defect_at_layer_17_of_30(work):
-    models = work / "models_real"
-    r = tparity(["model", "smollm2"], {"TPARITY_MODELS_DIR": str(models)})  # the export, made once
-    assert r.returncode == 0, r.stderr
+    _, models = run_named(work, "smollm2")  # the export, made once
     ex = named_model_export(models, "smollm2")
     r = tparity(["model", "--export", ex, "--defect", "rmsnorm-eps-outside", "--defect-layer", "17"])
     assert r.returncode == 1 and "first diverging layer 17: input_layernorm" in r.stdout, r.stdout[-1500:]
