@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <iostream>
+#include <cmath>
 #include <regex>
 
 #include "common.hpp"
@@ -36,7 +37,7 @@ const NamedModel kNamedModels[] = {
 };
 
 struct ModelCliOptions {
-  std::string name, checkpoint, gguf_file, export_dir, tokens, layers, dump, defect;
+  std::string name, checkpoint, gguf_file, export_dir, tokens, layers, dump, defect, perturb;
   std::vector<std::string> prompts;
   std::optional<int64_t> generate, defect_layer;
   Format format = Format::Table;
@@ -132,8 +133,27 @@ int model(const ModelCliOptions& o) {
     throw InputError("model: --defect-layer: needs --defect NAME");
   }
   if (!o.dump.empty() && !o.defect.empty()) throw InputError("model: --defect: plants in the hand core, which --dump does not run");
+  if (!o.perturb.empty()) {
+    std::smatch mt;
+    if (!std::regex_match(o.perturb, mt, std::regex("([0-9]{1,4}):([A-Za-z0-9_.]{1,128}):([0-9.eE+-]{1,32})")))
+      throw InputError("model: --perturb: expected LAYER:WEIGHT:SIZE (e.g. 17:mlp.down_proj.weight:1e-9), got " +
+                       show_text(o.perturb));
+    mo.perturb_layer = std::stoll(mt[1]);
+    mo.perturb_weight = mt[2];
+    try {
+      size_t used = 0;
+      mo.perturb_size = std::stod(mt[3], &used);
+      if (used != size_t(mt[3].length()) || !(mo.perturb_size > 0) || !std::isfinite(mo.perturb_size)) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      throw InputError("model: --perturb: SIZE: expected a positive number, got " + show_text(mt[3]));
+    }
+    if (!o.dump.empty()) throw InputError("model: --perturb: moves the hand core's weight, which --dump does not run");
+  }
   const std::string dir = o.export_dir.empty() ? exported(o) : o.export_dir;
   const ModelExport m = read_model_export(dir);
+  if (!o.perturb.empty() && (mo.perturb_layer < m.first || mo.perturb_layer >= m.last))
+    throw InputError(fmt::format("model: --perturb: expected a layer of the slice [{}, {}), got {}", m.first, m.last,
+                                 mo.perturb_layer));
   if (mo.defect != Defect::None && (mo.defect_layer < m.first || mo.defect_layer >= m.last))
     throw InputError(fmt::format("model: --defect-layer: expected a layer of the slice [{}, {}), got {}", m.first, m.last,
                                  mo.defect_layer));
@@ -168,6 +188,9 @@ void register_model(CLI::App& app, Action& action) {
                   "of the hand core");
   cmd->add_option("--defect", o->defect, "Plant a defect (tparity selftest's names) in the hand core at --defect-layer");
   cmd->add_option("--defect-layer", o->defect_layer, "The layer --defect is planted at");
+  cmd->add_option("--perturb", o->perturb,
+                  "LAYER:WEIGHT:SIZE: that weight moved by Gaussian noise of relative size SIZE in the hand core's copy "
+                  "(the detection threshold, docs/models.md)");
   add_format_option(*cmd, o->format);
   cmd->add_flag("--full", o->full, "Every layer's component table");
   add_max_elements_option(*cmd);

@@ -17,6 +17,7 @@
 #include "tparity/harness/hand.hpp"
 #include "tparity/harness/io.hpp"
 #include "tparity/harness/llm.hpp"
+#include "tparity/harness/rng.hpp"
 #include "tparity/torch/reference.hpp"
 
 namespace tparity {
@@ -370,6 +371,37 @@ Head<T> head_of(const ModelExport& m) {
 
 // ---- the layers -------------------------------------------------------------------------------------
 
+// o.perturb_weight of layer p moved by Gaussian noise of relative size o.perturb_size (the hand core's
+// copy of the problem). InputError naming --perturb when the layer has no such weight.
+void perturb(Problem& p, const ModelOptions& o, int64_t layer) {
+  if (o.perturb_weight.empty() || layer != o.perturb_layer) return;
+  auto it = p.state_dict.find(o.perturb_weight);
+  if (it == p.state_dict.end()) {
+    std::string names;
+    for (const auto& [n, _] : p.state_dict) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("model: --perturb: layer " + std::to_string(layer) + " has no weight " +
+                     show_text(o.perturb_weight) + " (it has " + names + ")");
+  }
+  std::vector<double>& w = it->second.data;
+  Rng rng(uint64_t(layer) * 1000003u + 17);
+  std::vector<double> d(w.size());
+  double wn = 0, dn = 0;
+  for (size_t i = 0; i < w.size(); ++i) d[i] = rng.normal(), wn += w[i] * w[i], dn += d[i] * d[i];
+  const double scale = dn > 0 ? o.perturb_size * std::sqrt(wn / dn) : 0;
+  for (size_t i = 0; i < w.size(); ++i) w[i] += scale * d[i];
+}
+
+// The hand core on the layer with o's perturbation (the reference's runs keep the true weights).
+Implementation perturbed_hand_core(const ModelOptions& o, int64_t layer) {
+  Implementation impl = hand_core();
+  impl.run = [o, layer](const Problem& p, DType dtype, const Components* teacher) {
+    Problem q = p;
+    perturb(q, o, layer);
+    return run_hand(q, dtype, true, q.origin, teacher);
+  };
+  return impl;
+}
+
 // The layer's hidden-state input and its name ("hidden_states"; "src" for an encoder layer).
 std::string hidden_input(const Problem& p) { return p.input("hidden_states") ? "hidden_states" : "src"; }
 
@@ -484,6 +516,7 @@ Generated generate(const ModelExport& m, const ModelOptions& o) {
   std::vector<KvCache<T>> caches;
   for (const ModelLayerEntry& e : m.layers) {
     Problem p = read_fixture(e.fixture, false);
+    perturb(p, o, e.index);
     calls.push_back(llm_layer_call<T>(p));
     const auto [Hkv, D] = llm_cache_heads(p);
     caches.push_back(make_cache<T>(1, Hkv, P + N, D));
@@ -616,7 +649,8 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
     std::optional<ScopedDefect> planted;
     if (o.defect != Defect::None && e.index == o.defect_layer) planted.emplace(o.defect);
     if (o.local) {
-      l.local = check_fixture(p, e.fixture, o.policy);
+      l.local = e.index == o.perturb_layer ? check_fixture(p, e.fixture, o.policy, perturbed_hand_core(o, e.index))
+                                           : check_fixture(p, e.fixture, o.policy);
       for (const CaseReport& c : l.local) {
         l.local_pass = l.local_pass && c.pass;
         if (l.local_divergence.empty() && !c.first_divergence.empty()) l.local_divergence = c.first_divergence;
@@ -628,14 +662,17 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
             break;
           }
     }
+    // From here on the hand core's own runs: the perturbed weight, when one is asked for.
+    const DTensor truth_out = p.outputs.count("output") ? p.outputs.at("output") : DTensor{};
+    perturb(p, o, e.index);
     // A decoder layer's KV-cache path: the last tokens one call each after a prefill of the others
     // (decode_session) must give the full forward's rows, the truth's output, in float64.
     const int64_t Tn = ids_shape(m)[1];
-    if (llm_module(p.module) && p.decode_steps == 0 && Tn > 1 && p.outputs.count("output")) {
+    if (llm_module(p.module) && p.decode_steps == 0 && Tn > 1 && !truth_out.data.empty()) {
       p.decode_steps = std::min<int64_t>(3, Tn - 1);
       const RunResult d = run_hand(p, DType::Float64, false, e.fixture + " (decode)");
       p.decode_steps = 0;
-      l.decode64 = rel_l2(d.outputs.at("output").data, p.outputs.at("output").data);
+      l.decode64 = rel_l2(d.outputs.at("output").data, truth_out.data);
       if (l.decode64 > o.policy.semantic_rel) {
         l.local_pass = false;
         if (l.local_divergence.empty())
@@ -669,6 +706,9 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
   if (o.defect != Defect::None)
     r.notes.push_back("defect " + defect_name(o.defect) + " planted in the hand core at layer " +
                       std::to_string(o.defect_layer));
+  if (!o.perturb_weight.empty())
+    r.notes.push_back(fmt::format("layer {}'s {} moved by Gaussian noise of relative size {:g} in the hand core",
+                                  o.perturb_layer, o.perturb_weight, o.perturb_size));
   decide(r);
   return r;
 }

@@ -125,6 +125,23 @@ def test_a_slice_starts_from_the_reference_at_its_first_layer(work, exports):
     assert r.returncode == 1 and "first diverging layer 0: mlp.gate" in r.stdout
 
 
+@pytest.mark.parametrize("arch,weight", [("llama", "mlp.down_proj.weight"), ("gpt2", "attn.c_attn.weight"),
+                                         ("bert", "linear1.weight")])
+def test_a_weight_moved_past_the_threshold_is_caught_at_its_layer(exports, arch, weight):
+    # the float64 legs' bound is 1e-10 relative: a weight moved by 1e-13 of its norm stays under it (the
+    # output moves by about that much), one moved by 1e-8 is far past it, and named at its layer
+    ex = exports[arch]["dir"]
+    r = tparity(["model", "--export", ex, "--perturb", f"1:{weight}:1e-13", "--format", "json"])
+    assert r.returncode == 0, r.stdout[-1500:]
+    r = tparity(["model", "--export", ex, "--perturb", f"1:{weight}:1e-8", "--format", "json"])
+    assert r.returncode == 1, r.stdout[-1500:]
+    doc = json.loads(r.stdout)
+    assert doc["first_diverging_layer"] == 1 and "made here" in doc["first_diverging"]
+    assert doc["layers"][0]["local_pass"] and doc["layers"][2]["local_pass"]
+    r = tparity(["model", "--export", ex, "--perturb", "1:no.such.weight:1e-8"])
+    assert r.returncode == 2 and "--perturb" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def dump_of(export_dir, perturb_layer=None, scale=0.0):
     """transformers' own float32 activations as an engine would dump them."""
     t = load_file(os.path.join(export_dir, "model.safetensors"))

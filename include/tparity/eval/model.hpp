@@ -137,6 +137,11 @@ struct ModelOptions {
   bool generate = true;    // greedy generation, when the export holds it
   Defect defect = Defect::None;  // planted in the hand core at layer defect_layer alone (tests, docs)
   int64_t defect_layer = -1;
+  // A weight of one layer moved in the hand core's copy alone (tests, docs: the detection threshold):
+  // Gaussian noise of relative size perturb_size (||dW|| / ||W||), deterministic.
+  int64_t perturb_layer = -1;
+  std::string perturb_weight;
+  double perturb_size = 0;
   GatePolicy policy;
 };
 
