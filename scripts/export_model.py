@@ -937,6 +937,7 @@ def export(a, tmp, log):
 
     hidden64, hidden32 = {0: h64}, {0: h32}
     rows = []
+    hf_ms = []  # transformers' float32 forward of each checked layer, ms (tparity bench --model's comparison)
     layers_entry = []
     for k in range(B):
         m32, m64 = src.layer(k)
@@ -963,6 +964,12 @@ def export(a, tmp, log):
         else:
             extra["hf_float64_casts_rel_l2"] = "0 (BertLayer computes in its own dtype throughout)"
         chain32, _ = run.call(m32, hidden32[k], "hf32", k, False)
+        took = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run.call(m32, x32r, "hf32", k, False)
+            took.append((time.perf_counter() - t0) * 1e3)
+        hf_ms.append(sorted(took)[1])
         hidden64[k + 1], hidden32[k + 1] = out64, chain32
         local, grown = rel(out32, out64), rel(chain32, out64)
         extra["hf_float32_rel_l2"] = f"{local:.3g}"
@@ -1042,7 +1049,10 @@ def export(a, tmp, log):
                         f"{ids.shape[1]}: the float64 truth beside transformers' float32 model"),
         "architecture": arch, "module": kind, "checkpoint": ckpt_base,
         "reference": {"torch": torch.__version__, "transformers": transformers.__version__,
-                      "float64": truth_description(arch)},
+                      "float64": truth_description(arch),
+                      "transformers_float32_layer_ms": " ".join(f"{v:.3f}" for v in hf_ms),
+                      "timing": (f"transformers_float32_layer_ms: each checked layer's float32 module on the batch, "
+                                 f"the median of 3 calls on {torch.get_num_threads()} thread(s)")},
         "num_hidden_layers": L, "hidden_size": cfg.hidden_size, "vocab_size": vocab,
         "layers": layers_entry, "slice": [A, B],
         "final_norm": {"kind": norm_kind, "eps": eps},

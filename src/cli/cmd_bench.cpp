@@ -22,6 +22,12 @@ namespace {
 using namespace bench;
 
 int run_bench(const Options& o) {
+  if (!o.model.empty()) {
+    if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads)
+      throw InputError("option --model: times a whole model's export alone; --case, --threads, --profile and "
+                       "--other-reference do not apply");
+    return bench_model(o, o.model);
+  }
   std::vector<BenchCase> all = bench_cases(o.quick), chosen;
   for (const std::string& n : o.cases) {
     bool found = false;
@@ -87,6 +93,9 @@ void register_bench(CLI::App& app, Action& action) {
       ->check(CLI::Range(1, 256));
   cmd->add_option("--reps", o->reps, "Timed runs per side")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_flag("--quick", o->quick, "Small shapes and few runs: a smoke run for CI");
+  cmd->add_option("--model", o->model,
+                  "An export of tparity model (scripts/export_model.py): each layer's hand forward against "
+                  "transformers' own, the whole check's time and peak memory");
   cmd->add_flag("--profile", o->profile,
                 "Also time the hand core op by op (projections, score blocks, softmax, context, out_proj, norms, "
                 "FFN, copies and zero-fills) on one thread, as shares");

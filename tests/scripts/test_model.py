@@ -142,6 +142,18 @@ def test_a_weight_moved_past_the_threshold_is_caught_at_its_layer(exports, arch,
     assert r.returncode == 2 and "--perturb" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_bench_times_a_whole_model(exports):
+    # a benchmark asserts nothing about time: its figures are there, of the right kind, and the check passed
+    r = tparity(["bench", "--model", exports["llama"]["dir"], "--reps", "1", "--format", "json"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [l["index"] for l in doc["layers"]] == [0, 1, 2] and doc["check_pass"]
+    assert all(l["hand_float32_ms"] > 0 and l["transformers_float32_ms"] > 0 for l in doc["layers"])
+    assert doc["peak_rss_bytes"] >= doc["rss_before_check_bytes"] > 0 and doc["layer_float32_weight_bytes"] > 0
+    r = tparity(["bench", "--model", exports["llama"]["dir"], "--case", "seed_block"])
+    assert r.returncode == 2 and "--model" in r.stderr
+
+
 def dump_of(export_dir, perturb_layer=None, scale=0.0):
     """transformers' own float32 activations as an engine would dump them."""
     t = load_file(os.path.join(export_dir, "model.safetensors"))

@@ -56,7 +56,14 @@ struct Options {
   std::string child_side;
   std::string other;        // --other-reference: a tparity built against the other LibTorch
   bool torch_only = false;  // (internal) time LibTorch alone: the other reference's side of a run
+  std::string model;        // --model EXPORT: a whole model's check (model.cpp)
 };
+
+// ---- a whole model (model.cpp) ----------------------------------------------------------------------
+
+int bench_model(const Options& o, const std::string& dir);
+// The process's resident set: "VmRSS:" or "VmHWM:" (the peak) from /proc/self/status, in bytes.
+int64_t status_bytes(const char* key);
 
 // ---- measuring (measure.cpp) ------------------------------------------------------------------------
 

@@ -87,14 +87,6 @@ __attribute__((target("avx2"))) float stream_avx2(const float* p, int64_t n) {
 }
 #endif
 
-// The process's resident set: "VmRSS" or "VmHWM" (the peak) from /proc/self/status, in bytes.
-int64_t status_bytes(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key) + 1)) * 1024;
-  return -1;
-}
 
 // Runs this bench again as --child for one side of one case: that side's peak memory, -1 if unknown.
 int64_t peak_in_child(const std::string& side, const BenchCase& c, bool quick) {
@@ -144,6 +136,14 @@ const char* best_openblas_core() {
 }
 
 }  // namespace
+
+int64_t status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key) + 1)) * 1024;
+  return -1;
+}
 
 double time_ms(const std::function<void()>& f) {
   const auto t0 = Clock::now();
