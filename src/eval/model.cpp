@@ -474,6 +474,7 @@ ModelLogitsResult judge_logits(const ModelExport& m, const std::vector<double>* 
     }
   r.rel32 = rel_l2(h32_real, t_real);
   r.ref32 = rel_l2(r_real, t_real);
+  r.has64 = l64 != nullptr;
   if (l64) r.rel64 = rel_l2(h64_real, t_real);
   r.kl32 = stats(kl32);
   r.kl_ref = stats(klr);
@@ -718,6 +719,7 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
   r.name = m.name;
   r.description = m.description;
   r.config = model_config(m);
+  r.dump = dump;
   const SafetensorsFile d = SafetensorsFile::open(dump);
   const Shape bt = ids_shape(m);
   const Shape btc{bt[0], bt[1], m.hidden};
@@ -819,6 +821,7 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
 
 std::string render_model(const ModelReport& r, bool full) {
   std::string s = fmt::format("model {}: {}\n", r.name, r.description);
+  if (!r.dump.empty()) s += "  judging the engine's dump " + r.dump + " (h64 / h32: its float64 / float32 outputs)\n";
   s += fmt::format("  {:>5}  {:<6} {:<28} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6}  {}\n", "layer", "local",
                    "first divergence", "chain h64", "chain h32", "bound", "t32 own", "n_eff", "ratio", "verdict");
   for (const ModelLayerResult& l : r.layers) {
@@ -831,14 +834,15 @@ std::string render_model(const ModelReport& r, bool full) {
   if (r.logits.present) {
     const ModelLogitsResult& g = r.logits;
     s += fmt::format(
-        "  logits ({} positions): h64 rel_l2 {:.2e}; h32 rel_l2 {:.2e} <= {:.2e} (transformers' float32 {:.2e}, n_eff "
+        "  logits ({} positions): h64 rel_l2 {}; h32 rel_l2 {:.2e} <= {:.2e} (transformers' float32 {:.2e}, n_eff "
         "{:.0f}); KL(truth||h32) mean {:.2e} p99 {:.2e} max {:.2e} (transformers' float32: mean {:.2e} max {:.2e})\n",
-        g.positions, g.rel64, g.rel32, g.bound32, g.ref32, g.n_eff, g.kl32.mean, g.kl32.p99, g.kl32.max, g.kl_ref.mean,
-        g.kl_ref.max);
+        g.positions, g.has64 ? fmt::format("{:.2e}", g.rel64) : std::string("-"), g.rel32, g.bound32, g.ref32, g.n_eff,
+        g.kl32.mean, g.kl32.p99, g.kl32.max, g.kl_ref.mean, g.kl_ref.max);
     s += fmt::format(
         "  top-1: h32 {}/{} h64 {}/{} (transformers' float32 {}/{}); expected flips from the reference's own float32 "
         "noise {:.3g}; smallest top-2 margin {:.3g}\n",
-        g.top1_32, g.positions, g.top1_64, g.positions, g.top1_ref, g.positions, g.expected_flips, g.min_margin);
+        g.top1_32, g.positions, g.has64 ? std::to_string(g.top1_64) : std::string("-"), g.positions, g.top1_ref,
+        g.positions, g.expected_flips, g.min_margin);
     for (const ModelFlip& f : g.flips32)
       s += fmt::format("  flip h32 at prompt {} token {}: {} instead of {}, margin {:.3g}, P(reference's noise flips "
                        "it) {:.2e}: {}\n",
@@ -904,7 +908,8 @@ nlohmann::json to_json(const ModelReport& r) {
   nlohmann::json j = {{"name", r.name}, {"description", r.description}, {"config", r.config},
                       {"reference", to_json(r.reference)}, {"layers", layers}, {"pass", r.pass},
                       {"first_diverging_layer", r.first_layer >= 0 ? nlohmann::json(r.first_layer) : nlohmann::json()},
-                      {"first_diverging", r.first_detail}, {"notes", r.notes}};
+                      {"first_diverging", r.first_detail}, {"notes", r.notes},
+                      {"dump", r.dump.empty() ? nlohmann::json() : nlohmann::json(r.dump)}};
   if (r.logits.present) {
     const ModelLogitsResult& g = r.logits;
     auto st = [](const PositionStats& p) { return nlohmann::json{{"mean", p.mean}, {"p99", p.p99}, {"max", p.max}}; };

@@ -92,6 +92,7 @@ struct ModelLogitsResult {
   int64_t positions = 0;
   double rel64 = 0, rel32 = 0, ref32 = 0;  // rel_l2 against the truth: hand64, hand32, transformers' float32
   double bound32 = 0, n_eff = 0;            // rel32's bound, as a chain's
+  bool has64 = true;                         // a float64 run was judged (not a float32 dump's)
   PositionStats kl32, kl_ref;              // KL(truth || hand32), KL(truth || transformers' float32), per position
   int64_t top1_32 = 0, top1_64 = 0, top1_ref = 0;  // positions whose argmax is the truth's
   double expected_flips = 0;                        // sum over positions of p_flip
@@ -126,6 +127,7 @@ struct ModelReport {
   ModelLogitsResult logits;
   ModelGenerationResult generation;
   std::vector<std::string> notes;
+  std::string dump;  // judge_dump: the dump's file (the table's columns are its, not the hand core's)
   bool pass = true;
 };
 
