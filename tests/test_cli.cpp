@@ -701,6 +701,43 @@ TEST_CASE("cli: every report names which PyTorch judged / its BLAS and the kerne
   CHECK(doc.at("reference").at("threads") == 1);
 }
 
+TEST_CASE("cli: bench --gemm times the GEMM alone on each case's products and a square one", "[cli]") {
+  // No LibTorch involved: the torch-free build runs it too.
+  const Result r = tparity("bench --gemm --quick --reps 1 --case seed_block --case llama7b_prefill --case "
+                           "llama7b_decode --format json");
+  REQUIRE(r.code == 0);
+  const json j = json::parse(r.out);
+  CHECK(j.at("peak_gflops").get<double>() > 0);
+  // seed_block --quick: 5 x 100 tokens, d 64, ffn 128; the LLaMA layer --quick: 32 tokens, hidden 512, 4 heads
+  // and 1 kv head of 128, intermediate 1376; its decode step makes matrix-vector products only.
+  const std::vector<std::tuple<std::string, std::string, int64_t, int64_t, int64_t>> want = {
+      {"(square)", "A B^T", 256, 256, 256},          {"seed_block", "q, k, v", 500, 192, 64},
+      {"seed_block", "out_proj", 500, 64, 64},       {"seed_block", "linear1", 500, 128, 64},
+      {"seed_block", "linear2", 500, 64, 128},       {"llama7b_prefill", "q, k, v", 32, 768, 512},
+      {"llama7b_prefill", "o_proj", 32, 512, 512},   {"llama7b_prefill", "gate, up (each)", 32, 1376, 512},
+      {"llama7b_prefill", "down", 32, 512, 1376}};
+  const json& p = j.at("products");
+  REQUIRE(p.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    const auto& [c, name, m, n, k] = want[i];
+    CHECK(p[i].at("case") == c);
+    CHECK(p[i].at("product") == name);
+    CHECK(p[i].at("m") == m);
+    CHECK(p[i].at("n") == n);
+    CHECK(p[i].at("k") == k);
+    // GFLOP/s are the product's multiply-adds x 2 over its median time, its share of the peak per thread
+    const double ms = p[i].at("ms").get<double>(), gflops = p[i].at("gflops").get<double>();
+    CHECK(ms > 0);
+    CHECK(gflops == Approx(2.0 * double(m) * double(n) * double(k) / (ms * 1e6)).epsilon(1e-12));
+    CHECK(p[i].at("peak_fraction").get<double>() == Approx(gflops / j.at("peak_gflops").get<double>()).epsilon(1e-12));
+  }
+  const Result bad = tparity("bench --gemm --quick --profile");
+  CHECK(bad.code == 2);
+  CHECK(one_line(bad.err));
+  CHECK_THAT(bad.err, Catch::Contains("option --gemm"));
+}
+
 TEST_CASE("cli: bench judges the targets against both references, profiles op by op, pins a generic OpenBLAS",
           "[cli]") {
   if (!with_torch()) {  // the torch-free build: no LibTorch to time, said up front

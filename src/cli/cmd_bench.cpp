@@ -23,9 +23,9 @@ using namespace bench;
 
 int run_bench(const Options& o) {
   if (!o.model.empty()) {
-    if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads)
-      throw InputError("option --model: times a whole model's export alone; --case, --threads, --profile and "
-                       "--other-reference do not apply");
+    if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads || o.gemm)
+      throw InputError("option --model: times a whole model's export alone; --case, --threads, --profile, --gemm "
+                       "and --other-reference do not apply");
     return bench_model(o, o.model);
   }
   std::vector<BenchCase> all = bench_cases(o.quick), chosen;
@@ -43,6 +43,11 @@ int run_bench(const Options& o) {
   if (o.threads)
     for (BenchCase& c : chosen) c.threads = o.threads;
   if (!o.child_side.empty()) return child(o.child_side, chosen.at(0));
+  if (o.gemm) {
+    if (!o.other.empty() || o.profile)
+      throw InputError("option --gemm: times the hand core's GEMM alone; --profile and --other-reference do not apply");
+    return bench_gemm(o, chosen);
+  }
 
   if (!o.other.empty()) check_other_reference(o.other);
   reexec_without_openblas_overrides();
@@ -99,6 +104,9 @@ void register_bench(CLI::App& app, Action& action) {
   cmd->add_flag("--profile", o->profile,
                 "Also time the hand core op by op (projections, score blocks, softmax, context, out_proj, norms, "
                 "FFN, copies and zero-fills) on one thread, as shares");
+  cmd->add_flag("--gemm", o->gemm,
+                "Time the hand core's GEMM alone on each case's products (q, k, v; out_proj; the FFN) and on a "
+                "2048-cubed product, against the FMA peak: whether a case's products or the rest of it fall short");
   cmd->add_flag("!--no-check", o->check, "Skip the parity check of the fast path at each shape");
   add_format_option(*cmd, o->format);
   cmd->add_option("--other-reference", o->other,

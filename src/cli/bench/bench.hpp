@@ -57,7 +57,13 @@ struct Options {
   std::string other;        // --other-reference: a tparity built against the other LibTorch
   bool torch_only = false;  // (internal) time LibTorch alone: the other reference's side of a run
   std::string model;        // --model EXPORT: a whole model's check (model.cpp)
+  bool gemm = false;        // --gemm: the hand core's GEMM alone on the cases' products (gemm.cpp)
 };
+
+// ---- the GEMM alone (gemm.cpp) -----------------------------------------------------------------------
+
+// The hand core's GEMM on each case's products and on a large square one, against the FMA peak.
+int bench_gemm(const Options& o, const std::vector<BenchCase>& cases);
 
 // ---- a whole model (model.cpp) ----------------------------------------------------------------------
 
