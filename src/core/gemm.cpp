@@ -349,15 +349,26 @@ void gemm_low(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue<float>* ep, Defect d) {
   const int bits = d == Defect::Bf16Accumulate ? 16 : 13;  // significand bits dropped
   const bool half = d == Defect::Fp16Accumulate;
+  // Eight columns of C at a time: eight independent chains of rounded sums, each the same chain of
+  // operations as one column alone (k ascending), so that the rounding's latency overlaps.
+  constexpr int64_t J = 8;
   for (int64_t i = 0; i < M; ++i) {
     float* c = C + i * ldc;
-    for (int64_t j = 0; j < N; ++j) {
-      float acc = 0;
-      for (int64_t k = 0; k < K; ++k)
-        acc =
-            round_to(acc + (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]), bits, half);
-      c[j] = alpha * acc + (beta == 0 ? 0.0f : beta * c[j]);
-      if (ep && ep->bias) c[j] += ep->bias[j];
+    for (int64_t j0 = 0; j0 < N; j0 += J) {
+      const int64_t nj = std::min(J, N - j0);
+      float acc[J] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t k = 0; k < K; ++k) {
+        const float a = ta ? A[k * lda + i] : A[i * lda + k];
+        for (int64_t jj = 0; jj < nj; ++jj) {
+          const int64_t j = j0 + jj;
+          acc[jj] = round_to(acc[jj] + a * (tb ? B[j * ldb + k] : B[k * ldb + j]), bits, half);
+        }
+      }
+      for (int64_t jj = 0; jj < nj; ++jj) {
+        const int64_t j = j0 + jj;
+        c[j] = alpha * acc[jj] + (beta == 0 ? 0.0f : beta * c[j]);
+        if (ep && ep->bias) c[j] += ep->bias[j];
+      }
     }
     if (ep && ep->activation) ep->activation(c, c, N);
     if (ep && ep->residual)
