@@ -10,7 +10,6 @@
 
 #include "bench.hpp"
 #include "tparity/core/gemm.hpp"
-#include "tparity/core/parallel.hpp"
 
 namespace tparity::cli::bench {
 
@@ -72,7 +71,6 @@ int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
   rows.push_back(time_product("(square)", {"A B^T", square, square, square}, 1, o.reps));
   for (const BenchCase& c : cases)
     for (const Product& p : products(c.spec)) rows.push_back(time_product(c.name, p, c.threads, o.reps));
-  set_num_threads(1);
   const double square_gflops = rows.front().gflops;
   if (o.format == Format::Json) {
     nlohmann::json out = nlohmann::json::array();
