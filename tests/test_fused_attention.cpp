@@ -280,7 +280,7 @@ TEMPLATE_TEST_CASE("fused attention over many groups equals one call per group b
 
 TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give the wide path's bits", "[fused]",
                    float, double) {
-  // One query per head, heads sharing kv groups (KvLayout.repeat 4): the heads of a group are computed
+  // One query per head, heads sharing kv groups (AttentionLayout::repeat 4): the heads of a group are computed
   // as the rows of one narrow block. Each head alone (its own call, its kv group's keys) must give
   // the same bits, with every mask kind a decoding step can have; and a wide block's rows (L past
   // the narrow block's width) the same bits as each row's own one-query call.
@@ -304,7 +304,7 @@ TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give
         }
         std::vector<T> stacked(size_t(G * Dv), T(-7)), alone(stacked.size(), T(-7));
         fused_attention(stacked.data(), p.q.data(), p.k.data(), p.v.data(), G, int64_t(1), S, D, Dv, p.scale, p.masks(),
-                        2, KvLayout{rep, S * D, S * Dv});
+                        2, AttentionLayout{rep, 0, {}, {0, S * D}, {0, S * Dv}, {}});
         for (int64_t g = 0; g < G; ++g) {
           AttentionMasks<T> m;
           m.attn = p.attn.empty() ? nullptr : p.attn.data();
@@ -330,6 +330,91 @@ TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give
                         p.scale, m);
       }
     CHECK(identical(wide, rows));
+  }
+}
+
+TEMPLATE_TEST_CASE("fused attention reads a packed projection in place and writes the heads side by side", "[fused]",
+                   float, double) {
+  // AttentionLayout: q, k and v read as the thirds of one (B, L, 3E) projection, q divided by q_divisor
+  // as it is read, the heads' outputs written side by side into (B, L, E); and decoding's stacked heads
+  // (L = 1, kv groups shared by repeat = 2 heads) with q and out strided the same way. Each must give
+  // the bits of the contiguous call on the split heads, q divided beforehand; nothing outside the
+  // heads' columns written (out's other columns keep their sentinel).
+  using T = TestType;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  Rng rng(2718);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    for (const int64_t L : {int64_t(1), int64_t(5), int64_t(bs.br) + 7, 2 * int64_t(bs.br) + 3}) {
+      for (MaskKind kind : {MaskKind::None, MaskKind::Causal, MaskKind::KeyBias, MaskKind::Shared2dAndKeyBias}) {
+        const bool decode = L == 1;
+        const int64_t B = 2, H = 4, D = 9, rep = decode ? 2 : 1, E = H * D, S = decode ? 2 * bs.bc + 3 : L;
+        const int64_t ldx = E + 2;  // out's rows: E columns of heads and two more left alone
+        CAPTURE(to_string(isa), L, name(kind));
+        std::vector<T> packed(size_t(B * L * 3 * E));
+        for (T& x : packed) x = T(rng.normal());
+        const T div = std::sqrt(T(D));
+        // the contiguous split: q (B * H, L, D) divided; k, v (B * H / rep, S, D)
+        std::vector<T> q(size_t(B * H * L * D)), k(size_t(B * H / rep * S * D)), v(k.size());
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < L; ++i)
+              for (int64_t d = 0; d < D; ++d)
+                q[size_t(((b * H + h) * L + i) * D + d)] = packed[size_t((b * L + i) * 3 * E + h * D + d)] / div;
+        if (decode) {
+          for (T& x : k) x = T(rng.normal());
+          for (T& x : v) x = T(rng.normal());
+        } else {
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t j = 0; j < S; ++j)
+                for (int64_t d = 0; d < D; ++d) {
+                  const size_t at = size_t((b * L + j) * 3 * E + h * D + d);
+                  k[size_t(((b * H + h) * S + j) * D + d)] = packed[at + size_t(E)];
+                  v[size_t(((b * H + h) * S + j) * D + d)] = packed[at + size_t(2 * E)];
+                }
+        }
+        std::vector<T> attn, bias;
+        AttentionMasks<T> m;
+        if (kind == MaskKind::Causal || kind == MaskKind::Shared2dAndKeyBias) {
+          attn.resize(size_t(L * S));
+          for (int64_t i = 0; i < L; ++i)
+            for (int64_t j = 0; j < S; ++j)
+              attn[size_t(i * S + j)] = kind == MaskKind::Causal ? (j > i ? ninf : T(0)) : T(rng.normal());
+          m.attn = attn.data();
+        }
+        if (kind == MaskKind::KeyBias || kind == MaskKind::Shared2dAndKeyBias) {
+          bias.resize(size_t(B * S));
+          for (T& x : bias) x = rng.coin(0.25) ? ninf : T(0);
+          m.key_bias = bias.data(), m.heads = H;
+        }
+        AttentionLayout contiguous;
+        contiguous.repeat = rep;
+        std::vector<T> want(size_t(B * H * L * D));
+        fused_attention(want.data(), q.data(), k.data(), v.data(), B * H, L, S, D, D, T(0.5), m, 1, contiguous);
+        AttentionLayout in_place;
+        in_place.repeat = rep, in_place.heads = H;
+        in_place.q = RowLayout{3 * E, D, L * 3 * E};
+        if (!decode) in_place.k = in_place.v = in_place.q;
+        in_place.out = RowLayout{ldx, D, L * ldx};
+        std::vector<T> out(size_t(B * L * ldx), T(-7));
+        const T* kp = decode ? k.data() : packed.data() + E;
+        const T* vp = decode ? v.data() : packed.data() + 2 * E;
+        fused_attention(out.data(), packed.data(), kp, vp, B * H, L, S, D, D, T(0.5), m, 2, in_place, div);
+        std::vector<T> got(want.size());
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < L; ++i)
+              for (int64_t d = 0; d < D; ++d)
+                got[size_t(((b * H + h) * L + i) * D + d)] = out[size_t((b * L + i) * ldx + h * D + d)];
+        CHECK(identical(got, want));
+        int64_t untouched = 0;
+        for (int64_t r = 0; r < B * L; ++r)
+          untouched += out[size_t(r * ldx + E)] == T(-7) && out[size_t(r * ldx + E + 1)] == T(-7);
+        CHECK(untouched == B * L);
+      }
+    }
   }
 }
 
@@ -456,7 +541,10 @@ TEMPLATE_TEST_CASE("fused attention skips masked-out key blocks without changing
   // element 1 and all keys from 2 bc on of element 0; a 3-D mask with whole (br, bc) blocks -inf.
   // Poison, inside blocks the causal mask closes: NaN in k (the score NaN + -inf = NaN poisons every
   // row); NaN in v (0 * NaN); q and k of 1e30 whose product overflows (inf + -inf); a +inf bias
-  // (+inf + -inf).
+  // (+inf + -inf). And at key L + 1, which the causal mask closes to every query, inside the key
+  // block of the last queries (left out of that block's computed keys, open_keys, where that is
+  // exact): NaN in v, NaN in k, a +inf bias. L: more than two wide blocks (the wide blocks), and
+  // fewer (a masked call's narrow blocks).
   using T = TestType;
   const T ninf = -std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
   struct Restore {
@@ -466,41 +554,49 @@ TEMPLATE_TEST_CASE("fused attention skips masked-out key blocks without changing
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
     const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
-    const int64_t G = 4, L = 2 * bs.br + 3, S = 3 * bs.bc + 2, D = 7, Dv = 5;
-    for (int c = 0; c < 7; ++c) {
-      CAPTURE(to_string(isa), c);
-      Problem<T> p = make_problem<T>(rng, G, L, S, D, Dv, c == 2 ? MaskKind::PerGroup3d : MaskKind::Causal);
-      if (c == 1) {
-        p.attn.clear();
-        p.bias.assign(size_t(2 * S), T(0));
-        std::fill(p.bias.begin() + 2 * bs.bc, p.bias.begin() + S, ninf);
-        std::fill(p.bias.begin() + S + bs.bc, p.bias.begin() + S + 2 * bs.bc, ninf);
+    for (const int64_t L : {2 * int64_t(bs.br) + 3, int64_t(bs.br) + 5}) {
+      for (int c = 0; c < 10; ++c) {
+        const int64_t G = 4, S = 3 * bs.bc + 2, D = 7, Dv = 5;
+        CAPTURE(to_string(isa), L, c);
+        Problem<T> p = make_problem<T>(rng, G, L, S, D, Dv, c == 2 ? MaskKind::PerGroup3d : MaskKind::Causal);
+        if (c == 1) {
+          p.attn.clear();
+          p.bias.assign(size_t(2 * S), T(0));
+          std::fill(p.bias.begin() + 2 * bs.bc, p.bias.begin() + S, ninf);
+          std::fill(p.bias.begin() + S + bs.bc, p.bias.begin() + S + 2 * bs.bc, ninf);
+        }
+        if (c == 2)
+          for (int64_t g = 0; g < G; ++g)
+            for (int64_t i = 0; i < L; ++i)
+              for (int64_t j = 0; j < S; ++j)
+                if ((g + i / bs.br + j / bs.bc) % 2 == 0) p.attn[size_t((g * L + i) * S + j)] = ninf;
+        if (c == 3) p.k[size_t((1 * S + S - 1) * D + 3)] = nan;
+        if (c == 4) p.v[size_t((2 * S + S - 1) * Dv + 1)] = nan;
+        if (c == 5) {
+          for (int64_t d = 0; d < D; ++d) p.q[size_t(d)] = p.k[size_t((S - 1) * D + d)] = T(1e30);
+          if (sizeof(T) == 8)
+            for (int64_t d = 0; d < D; ++d) p.q[size_t(d)] = p.k[size_t((S - 1) * D + d)] = T(1e160);
+        }
+        if (c == 6) {
+          p.bias.assign(size_t(2 * S), T(0));
+          p.bias[size_t(S + S - 1)] = std::numeric_limits<T>::infinity();
+        }
+        if (c == 7) p.v[size_t((0 * S + L + 1) * Dv + 2)] = nan;
+        if (c == 8) p.k[size_t((3 * S + L + 1) * D + 4)] = nan;
+        if (c == 9) {
+          p.bias.assign(size_t(2 * S), T(0));
+          p.bias[size_t(L + 1)] = std::numeric_limits<T>::infinity();
+        }
+        fused_attention_detail::set_skip_masked_blocks(true);
+        const std::vector<T> skipped = p.run(2);
+        fused_attention_detail::set_skip_masked_blocks(false);
+        const std::vector<T> computed = p.run(2);
+        CHECK(identical(skipped, computed));
+        const std::vector<T> ref = reference_path(p);
+        CHECK(nan_mismatches(skipped, ref) == 0);
+        if (c >= 3) CHECK(std::any_of(skipped.begin(), skipped.end(), [](T x) { return std::isnan(x); }));
+        if (c < 3) CHECK(count_bad(skipped, twin(p, bs)) == 0);
       }
-      if (c == 2)
-        for (int64_t g = 0; g < G; ++g)
-          for (int64_t i = 0; i < L; ++i)
-            for (int64_t j = 0; j < S; ++j)
-              if ((g + i / bs.br + j / bs.bc) % 2 == 0) p.attn[size_t((g * L + i) * S + j)] = ninf;
-      if (c == 3) p.k[size_t((1 * S + S - 1) * D + 3)] = nan;
-      if (c == 4) p.v[size_t((2 * S + S - 1) * Dv + 1)] = nan;
-      if (c == 5) {
-        for (int64_t d = 0; d < D; ++d) p.q[size_t(d)] = p.k[size_t((S - 1) * D + d)] = T(1e30);
-        if (sizeof(T) == 8)
-          for (int64_t d = 0; d < D; ++d) p.q[size_t(d)] = p.k[size_t((S - 1) * D + d)] = T(1e160);
-      }
-      if (c == 6) {
-        p.bias.assign(size_t(2 * S), T(0));
-        p.bias[size_t(S + S - 1)] = std::numeric_limits<T>::infinity();
-      }
-      fused_attention_detail::set_skip_masked_blocks(true);
-      const std::vector<T> skipped = p.run(2);
-      fused_attention_detail::set_skip_masked_blocks(false);
-      const std::vector<T> computed = p.run(2);
-      CHECK(identical(skipped, computed));
-      const std::vector<T> ref = reference_path(p);
-      CHECK(nan_mismatches(skipped, ref) == 0);
-      if (c >= 3) CHECK(std::any_of(skipped.begin(), skipped.end(), [](T x) { return std::isnan(x); }));
-      if (c < 3) CHECK(count_bad(skipped, twin(p, bs)) == 0);
     }
   }
 }

@@ -22,14 +22,16 @@ struct KeyBlockStats {
 // One unit of work: a block of nq <= br queries of one group against all S keys of the group.
 template <class T>
 struct QueryBlock {
-  const T* q;       // (nq, D): the block's queries
-  const T* k;       // (S, D): the group's keys
-  const T* v;       // (S, Dv): the group's values
+  const T* q;       // (nq, D) with rows q_ld apart: the block's queries
+  const T* k;       // (S, D) with rows k_ld apart: the group's keys
+  const T* v;       // (S, Dv) with rows v_ld apart: the group's values
   const T* mask;    // (nq, S) with row stride mask_ld: the block's rows of the group's attn mask; or null
   int64_t mask_ld;  // S; 0 when every query of the block reads the same row (decoding's stacked heads)
   const T* bias;    // (S): the group's key bias; or null
-  T* out;           // (nq, Dv): the block's rows of the output
+  T* out;           // (nq, Dv) with rows out_ld apart: the block's rows of the output
   int64_t nq, S, D, Dv;
+  int64_t q_ld, k_ld, v_ld, out_ld;
+  T q_divisor;  // each query element divided by it as it is packed (1: left exact)
   T scale;
   // (ceil(S / bc)): the group's key blocks, or null: then no key block is skipped
   const KeyBlockStats<T>* key_stats;
@@ -54,8 +56,10 @@ struct FusedPath {
   void (*run)(const QueryBlock<T>& b, const BlockScratch<T>& s);
   FusedBlocking narrow_blocking;
   void (*run_narrow)(const QueryBlock<T>& b, const BlockScratch<T>& s);
-  // stats[kb] for the key blocks of one group: k (S, D), v (S, Dv), bc keys per block.
-  void (*key_stats)(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, KeyBlockStats<T>* stats);
+  // stats[kb] for the key blocks of one group: k (S, D) rows k_ld apart, v (S, Dv) rows v_ld apart,
+  // bc keys per block.
+  void (*key_stats)(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, int64_t k_ld, int64_t v_ld,
+                    KeyBlockStats<T>* stats);
 };
 
 // Defined in fused_attention_kernels_scalar.cpp, _avx2.cpp and _avx512.cpp; the last two are

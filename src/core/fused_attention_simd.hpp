@@ -48,10 +48,10 @@ struct FusedKernel {
   static constexpr int W = L::width, BR = NV * W;
 
   // S^T rows 0..M-1 of a key block: st[r][i] = scale * (k_r . q_i) + bias[r] (no bias when null).
-  // k: the tile's first key, rows D apart; qt: Q^T (D, BR). The dot product is one FMA chain over
+  // k: the tile's first key, rows k_ld apart; qt: Q^T (D, BR). The dot product is one FMA chain over
   // d ascending from 0, as the GEMM's micro-kernel computes each element of q k^T.
   template <int M>
-  static void qk_tile(int64_t D, const T* k, const T* qt, T* st, T scale, const T* bias) {
+  static void qk_tile(int64_t D, const T* k, int64_t k_ld, const T* qt, T* st, T scale, const T* bias) {
     V acc[M][NV];
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r)
@@ -59,7 +59,7 @@ struct FusedKernel {
       for (int v = 0; v < NV; ++v) acc[r][v] = L::zero();
     const T* kr[M];
 #pragma GCC unroll 16
-    for (int r = 0; r < M; ++r) kr[r] = k + r * D;
+    for (int r = 0; r < M; ++r) kr[r] = k + r * k_ld;
 #pragma GCC unroll 4
     for (int64_t d = 0; d < D; ++d) {
       V b[NV];
@@ -87,9 +87,9 @@ struct FusedKernel {
 
   // O^T rows 0..M-1 (value columns e0..e0+M-1): ot[r] = ot[r] * alpha + sum_j v[j][r] * pt[j], the
   // sum over the block's nk keys in a register chain from 0, then one FMA with the rescaled ot.
-  // v: the value row of the block's first key at column e0, rows Dv apart; pt: P^T (nk, BR).
+  // v: the value row of the block's first key at column e0, rows v_ld apart; pt: P^T (nk, BR).
   template <int M>
-  static void pv_tile(int64_t nk, const T* v, int64_t Dv, const T* pt, T* ot, const T* alpha) {
+  static void pv_tile(int64_t nk, const T* v, int64_t v_ld, const T* pt, T* ot, const T* alpha) {
     V acc[M][NV];
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r)
@@ -100,7 +100,7 @@ struct FusedKernel {
       V b[NV];
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u) b[u] = L::load(pt + j * BR + u * W);
-      const T* vj = v + j * Dv;
+      const T* vj = v + j * v_ld;
 #pragma GCC unroll 16
       for (int r = 0; r < M; ++r) {
         const V a = L::set1(vj[r]);
@@ -120,7 +120,7 @@ struct FusedKernel {
   }
 
   // The tiles by height: by_rows[m - 1] computes m rows, for the last rows of a block.
-  using QkTile = void (*)(int64_t, const T*, const T*, T*, T, const T*);
+  using QkTile = void (*)(int64_t, const T*, int64_t, const T*, T*, T, const T*);
   using PvTile = void (*)(int64_t, const T*, int64_t, const T*, T*, const T*);
   template <class Rows>
   struct Tiles;
@@ -144,8 +144,11 @@ struct FusedKernel {
     L::transpose(tmp, W, tile, W);
   }
 
-  // qt (D, BR) = the block's queries (nq, D) transposed; lanes nq..BR-1 zero.
-  static void pack_queries(const T* q, int64_t nq, int64_t D, T* qt) {
+  // qt (D, BR) = the block's queries (nq, D, rows ld apart) transposed, each divided by div (one
+  // rounding, as dividing q first; skipped when div is 1, which is exact); lanes nq..BR-1 zero.
+  static void pack_queries(const T* q, int64_t nq, int64_t D, int64_t ld, T div, T* qt) {
+    const bool divide = div != T(1);
+    const V dv = L::set1(div);
     alignas(64) T tile[W * W];
     for (int64_t i0 = 0; i0 < BR; i0 += W)
       for (int64_t d0 = 0; d0 < D; d0 += W) {
@@ -154,8 +157,11 @@ struct FusedKernel {
           for (int64_t d = 0; d < md; ++d) L::store(qt + (d0 + d) * BR + i0, L::zero());
           continue;
         }
-        transpose_tile(q + i0 * D + d0, D, nq - i0 < W ? nq - i0 : W, md, tile);
-        for (int64_t d = 0; d < md; ++d) L::store(qt + (d0 + d) * BR + i0, L::load(tile + d * W));
+        transpose_tile(q + i0 * ld + d0, ld, nq - i0 < W ? nq - i0 : W, md, tile);
+        for (int64_t d = 0; d < md; ++d) {
+          const V x = L::load(tile + d * W);
+          L::store(qt + (d0 + d) * BR + i0, divide ? L::div(x, dv) : x);
+        }
       }
   }
 
@@ -208,8 +214,8 @@ struct FusedKernel {
     for (int u = 0; u < NV; ++u) L::store(l + u * W, L::fma(L::load(l + u * W), L::load(alpha + u * W), sum[u]));
   }
 
-  // out (nq, Dv) = O^T / l, transposed back.
-  static void finish(T* ot, const T* l, int64_t nq, int64_t Dv, T* out) {
+  // out (nq, Dv, rows ld apart) = O^T / l, transposed back.
+  static void finish(T* ot, const T* l, int64_t nq, int64_t Dv, T* out, int64_t ld) {
     for (int64_t e = 0; e < Dv; ++e)
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u)
@@ -219,15 +225,15 @@ struct FusedKernel {
       for (int64_t i0 = 0; i0 < nq; i0 += W) {
         const int64_t me = Dv - e0 < W ? Dv - e0 : W, mi = nq - i0 < W ? nq - i0 : W;
         if (me == W && mi == W) {
-          L::transpose(ot + e0 * BR + i0, BR, out + i0 * Dv + e0, Dv);
+          L::transpose(ot + e0 * BR + i0, BR, out + i0 * ld + e0, ld);
           continue;
         }
         transpose_tile(ot + e0 * BR + i0, BR, me, W, tile);
         for (int64_t i = 0; i < mi; ++i) {
           if (me == W)
-            L::store(out + (i0 + i) * Dv + e0, L::load(tile + i * W));
+            L::store(out + (i0 + i) * ld + e0, L::load(tile + i * W));
           else
-            L::store_first(out + (i0 + i) * Dv + e0, L::load(tile + i * W), int(me));
+            L::store_first(out + (i0 + i) * ld + e0, L::load(tile + i * W), int(me));
         }
       }
   }
@@ -239,7 +245,10 @@ struct FusedKernel {
   // only if the scores really are -inf: q and k finite and small enough that no dot product
   // overflows (+inf + -inf would be NaN, which the reference path propagates), the bias neither NaN
   // nor +inf, and v finite (0 * inf = NaN). The keys and values are checked once per call
-  // (key_stats); the mask at each block (the test stops at its first open entry).
+  // (key_stats); the mask at each block (open_keys). By the same argument the keys at a block's end
+  // that the masks close to every query of the block (a causal mask's diagonal block: the keys past
+  // the block's last query) are left out: their weights of 0 would add +0 to l and to each sum of O,
+  // which are never -0, so the block's result is the same bit for bit.
 
   // Whether every entry of the rows x cols block (rows ld apart) is finite (x * 0 is 0 for finite x,
   // NaN otherwise); amax, the largest |entry|.
@@ -260,30 +269,40 @@ struct FusedKernel {
     return L::hsum(fin) == T(0);
   }
 
-  // Whether the masks close keys j0..j0 + nk - 1 to every query of the block: the attn mask is -inf
-  // over the whole (nq, nk) block (and the bias neither NaN nor +inf there: bmax, the largest finite
-  // |bias|), or, without an attn mask, the bias is -inf at every one of those keys.
-  static bool masked_out(const QueryBlock<T>& b, int64_t j0, int64_t nk, T& bmax) {
+  // How many of keys j0..j0 + nk - 1 to compute: past the returned count, the masks close every key
+  // to every query of the block (the attn mask is -inf over those columns of all nq rows; without
+  // one, the bias is -inf there). 0: the whole block is closed. bmax: the largest finite |bias| over
+  // the closed keys; a NaN or +inf bias there keeps them all (returns nk).
+  static int64_t open_keys(const QueryBlock<T>& b, int64_t j0, int64_t nk, T& bmax) {
     bmax = T(0);
+    int64_t open = 0;
     if (b.mask) {
-      for (int64_t i = 0; i < b.nq; ++i) {
+      // each row's last open key, scanned from the end down to the furthest found so far; the last
+      // row first (a causal mask's furthest)
+      for (int64_t i = b.nq - 1; i >= 0 && open < nk; --i) {
         const T* x = b.mask + i * b.mask_ld + j0;
-        for (int64_t c = 0; c < nk; c += W)
-          if (!L::all_neg_inf(nk - c >= W ? L::load(x + c) : L::load_first_or(x + c, int(nk - c), -INFINITY)))
-            return false;
+        for (int64_t c = nk; c > open;) {
+          const int64_t c0 = c - W > open ? c - W : open;
+          if (L::all_neg_inf(c - c0 == W ? L::load(x + c0) : L::load_first_or(x + c0, int(c - c0), -INFINITY))) {
+            c = c0;
+            continue;
+          }
+          while (x[c - 1] == -INFINITY) --c;  // the vector holds an open key (or a NaN) below c
+          open = c;
+          break;
+        }
       }
       if (b.bias)
-        for (int64_t j = j0; j < j0 + nk; ++j) {
+        for (int64_t j = j0 + open; j < j0 + nk; ++j) {
           const T x = b.bias[j];
-          if (!(x < INFINITY)) return false;  // NaN or +inf
+          if (!(x < INFINITY)) return nk;  // NaN or +inf
           if (x != -INFINITY) bmax = x < 0 ? (-x > bmax ? -x : bmax) : (x > bmax ? x : bmax);
         }
-      return true;
+      return open;
     }
-    if (!b.bias) return false;
-    for (int64_t j = j0; j < j0 + nk; ++j)
-      if (!(b.bias[j] == -INFINITY)) return false;
-    return true;
+    if (!b.bias) return nk;
+    for (open = nk; open > 0 && b.bias[j0 + open - 1] == -INFINITY;) --open;
+    return open;
   }
 
   // Whether |scale * (q . k) + bias| stays below T's largest value whatever the order of the sum:
@@ -298,37 +317,43 @@ struct FusedKernel {
   static void run(const QueryBlock<T>& b, const BlockScratch<T>& s) {
     Phases phase;
     phase.to(profile::Op::Scores);
-    pack_queries(b.q, b.nq, b.D, s.qt);
+    pack_queries(b.q, b.nq, b.D, b.q_ld, b.q_divisor, s.qt);
 #pragma GCC unroll 8
     for (int u = 0; u < NV; ++u) L::store(s.m + u * W, L::set1(-INFINITY)), L::store(s.l + u * W, L::zero());
     for (int64_t e = 0; e < b.Dv * BR; e += W) L::store(s.ot + e, L::zero());
     bool q_known = false, q_finite = false;  // checked the first time a block is masked out
     T qmax = T(0);
     for (int64_t j0 = 0; j0 < b.S; j0 += BC) {
-      const int64_t nk = b.S - j0 < BC ? b.S - j0 : BC;
+      int64_t nk = b.S - j0 < BC ? b.S - j0 : BC;
       T bmax;
-      if (b.key_stats && masked_out(b, j0, nk, bmax)) {
-        if (!q_known) q_finite = finite(b.q, b.nq, b.D, b.D, qmax), q_known = true;
+      int64_t open;
+      if (b.key_stats && (open = open_keys(b, j0, nk, bmax)) < nk) {
+        // the queries as the products read them (divided): qt's lanes past nq are 0
+        if (!q_known) q_finite = finite(s.qt, 1, b.D * BR, 0, qmax), q_known = true;
         const KeyBlockStats<T>& ks = b.key_stats[j0 / BC];
-        if (q_finite && ks.finite && no_overflow(b.scale, b.D, qmax, ks.kmax, bmax)) continue;
+        if (q_finite && ks.finite && no_overflow(b.scale, b.D, qmax, ks.kmax, bmax)) {
+          if (open == 0) continue;  // the whole block closed
+          nk = open;                // the keys past it closed
+        }
       }
       // S^T = K Q^T (* scale, + bias), MR keys at a time
       phase.to(profile::Op::Scores);
       const T* bias = b.bias ? b.bias + j0 : nullptr;
       int64_t j = 0;
       for (; j + MR <= nk; j += MR)
-        qk_tile<MR>(b.D, b.k + (j0 + j) * b.D, s.qt, s.st + j * BR, b.scale, bias ? bias + j : nullptr);
+        qk_tile<MR>(b.D, b.k + (j0 + j) * b.k_ld, b.k_ld, s.qt, s.st + j * BR, b.scale, bias ? bias + j : nullptr);
       if (j < nk)
-        ByRows::qk[nk - j - 1](b.D, b.k + (j0 + j) * b.D, s.qt, s.st + j * BR, b.scale, bias ? bias + j : nullptr);
+        ByRows::qk[nk - j - 1](b.D, b.k + (j0 + j) * b.k_ld, b.k_ld, s.qt, s.st + j * BR, b.scale,
+                               bias ? bias + j : nullptr);
       if (b.mask) add_mask(b.mask + j0, b.mask_ld, b.nq, nk, s.st);
       phase.to(profile::Op::Softmax);
       softmax_block(s.st, nk, s.m, s.l, s.alpha);
       phase.to(profile::Op::Context);
       // O^T = O^T * alpha + V^T P^T, MR value columns at a time
-      const T* vb = b.v + j0 * b.Dv;
+      const T* vb = b.v + j0 * b.v_ld;
       int64_t e = 0;
-      for (; e + MR <= b.Dv; e += MR) pv_tile<MR>(nk, vb + e, b.Dv, s.st, s.ot + e * BR, s.alpha);
-      if (e < b.Dv) ByRows::pv[b.Dv - e - 1](nk, vb + e, b.Dv, s.st, s.ot + e * BR, s.alpha);
+      for (; e + MR <= b.Dv; e += MR) pv_tile<MR>(nk, vb + e, b.v_ld, s.st, s.ot + e * BR, s.alpha);
+      if (e < b.Dv) ByRows::pv[b.Dv - e - 1](nk, vb + e, b.v_ld, s.st, s.ot + e * BR, s.alpha);
     }
     // A row whose every score was -inf has added nothing: l = 0 and O = 0 (its blocks were skipped
     // or added exp(-inf) = 0). torch 2.x's flash kernel divides by 1 there instead of 0.
@@ -336,15 +361,16 @@ struct FusedKernel {
       for (int64_t i = 0; i < BR; ++i)
         if (s.l[i] == T(0)) s.l[i] = T(1);
     phase.to(profile::Op::Context);
-    finish(s.ot, s.l, b.nq, b.Dv, b.out);
+    finish(s.ot, s.l, b.nq, b.Dv, b.out, b.out_ld);
     phase.end();
   }
 
-  static void key_stats(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, KeyBlockStats<T>* stats) {
+  static void key_stats(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, int64_t k_ld, int64_t v_ld,
+                        KeyBlockStats<T>* stats) {
     for (int64_t j0 = 0; j0 < S; j0 += BC) {
       const int64_t nk = S - j0 < BC ? S - j0 : BC;
       T kmax, vmax;
-      const bool kf = finite(k + j0 * D, 1, nk * D, 0, kmax), vf = finite(v + j0 * Dv, 1, nk * Dv, 0, vmax);
+      const bool kf = finite(k + j0 * k_ld, nk, D, k_ld, kmax), vf = finite(v + j0 * v_ld, nk, Dv, v_ld, vmax);
       stats[j0 / BC] = {kmax, kf && vf};
     }
   }

@@ -266,7 +266,7 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
   const bool cap_after_mask = softcap > 0 && injected_defect() == Defect::SoftcapAfterMask;
   // the fused attention scales and masks; a soft-cap between the two takes the explicit path
   if (!obs && !interleaved && !dead_rows && softcap == T(0) && core_path() == CorePath::Fast) {
-    // The fused attention, the kv heads shared through KvLayout, the masks as -inf (the same weights
+    // The fused attention, the kv heads shared through AttentionLayout::repeat, the masks as -inf (the same weights
     // as transformers' lowest value wherever a row sees a key, and blocks the causal mask closes skipped).
     const T ninf = -std::numeric_limits<T>::infinity();
     std::vector<T> attn, bias;
@@ -291,8 +291,10 @@ Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t 
       m.key_bias = bias.data();
       m.heads = H;
     }
+    AttentionLayout layout;  // q (B, H, L, D); the cache (B, Hkv, cap, D), its first S rows
+    layout.repeat = groups, layout.k.head = cap * D, layout.v.head = cap * D;
     fused_attention(ctx_heads.ptr(), q.ptr(), cache.k.ptr(), cache.v.ptr(), B * H, L, S, D, D, scaling, m,
-                    num_threads(), KvLayout{groups, cap * D, cap * D});
+                    num_threads(), layout);
     return merge_heads(ctx_heads.ptr(), B, H, L, D);
   }
   // eager_attention_forward, step by step: matmul(q, repeat_kv(k)^T) * scaling + mask, softmax, matmul v.

@@ -35,25 +35,37 @@ struct AttentionMasks {
   bool zero_dead_rows = false;
 };
 
-// Where each group's keys and values lie, for grouped-query attention and a KV cache: group g reads
-// the keys of kv group g / repeat, (S, D) rows starting at k + (g / repeat) * k_group_stride, and its
-// values at v + (g / repeat) * v_group_stride. repeat 1 and strides 0 (meaning S * D and S * Dv) are
-// the contiguous (G, S, D) layout. With q laid out (B, H, L, D) and k, v (B, Hkv, S, D), repeat =
-// H / Hkv gives transformers' repeat_kv (query head h reads kv head h / repeat) without a copy; a
-// cache of capacity C > S per kv group is k_group_stride C * D.
-struct KvLayout {
+// One operand's rows, in elements: the rows of group x = b * n + h (n: the operand's groups per batch
+// element) start at base + b * batch + h * head and lie ld apart. A field left 0 takes the contiguous
+// layout's value: ld the row's width (D or Dv), head the group's rows times ld, batch n * head.
+struct RowLayout {
+  int64_t ld = 0, head = 0, batch = 0;
+};
+
+// Where q, k, v and out lie. Query group g = b * heads + h (q and out, n = heads) reads the keys and
+// values of kv group g / repeat = b * (heads / repeat) + h / repeat (k and v, n = heads / repeat).
+// The defaults are the contiguous (G, L, D), (G, S, D), (G, S, Dv), (G, L, Dv) layout.
+//   repeat: query heads per kv head. With q (B, H, L, D) and k, v (B, Hkv, S, D), repeat = H / Hkv
+//     gives transformers' repeat_kv (query head h reads kv head h / repeat) without a copy.
+//   heads: query groups per batch element (0: all G, one batch element); a multiple of repeat.
+//   A KV cache of capacity C > S rows per kv group: k.head = C * D, v.head = C * Dv.
+//   torch's packed self-attention, read in place: q, k, v the three (B, L, E) thirds of the
+//     (B, L, 3E) projection at columns 0, E, 2E (heads H, ld 3E, head D, batch L * 3E each), out the
+//     heads concatenated (B, L, E) (ld E, head D, batch L * E): no split or merge of the heads.
+struct AttentionLayout {
   int64_t repeat = 1;
-  int64_t k_group_stride = 0, v_group_stride = 0;
+  int64_t heads = 0;
+  RowLayout q, k, v, out;
 };
 
 // mirrors the attention step of torch.nn.functional.multi_head_attention_forward, torch 1.13
 // (baddbmm(attn_mask, q_scaled, k^T), softmax, bmm with v; dropout 0), on G independent
 // (batch x head) groups, einsum 'GLD,GSD->GLS' then 'GLS,GSV->GLV':
 //   out[g] = softmax(q[g] k[g]^T * scale + masks) v[g]
-// q is (G, L, D), k is (G, S, D), v is (G, S, Dv), contiguous (or as `kv` lays them out, below);
-// out will be (G, L, Dv), contiguous and not overlapping the inputs.
-// scale multiplies each dot product, one rounding (1 leaves it exact): torch 1.13's MHA divides q by
-// sqrt(D) before the product, so pass that q and scale 1 to get its scores.
+// q is (G, L, D), k is (G, S, D), v is (G, S, Dv), out (G, L, Dv), contiguous or as `layout` lays
+// them out (above); out must not overlap the inputs.
+// q_divisor divides each element of q before the products, one rounding (torch 1.13's MHA: q /
+// sqrt(D), then scale 1); 1 leaves q exact. scale multiplies each dot product, one rounding (1: exact).
 // Semantics as the reference path (qdotk, the masks, softmax_forward, weighted_sum_v): a row whose
 // scores are all -inf gives NaN (0 / 0, as torch 1.13's softmax), or zeros with masks.zero_dead_rows
 // (torch 2.x's scaled_dot_product_attention); a NaN in q, k, a mask or the bias
@@ -76,7 +88,8 @@ struct KvLayout {
 // Shapes are checked with asserts only, as the GEMM's.
 template <class T>
 void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int64_t L, int64_t S, int64_t D, int64_t Dv,
-                     T scale, const AttentionMasks<T>& masks = {}, int threads = 1, const KvLayout& kv = {});
+                     T scale, const AttentionMasks<T>& masks = {}, int threads = 1, const AttentionLayout& layout = {},
+                     T q_divisor = T(1));
 
 // --- for tests and tuning -----------------------------------------------------------------------
 namespace fused_attention_detail {

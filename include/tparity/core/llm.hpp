@@ -186,7 +186,7 @@ void conv1d_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 // context will be (B, L, H * D). Components (with an observer): scores (B, H, L, S), -inf where a key
 // is masked (canonical whatever the dtype: transformers' tensor holds finfo(dtype).min there),
 // attn_weights (B, H, L, S). Without one, the fast path runs the fused attention (fused_attention.hpp), the kv
-// heads shared by their query heads without a copy (KvLayout::repeat).
+// heads shared by their query heads without a copy (AttentionLayout::repeat).
 template <class T>
 Tensor<T> cached_attention(const Tensor<T>& q, const KvCache<T>& cache, int64_t groups, T scaling, T softcap,
                            const DecoderMask& mask, Observer<T>* obs = nullptr);
