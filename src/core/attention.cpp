@@ -553,6 +553,15 @@ struct Heads {
   void release() { q.release(), k.release(), v.release(); }
 };
 
+// Whether one tensor is query, key and value of a packed projection (torch's self-attention: one
+// product with in_proj_weight gives q, k and v side by side).
+template <class T>
+bool packed_self(const MhaConfig& cfg, const detail::MhaInputRefs<T>& in) {
+  return in.query.data.data() == in.key.data.data() && in.key.data.data() == in.value.data.data() &&
+         in.query.shape == in.key.shape && in.key.shape == in.value.shape && cfg.packed() && !cfg.add_bias_kv &&
+         injected_defect() != Defect::SwapQK;  // swapped weights: not one product
+}
+
 // query (B, L, E), key (B, S0, KD), value (B, S0, VD) batch-first -> q (B, H, L, D) and keys [0, S0)
 // of k and v (B, H, S, D): F.linear with in_proj_weight's thirds or q/k/v_proj_weight and
 // in_proj_bias's thirds, split into heads. Self-attention (one tensor as query, key and value) with
@@ -574,10 +583,7 @@ Heads<T> project_qkv(const MhaConfig& cfg, const MhaWeights<T>& w, const detail:
   const T* bv = cfg.bias ? w.in_proj_bias.ptr() + 2 * E : nullptr;
   const bool swap_qk = injected_defect() == Defect::SwapQK && n.KD == E;  // the selftest's defect
   if (swap_qk) std::swap(Wq, Wk), std::swap(bq, bk);
-  const bool self = in.query.data.data() == in.key.data.data() && in.key.data.data() == in.value.data.data() &&
-                    in.query.shape == in.key.shape && in.key.shape == in.value.shape && cfg.packed() &&
-                    !cfg.add_bias_kv && injected_defect() != Defect::SwapQK;  // swapped weights: not one product
-  if (self) {
+  if (packed_self(cfg, in)) {
     detail::Buffer<T> qkv(B * L * 3 * E);
     {
       profile::Scope scope(profile::Op::Projections);
@@ -628,6 +634,36 @@ void scale_queries(T* q, const MhaDims& n) {
   profile::Scope scope(profile::Op::Scores);
   const T root = std::sqrt(T(injected_defect() == Defect::ScaleByFullDim ? n.E : n.D));  // the selftest's defect
   for (int64_t i = 0; i < n.B * n.L * n.E; ++i) q[i] = q[i] / root;
+}
+
+// context (B, L, E) = the heads' softmax(q . k^T / sqrt(D) + masks) v side by side, for packed
+// self-attention without bias_kv or zero_attn: q, k and v read in place from the one (B, L, 3E)
+// projection, q divided by sqrt(D) as it is read, each head's output written at its columns of
+// context (fused_attention's AttentionLayout): no split into heads, scaling pass or merge, and the
+// same bits as project_qkv, scale_queries, attend_fused and merge_heads (the same products, the same
+// division, the same sums; fused_attention.hpp).
+template <class T>
+Stage<T> attend_in_place(const MhaConfig& cfg, const MhaWeights<T>& w, const detail::MhaInputRefs<T>& in,
+                         const MhaMasks<T>& m, const MhaDims& n) {
+  const int64_t B = n.B, L = n.L, E = n.E, H = n.H, D = n.D;
+  detail::BatchFirstView<T> query(in.query, n.batched, cfg.batch_first);
+  detail::Buffer<T> qkv(B * L * 3 * E);
+  {
+    profile::Scope scope(profile::Op::Projections);
+    linear_forward(qkv.ptr(), query.ptr(), w.in_proj_weight.ptr(), cfg.bias ? w.in_proj_bias.ptr() : nullptr, B * L, E,
+                   3 * E);
+  }
+  query.release();
+  Stage<T> context({B, L, E}, false);
+  AttentionMasks<T> masks = m.rows->fused_view();
+  masks.zero_dead_rows = m.zero_dead;
+  AttentionLayout layout;
+  layout.heads = H;
+  layout.q = layout.k = layout.v = RowLayout{3 * E, D, L * 3 * E};
+  layout.out = RowLayout{E, D, L * E};
+  fused_attention(context.ptr(), qkv.ptr(), qkv.ptr() + E, qkv.ptr() + 2 * E, B * H, L, L, D, D, T(1), masks,
+                  num_threads(), layout, std::sqrt(T(D)));
+  return context;
 }
 
 // ctx (B, H, L, D) = softmax(q . k^T + masks) v without holding the L x S scores (fused_attention.hpp).
@@ -718,6 +754,15 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
                                  const MhaInputRefs<T>& in, Observer<T>* obs, const T* residual) {
   const MhaDims n = check_mha(cfg, w, in);
   const MhaMasks<T> masks(cfg, fwd, in, n);
+  // nothing observed and no weights returned: the scores streamed, never held
+  const bool fused = !obs && !fwd.need_weights && injected_defect() == Defect::None && masks.fusable();
+  MhaOutputs<T> result;
+  if (fused && packed_self(cfg, in) && !cfg.add_zero_attn) {
+    Stage<T> context = attend_in_place(cfg, w, in, masks, n);
+    result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs),
+                                             n.batched, cfg.batch_first);
+    return result;
+  }
   Heads<T> heads = project_qkv(cfg, w, in, n, obs != nullptr);
   if (cfg.add_bias_kv) append_bias_kv(heads, w, n);
   if (cfg.add_zero_attn) append_zero_attn(heads, n);
@@ -725,8 +770,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   scale_queries(heads.q.ptr(), n);
   Stage<T> ctx_heads({n.B, n.H, n.L, n.D}, false);
   Tensor<T> weights;  // (B, H, L, S), unless fused
-  // nothing observed and no weights returned: the scores streamed, never held
-  if (!obs && !fwd.need_weights && injected_defect() == Defect::None && masks.fusable()) {
+  if (fused) {
     attend_fused(ctx_heads.ptr(), heads, masks, n);
   } else {
     weights = qk_scores(heads, n);
@@ -739,7 +783,6 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   heads.release();
   Stage<T> context = merge_heads(std::move(ctx_heads), n, obs != nullptr);
   context.show(obs, "context");
-  MhaOutputs<T> result;
   result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs),
                                            n.batched, cfg.batch_first);
   if (fwd.need_weights) result.attn_weights = returned_weights(std::move(weights), fwd, n, obs);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "layout.hpp"
 #include "tparity/core/attention.hpp"
@@ -41,6 +42,16 @@ Tensor<T> layer_norm(const Tensor<T>& x, const Tensor<T>& g, const Tensor<T>& b,
   const int64_t C = x.size(-1);
   layernorm_forward(out.ptr(), x.ptr(), g.ptr(), b.ptr(), T(eps), x.numel() / C, C);
   return out;
+}
+
+// The same on a tensor the caller no longer needs, normalised in place: no new tensor to zero-fill
+// (layernorm_forward's output may alias its input).
+template <class T>
+Tensor<T> layer_norm(Tensor<T>&& x, const Tensor<T>& g, const Tensor<T>& b, double eps) {
+  profile::Scope scope(profile::Op::Norms);
+  const int64_t C = x.size(-1);
+  layernorm_forward(x.ptr(), x.ptr(), g.ptr(), b.ptr(), T(eps), x.numel() / C, C);
+  return std::move(x);
 }
 
 template <class T>
@@ -107,7 +118,7 @@ void check_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const std
 
 // One encoder layer on batch-first x (B, T, d), masks already batched.
 template <class T>
-Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, Tensor<T> x, const Mask<T>& mask,
+Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const Tensor<T>& x, const Mask<T>& mask,
                         const Mask<T>& kpm, Observer<T>* obs);
 
 }  // namespace tparity::detail

@@ -1,6 +1,7 @@
 #include "tparity/core/decoder.hpp"
 
 #include <string>
+#include <utility>
 
 #include "blocks.hpp"
 #include "layout.hpp"
@@ -49,8 +50,9 @@ Tensor<T> decoder_layer_forward(const DecoderConfig& cfg, const DecoderWeights<T
     return detail::feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, v,
                                 x0, obs);
   };
-  auto norm = [&](const Tensor<T>& v, const Tensor<T>& g, const Tensor<T>& b) {
-    return detail::layer_norm(v, g, b, cfg.layer_norm_eps);
+  // a temporary (post-norm's sublayer output) is normalised in place
+  auto norm = [&](auto&& v, const Tensor<T>& g, const Tensor<T>& b) {
+    return detail::layer_norm(std::forward<decltype(v)>(v), g, b, cfg.layer_norm_eps);
   };
   if (cfg.norm_first) {
     Tensor<T> n1 = norm(x, w.norm1_weight, w.norm1_bias);

@@ -1,6 +1,7 @@
 #include "tparity/core/encoder.hpp"
 
 #include <string>
+#include <utility>
 
 #include "blocks.hpp"
 #include "layout.hpp"
@@ -24,7 +25,7 @@ void check_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const std
 }
 
 template <class T>
-Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, Tensor<T> x, const Mask<T>& mask,
+Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const Tensor<T>& src, const Mask<T>& mask,
                         const Mask<T>& kpm, Observer<T>* obs) {
   const MhaConfig acfg = cfg.self_attn();
   // x + _sa_block(in), x + _ff_block(in)
@@ -35,15 +36,17 @@ Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, Te
     return feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, in, x0,
                         obs);
   };
+  // src is only read; each sublayer's output is a new tensor, post-norm's normalised in place
+  Tensor<T> x;
   if (cfg.norm_first) {
-    Tensor<T> n1 = layer_norm(x, w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
+    Tensor<T> n1 = layer_norm(src, w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
     if (obs) obs->on("norm1", n1);
-    x = sa(n1, x);
+    x = sa(n1, src);
     Tensor<T> n2 = layer_norm(x, w.norm2_weight, w.norm2_bias, cfg.layer_norm_eps);
     if (obs) obs->on("norm2", n2);
     x = ff(n2, x);
   } else {
-    x = layer_norm(sa(x, x), w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
+    x = layer_norm(sa(src, src), w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
     if (obs) obs->on("norm1", x);
     x = layer_norm(ff(x, x), w.norm2_weight, w.norm2_bias, cfg.layer_norm_eps);
   }
@@ -69,11 +72,13 @@ Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T
                                 Observer<T>* obs) {
   detail::check_layer(cfg, w, "");
   const bool batched = detail::check_src(in.src, cfg.d_model, "src");
-  Tensor<T> x = detail::to_batch_first(in.src, batched, cfg.batch_first);
+  // a batched, batch-first src is the layer's input as it is (read only), else a batch-first copy
+  const bool as_is = batched && cfg.batch_first;
+  const Tensor<T> copy = as_is ? Tensor<T>() : detail::to_batch_first(in.src, batched, cfg.batch_first);
+  const Tensor<T>& x = as_is ? in.src : copy;
   // An unbatched src_mask, (T, T) or (nhead, T, T), is already right for the (1, T, d) batch.
   const Mask<T> kpm = detail::batch_key_padding(in.src_key_padding_mask, batched, x.size(1), "src_key_padding_mask");
-  x = detail::encoder_layer(cfg, w, std::move(x), in.src_mask, kpm, obs);
-  return detail::from_batch_first(std::move(x), batched, cfg.batch_first);
+  return detail::from_batch_first(detail::encoder_layer(cfg, w, x, in.src_mask, kpm, obs), batched, cfg.batch_first);
 }
 
 template <class T>
@@ -96,11 +101,10 @@ Tensor<T> encoder_forward(const EncoderStackConfig& cfg, const EncoderStackWeigh
   const Mask<T> kpm = detail::batch_key_padding(in.src_key_padding_mask, batched, x.size(1), "src_key_padding_mask");
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     PrefixObserver<T> scoped(obs, "layers." + std::to_string(i) + ".");
-    x = detail::encoder_layer(lc, w.layers[size_t(i)], std::move(x), in.src_mask, kpm,
-                              PrefixObserver<T>::wrap(obs, scoped));
+    x = detail::encoder_layer(lc, w.layers[size_t(i)], x, in.src_mask, kpm, PrefixObserver<T>::wrap(obs, scoped));
   }
   if (cfg.norm) {
-    x = detail::layer_norm(x, w.norm_weight, w.norm_bias, lc.layer_norm_eps);
+    x = detail::layer_norm(std::move(x), w.norm_weight, w.norm_bias, lc.layer_norm_eps);
     if (obs) obs->on("norm", x);
   }
   if (obs) obs->on("output", x);
@@ -112,7 +116,7 @@ Tensor<T> encoder_forward(const EncoderStackConfig& cfg, const EncoderStackWeigh
                                               Observer<T>*);                                                           \
   template Tensor<T> encoder_forward<T>(const EncoderStackConfig&, const EncoderStackWeights<T>&,                      \
                                         const EncoderInputs<T>&, Observer<T>*);                                        \
-  template Tensor<T> detail::encoder_layer<T>(const EncoderConfig&, const EncoderWeights<T>&, Tensor<T>,               \
+  template Tensor<T> detail::encoder_layer<T>(const EncoderConfig&, const EncoderWeights<T>&, const Tensor<T>&,        \
                                               const Mask<T>&, const Mask<T>&, Observer<T>*);                           \
   template bool detail::check_src<T>(const Tensor<T>&, int64_t, const std::string&);                                   \
   template void detail::check_layer<T>(const EncoderConfig&, const EncoderWeights<T>&, const std::string&);

@@ -32,7 +32,7 @@ Tensor<T> run_layers(const EncoderConfig& lc, const std::vector<EncoderWeights<T
                      Observer<T>* obs) {
   for (size_t i = 0; i < layers.size(); ++i) {
     PrefixObserver<T> scoped(obs, "layers." + std::to_string(i) + ".");
-    x = detail::encoder_layer(lc, layers[i], std::move(x), Mask<T>{}, Mask<T>{}, PrefixObserver<T>::wrap(obs, scoped));
+    x = detail::encoder_layer(lc, layers[i], x, Mask<T>{}, Mask<T>{}, PrefixObserver<T>::wrap(obs, scoped));
   }
   return x;
 }

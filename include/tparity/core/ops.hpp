@@ -62,6 +62,7 @@ void softmax_forward_ref(T* out, const T* inp, int64_t N, int64_t C);
 // out will be (N, C); out may alias inp
 // mean_out and rstd_out, when not null, will be (N): each row's mean and 1 / sqrt(var + eps), the
 // statistics torch.native_layer_norm returns beside the output.
+// out may alias inp (each row's statistics are taken before any of its outputs is written).
 // Fast: vmath's layernorm_rows (rows along the SIMD lanes, the same sums bit for bit). Reference
 // (layernorm_forward_ref): the plain loops, a row at a time.
 template <class T>
