@@ -313,9 +313,9 @@ TEMPLATE_TEST_CASE("vmath layernorm_rows equals layernorm_forward_ref bit for bi
                    double) {
   // Rows along the lanes keep the reference's sums, so every output, mean and rstd must be the same
   // bits: on row counts around the lane widths (whole blocks and the scalar remainder), widths
-  // around 8 and the lane widths, with and without the affine parameters, in place, on 1 to 3
-  // threads; and on rows that break careless code: NaN, +-inf, a large offset, a tiny variance,
-  // subnormals, a constant row (variance 0: rstd = 1 / sqrt(eps)).
+  // around 8 and the lane widths, with and without the affine parameters, in place (the reference's
+  // too), on 1 to 3 threads; and on rows that break careless code: NaN, +-inf, a large offset, a tiny
+  // variance, subnormals, a constant row (variance 0: rstd = 1 / sqrt(eps)).
   using T = TestType;
   Rng rng(31);
   auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
@@ -362,6 +362,9 @@ TEMPLATE_TEST_CASE("vmath layernorm_rows equals layernorm_forward_ref bit for bi
           layernorm_rows(inplace.data(), inplace.data(), wp, bp, eps, rows, cols, static_cast<T*>(nullptr),
                          static_cast<T*>(nullptr));
           CHECK(same(inplace, ref));
+          std::vector<T> ref_inplace = x;  // the reference path in place too (layernorm_forward's contract)
+          layernorm_forward_ref(ref_inplace.data(), ref_inplace.data(), wp, bp, eps, rows, cols);
+          CHECK(same(ref_inplace, ref));
         }
       }
     }
