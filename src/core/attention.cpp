@@ -757,10 +757,14 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   // nothing observed and no weights returned: the scores streamed, never held
   const bool fused = !obs && !fwd.need_weights && injected_defect() == Defect::None && masks.fusable();
   MhaOutputs<T> result;
-  if (fused && packed_self(cfg, in) && !cfg.add_zero_attn) {
-    Stage<T> context = attend_in_place(cfg, w, in, masks, n);
+  // context (B, L, E) -> out_proj (+ residual), back to the caller's layout
+  auto project_out = [&](Stage<T>& context) {
     result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs),
                                              n.batched, cfg.batch_first);
+  };
+  if (fused && packed_self(cfg, in) && !cfg.add_zero_attn) {
+    Stage<T> context = attend_in_place(cfg, w, in, masks, n);
+    project_out(context);
     return result;
   }
   Heads<T> heads = project_qkv(cfg, w, in, n, obs != nullptr);
@@ -783,8 +787,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   heads.release();
   Stage<T> context = merge_heads(std::move(ctx_heads), n, obs != nullptr);
   context.show(obs, "context");
-  result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs),
-                                           n.batched, cfg.batch_first);
+  project_out(context);
   if (fwd.need_weights) result.attn_weights = returned_weights(std::move(weights), fwd, n, obs);
   return result;
 }
