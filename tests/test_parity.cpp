@@ -1,5 +1,6 @@
 // Parity against LibTorch: the default cases, a seeded grid of shapes and options, the fixtures
 // through the C++ reference. Each problem goes through the comparator's own gates.
+#define CATCH_CONFIG_EXTERNAL_INTERFACES  // Catch::TestEventListenerBase, for the listener below
 #include <catch2/catch.hpp>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -27,6 +28,15 @@ using test::divisor_of;
 namespace fs = std::filesystem;
 
 namespace {
+
+// LibTorch on one thread, as the CLI runs it (main.cpp): ctest runs two of these suites at a time on
+// two cores, and two intra-op threads each (LibTorch's default, one per core) would spin against each
+// other in OpenMP's and OpenBLAS's waits (the 2.13 suite took four times the wall time that way).
+struct OneReferenceThread : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  void testRunStarting(const Catch::TestRunInfo&) override { set_torch_threads(1); }
+};
+CATCH_REGISTER_LISTENER(OneReferenceThread)
 
 DTensor randn(Rng& rng, Shape s, double scale = 1.0) {
   DTensor t{DType::Float64, s, std::vector<double>(size_t(numel(s)))};
