@@ -134,9 +134,10 @@ int torch_only(const Options& o, const std::vector<BenchCase>& cases);
 // A whole run: every case's measurements, the machine's limits and the references, as measured.
 struct Run {
   std::vector<Result> results;
-  double peak = 0;  // GFLOP/s of one core (measure_peak)
+  double peak = 0;  // GFLOP/s of one core (measure_peak): the best of every round
   std::string peak_isa;
-  double bandwidth = 0;  // bytes/s; 0 when no case is memory-bound
+  double bandwidth = 0;  // bytes/s; 0 when no case is memory-bound; the best of every round
+  int limit_rounds = 0;  // rounds of the two measurements: one before the cases and one after each
   std::optional<OtherTimes> other;
   ReferenceInfo ref;              // this build's LibTorch
   const char* dropped = nullptr;  // TPARITY_BENCH_UNSET: the OpenBLAS overrides this run dropped

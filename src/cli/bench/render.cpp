@@ -67,6 +67,12 @@ nlohmann::json profile_json(const Options& o, const Result& r) {
   return j;
 }
 
+// How many runs the peak and the bandwidth are the best of, and when they were taken.
+std::string limits_when(const Run& run) {
+  return run.limit_rounds > 1 ? fmt::format("{} runs: 5 before the cases and 5 after each", 5 * run.limit_rounds)
+                              : std::string("5");
+}
+
 }  // namespace
 
 void print_json(const Options& o, const Run& run) {
@@ -81,6 +87,7 @@ void print_json(const Options& o, const Run& run) {
                         {"reference", to_json(ref)},
                         {"peak_gflops", peak},
                         {"peak_isa", run.peak_isa},
+                        {"limit_runs", 5 * run.limit_rounds},
                         {"bandwidth_bytes_s", bandwidth},
                         {"unset", dropped ? dropped : ""},
                         {"pinned", pinned ? pinned : ""},
@@ -137,12 +144,13 @@ void print_table(const Options& o, const Run& run) {
   const char *dropped = run.dropped, *pinned = run.pinned;
   const std::vector<Result>& results = run.results;
   fmt::print(
-      "tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({}, best of 5)\nreference: {}\n",
-      cpu_model(), to_string(gemm_isa()), peak, run.peak_isa, ref.line());
+      "tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({}, best of {})\nreference: {}\n",
+      cpu_model(), to_string(gemm_isa()), peak, run.peak_isa, limits_when(run), ref.line());
   if (!ref.warning.empty()) fmt::print("warning: {}\n", ref.warning);
   fmt::print("{}\n", caches_line());
   if (bandwidth > 0)
-    fmt::print("memory bandwidth: {:.1f} GB/s (one core's streaming read of 1 GiB, best of 5)\n", bandwidth / 1e9);
+    fmt::print("memory bandwidth: {:.1f} GB/s (one core's streaming read of 1 GiB, best of {})\n", bandwidth / 1e9,
+               limits_when(run));
   fmt::print("{}\n", dropped ? fmt::format("unset for this run, so OpenBLAS picks its own kernels: {}", dropped)
                              : std::string("no OpenBLAS overrides were set"));
   if (pinned) fmt::print("pinned for LibTorch in this run: {}\n", pinned);
