@@ -767,8 +767,16 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
   for (const auto& [name, c] : cases) {
     CAPTURE(name);
     CHECK(c.at("other_torch_ms").get<double>() > 0);
+    // The other reference's time is put on this run's clock through the hand core, timed beside each
+    // LibTorch in its own process: other x (hand here / hand there), the hand core's time on more
+    // threads than one being the one timed alone.
+    const double hand_there = c.at("other_hand_ms").get<double>();
+    REQUIRE(hand_there > 0);
+    const double hand_here = c.at(c.at("threads") == 1 ? "hand_ms" : "scaling_threads_ms").get<double>();
+    const double other_here = c.at("other_torch_ms").get<double>() * hand_here / hand_there;
+    CHECK(c.at("other_torch_on_this_clock_ms").get<double>() == Approx(other_here).epsilon(1e-12));
     CHECK(c.at("fastest_torch_ms").get<double>() ==
-          std::min(c.at("torch_ms").get<double>(), c.at("other_torch_ms").get<double>()));
+          Approx(std::min(c.at("torch_ms").get<double>(), other_here)).epsilon(1e-12));
     // the shares of the one-thread profile add up to the profiled call
     double share = 0, ms = 0;
     for (const auto& [op, v] : c.at("profile").at("ops").items())

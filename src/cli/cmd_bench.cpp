@@ -81,7 +81,10 @@ int run_bench(const Options& o) {
       std::fprintf(stderr, "bench: the other reference (%s) ...\n", o.other.c_str());
     run.other = time_other_reference(o, chosen);
     for (Result& r : run.results)
-      if (auto it = run.other->torch.find(r.c.name); it != run.other->torch.end()) r.other = it->second;
+      if (auto it = run.other->torch.find(r.c.name); it != run.other->torch.end()) {
+        r.other = it->second;
+        if (auto h = run.other->hand.find(r.c.name); h != run.other->hand.end()) r.other_hand = h->second;
+      }
   }
   run.dropped = std::getenv("TPARITY_BENCH_UNSET");
   run.pinned = std::getenv("TPARITY_BENCH_PINNED");

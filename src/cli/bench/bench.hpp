@@ -86,6 +86,14 @@ double measure_peak(std::string& isa);
 // One core's streaming read bandwidth, bytes/s.
 double measure_bandwidth();
 
+// Both sides of one case timed: interleaved, so that a slow spell of the machine hits both; on more
+// threads than one, then the hand core alone on 1 and on the case's threads (measure_case says why).
+struct Timings {
+  Stats hand, torch;
+  Stats hand_one, hand_many;  // threads > 1 only
+};
+Timings time_sides(const std::function<void()>& hand, const std::function<void()>& torch, int threads, int reps);
+
 struct Result {
   BenchCase c;
   Stats hand, torch;
@@ -95,6 +103,7 @@ struct Result {
   int64_t hand_peak = -1, torch_peak = -1;
   std::string parity = "not checked";
   Stats other;  // --other-reference: that LibTorch's time (median 0: not run)
+  Stats other_hand;  // and the hand core's, timed beside it in that process as here (hand_time's way)
   // --profile: the hand core's time per op, ms per call on one thread, and the profiled call's time
   std::array<double, profile::kOps> op_ms{};
   double profiled_ms = 0;
@@ -120,6 +129,7 @@ void reexec_on_generic_openblas();
 struct OtherTimes {
   std::string line, short_name, warning, unset, pinned;
   std::map<std::string, Stats> torch;  // by case
+  std::map<std::string, Stats> hand;   // the hand core beside it in that process, by case (hand_time's way)
 };
 
 // Before any timing: --other-reference must be a tparity built against LibTorch (its --version says).
@@ -148,7 +158,12 @@ struct Run {
 double scaling(const Result& r);
 // The hand core's time on a case (its median timed alone on more threads than one).
 double hand_time(const Result& r);
-// The fastest LibTorch on a case, ms and short name: this build's or the other reference's.
+// The other reference's time on this run's clock: its median times the hand core's time here over the
+// hand core's time beside it in its own process (the same code, timed the same way), so that a shared
+// machine's drift between the two processes cancels; its raw median if that process did not time it.
+double other_on_this_clock(const Result& r);
+// The fastest LibTorch on a case, ms and short name: this build's or the other reference's (on this
+// run's clock).
 std::pair<double, std::string> fastest(const Run& run, const Result& r);
 
 struct TargetRow {

@@ -206,6 +206,35 @@ double measure_bandwidth() {
   return *std::max_element(bw.begin(), bw.end());
 }
 
+Timings time_sides(const std::function<void()>& hand, const std::function<void()>& torch, int threads, int reps) {
+  set_num_threads(threads);
+  set_torch_threads(threads);
+  for (int w = 0; w < 2; ++w) hand(), torch();  // warm-up: caches, packing buffers, thread pools
+  Timings t;
+  std::vector<double> th, tt;
+  for (int rep = 0; rep < reps; ++rep) {  // interleaved, so a slow spell of the machine hits both
+    th.push_back(time_ms(hand));
+    tt.push_back(time_ms(torch));
+  }
+  t.hand = stats(th), t.torch = stats(tt);
+  if (threads > 1) {
+    // The hand core's own scaling, timed apart from LibTorch: after LibTorch's calls its OpenMP
+    // and OpenBLAS workers spin for a while (busy-waiting for the next call) on the cores the
+    // hand core's threads need. So: a pause for them to go to sleep, then the hand core alone,
+    // one thread and `threads` threads interleaved.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::vector<double> one, many;
+    for (int rep = 0; rep < reps; ++rep) {
+      set_num_threads(1);
+      one.push_back(time_ms(hand));
+      set_num_threads(threads);
+      many.push_back(time_ms(hand));
+    }
+    t.hand_one = stats(one), t.hand_many = stats(many);
+  }
+  return t;
+}
+
 Result measure_case(const BenchCase& c, const Options& o) {
   const Problem p = make_problem(c.spec);
   Result r;
@@ -214,28 +243,8 @@ Result measure_case(const BenchCase& c, const Options& o) {
   set_torch_threads(c.threads);
   const std::function<void()> hand = prepare_hand(p, DType::Float32, "bench " + c.name);
   const std::function<void()> torch = prepare_torch(p, DType::Float32, "bench " + c.name);
-  for (int w = 0; w < 2; ++w) hand(), torch();  // warm-up: caches, packing buffers, thread pools
-  std::vector<double> th, tt;
-  for (int rep = 0; rep < o.reps; ++rep) {  // interleaved, so a slow spell of the machine hits both
-    th.push_back(time_ms(hand));
-    tt.push_back(time_ms(torch));
-  }
-  r.hand = stats(th), r.torch = stats(tt);
-  if (c.threads > 1) {
-    // The hand core's own scaling, timed apart from LibTorch: after LibTorch's calls its OpenMP
-    // and OpenBLAS workers spin for a while (busy-waiting for the next call) on the cores the
-    // hand core's threads need. So: a pause for them to go to sleep, then the hand core alone,
-    // one thread and c.threads threads interleaved.
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    std::vector<double> one, many;
-    for (int rep = 0; rep < o.reps; ++rep) {
-      set_num_threads(1);
-      one.push_back(time_ms(hand));
-      set_num_threads(c.threads);
-      many.push_back(time_ms(hand));
-    }
-    r.hand_one = stats(one), r.hand_many = stats(many);
-  }
+  const Timings t = time_sides(hand, torch, c.threads, o.reps);
+  r.hand = t.hand, r.torch = t.torch, r.hand_one = t.hand_one, r.hand_many = t.hand_many;
   // The hand core's speed from the time its targets judge (hand_time: on more threads than one, timed
   // alone), so that its share of the peak and its ratio to LibTorch speak of the same runs.
   r.hand_gflops = flops(c.spec) / (hand_time(r) * 1e6);

@@ -10,6 +10,7 @@
 
 #include "bench.hpp"
 #include "tparity/api.hpp"
+#include "tparity/core/parallel.hpp"
 #include "tparity/torch/reference.hpp"
 
 namespace tparity::cli::bench {
@@ -77,9 +78,14 @@ OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& 
   t.warning = env.value("reference_warning", "");
   t.unset = env.value("unset", "");
   t.pinned = env.value("pinned", "");
-  for (const nlohmann::json& c : j.at("cases"))
-    t.torch[c.at("name").get<std::string>()] = {c.at("torch_ms").get<double>(), c.at("torch_min_ms").get<double>(),
-                                                c.at("torch_max_ms").get<double>()};
+  for (const nlohmann::json& c : j.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    t.torch[name] = {c.at("torch_ms").get<double>(), c.at("torch_min_ms").get<double>(),
+                     c.at("torch_max_ms").get<double>()};
+    if (c.contains("hand_ms"))
+      t.hand[name] = {c.at("hand_ms").get<double>(), c.at("hand_min_ms").get<double>(),
+                      c.at("hand_max_ms").get<double>()};
+  }
   return t;
 }
 
@@ -87,15 +93,25 @@ int torch_only(const Options& o, const std::vector<BenchCase>& cases) {
   if (!torch_available()) throw InputError("option --torch-only: this tparity was built without LibTorch");
   nlohmann::json out = nlohmann::json::array();
   for (const BenchCase& c : cases) {
+    // The hand core too, timed as the asking bench times it (time_sides): it runs the same code in
+    // both processes, so the asking bench can put this LibTorch's time on its own clock, which a
+    // shared machine's drift between the two processes would otherwise skew.
     const Problem p = make_problem(c.spec);
+    set_num_threads(c.threads);
     set_torch_threads(c.threads);
+    const std::function<void()> hand = prepare_hand(p, DType::Float32, "bench " + c.name);
     const std::function<void()> torch = prepare_torch(p, DType::Float32, "bench " + c.name);
-    for (int w = 0; w < 2; ++w) torch();
-    std::vector<double> tt;
-    for (int rep = 0; rep < o.reps; ++rep) tt.push_back(time_ms(torch));
-    const Stats s = stats(tt);
-    out.push_back({{"name", c.name}, {"torch_ms", s.median}, {"torch_min_ms", s.min}, {"torch_max_ms", s.max}});
+    const Timings t = time_sides(hand, torch, c.threads, o.reps);
+    const Stats& h = c.threads > 1 ? t.hand_many : t.hand;  // hand_time's choice
+    out.push_back({{"name", c.name},
+                   {"torch_ms", t.torch.median},
+                   {"torch_min_ms", t.torch.min},
+                   {"torch_max_ms", t.torch.max},
+                   {"hand_ms", h.median},
+                   {"hand_min_ms", h.min},
+                   {"hand_max_ms", h.max}});
   }
+  set_num_threads(1);
   set_torch_threads(1);
   const ReferenceInfo ref = reference_info();
   const char* dropped = std::getenv("TPARITY_BENCH_UNSET");

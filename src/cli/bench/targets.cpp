@@ -19,9 +19,15 @@ double hand_time(const Result& r) {
   return r.c.threads > 1 && r.hand_many.median > 0 ? r.hand_many.median : r.hand.median;
 }
 
+double other_on_this_clock(const Result& r) {
+  return r.other_hand.median > 0 ? r.other.median * hand_time(r) / r.other_hand.median : r.other.median;
+}
+
 std::pair<double, std::string> fastest(const Run& run, const Result& r) {
-  if (run.other && r.other.median > 0 && r.other.median < r.torch.median)
-    return {r.other.median, run.other->short_name};
+  if (run.other && r.other.median > 0) {
+    const double other = other_on_this_clock(r);
+    if (other < r.torch.median) return {other, run.other->short_name};
+  }
   return {r.torch.median, run.ref.short_name()};
 }
 
