@@ -56,6 +56,10 @@ struct F32x8 {
     const V s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
     return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   }
+  static V scale2_above(V p, V n, V x, V bound) {
+    const V at_most = _mm256_cmp_ps(x, bound, _CMP_LE_OQ);
+    return _mm256_andnot_ps(at_most, scale2(p, _mm256_andnot_ps(at_most, n)));  // those lanes: p * 2^0, then 0
+  }
   static T hmax(V x) {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));

@@ -58,6 +58,10 @@ struct F32x16 {
   static V round_nearest(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   // p * 2^n for integer-valued n, rounded once (vscalefps: overflow to inf, gradual underflow).
   static V scale2(V p, V n) { return _mm512_scalef_ps(p, n); }
+  // The lanes left out of the mask are zeroed, not computed.
+  static V scale2_above(V p, V n, V x, V bound) {
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, bound, _CMP_NLE_UQ), p, n);
+  }
   static T hmax(V x) { return _mm512_reduce_max_ps(x); }
   static T hsum(V x) { return _mm512_reduce_add_ps(x); }
   // 16 x 16: pairs of 32-bit lanes, then 64-bit pairs, then 128-bit quarters twice.

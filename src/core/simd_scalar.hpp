@@ -16,7 +16,9 @@
 //   transpose(const T* src, int64_t lds, T* dst, int64_t ldd): dst[i * ldd + j] = src[j * lds + i], i, j < width. float
 //   only: V clamp(V x, V lo, V hi) (a NaN x stays NaN); V round_nearest(V) (to the nearest integer, ties to even); V
 //   scale2(V p, V n) = p * 2^n for integer-valued n in [-252, 254], rounded once (overflow to inf, gradual underflow to
-//   subnormals and 0). double only: V exp_each(V), the C library's exp on each lane.
+//   subnormals and 0); V scale2_above(V p, V n, V x, V bound): scale2(p, n) in the lanes where x > bound or x is NaN,
+//   +0 in the others, whose scale2 is never rounded (no underflow there). double only: V exp_each(V), the C library's
+//   exp on each lane.
 // Anonymous namespace: see simd_avx512.hpp.
 #pragma once
 
@@ -68,6 +70,7 @@ struct F32x1 : ScalarCommon<float> {
     const int32_t ni = int32_t(n == n ? n : V(0)), n1 = ni >> 1, n2 = ni - n1;
     return (p * pow2(n1)) * pow2(n2);
   }
+  static V scale2_above(V p, V n, V x, V bound) { return x <= bound ? V(0) : scale2(p, n); }
   static float pow2(int32_t e) {  // 2^e, e in [-126, 127]
     const uint32_t bits = uint32_t(e + 127) << 23;
     float f;
