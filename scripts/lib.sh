@@ -75,6 +75,9 @@ tparity_venv() {
 # installed: tparity_cmake_launcher prints the cmake argument.
 export CCACHE_DIR="${CCACHE_DIR:-$TPARITY_ROOT/.ccache}" CCACHE_BASEDIR="${CCACHE_BASEDIR:-$TPARITY_ROOT}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-2G}"
+# The reference's files compile against a precompiled header (CMakeLists.txt): ccache caches them, and
+# the header itself, only when told that the header's macros and __TIME__ may be taken as they are.
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"
 tparity_cmake_launcher() {
   if command -v ccache >/dev/null 2>&1; then
     echo "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
