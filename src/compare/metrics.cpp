@@ -17,27 +17,6 @@ std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
   return idx;
 }
 
-namespace {
-
-// Blue's thresholds and scales for double (LAPACK 3.10's la_constants): values above kBig are summed
-// times kScaleBig, below kSmall times kScaleSmall, the rest as they are.
-constexpr double kSmall = 0x1p-511, kBig = 0x1p486;
-constexpr double kScaleSmall = 0x1p537, kScaleBig = 0x1p-538;
-constexpr int kExpSmall = -537, kExpBig = 538;  // the norm's scale: 1 / kScaleSmall, 1 / kScaleBig
-
-}  // namespace
-
-void Norm2::add(double x) {
-  const double ax = std::fabs(x);
-  if (ax > kBig) {
-    big_ += (ax * kScaleBig) * (ax * kScaleBig);
-  } else if (ax < kSmall) {
-    if (big_ == 0) small_ += (ax * kScaleSmall) * (ax * kScaleSmall);  // negligible beside a big one
-  } else {
-    medium_ += ax * ax;
-  }
-}
-
 void Norm2::add_doubled(double h) {
   const double s = std::fabs(h) * kScaleBig * 2;  // |2h| > 2^1023 > kBig
   big_ += s * s;

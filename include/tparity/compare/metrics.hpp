@@ -1,6 +1,7 @@
 // Error metrics of one tensor against a reference, with explicit non-finite handling.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -62,10 +63,26 @@ double ratio(const ScaledNorm& a, const ScaledNorm& b);
 // few bits they have, as dnrm2 does.
 class Norm2 {
  public:
-  void add(double x);
+  // Inline: the comparator calls it once per element of every tensor it measures.
+  void add(double x) {
+    const double ax = std::fabs(x);
+    if (ax > kBig) {
+      big_ += (ax * kScaleBig) * (ax * kScaleBig);
+    } else if (ax < kSmall) {
+      if (big_ == 0) small_ += (ax * kScaleSmall) * (ax * kScaleSmall);  // negligible beside a big one
+    } else {
+      medium_ += ax * ax;
+    }
+  }
   // Adds 2h (a difference x - y computed as x/2 - y/2 where x - y overflows).
   void add_doubled(double h);
   ScaledNorm norm() const;
+
+  // Blue's thresholds and scales for double (LAPACK 3.10's la_constants): values above kBig are summed
+  // times kScaleBig, below kSmall times kScaleSmall, the rest as they are.
+  static constexpr double kSmall = 0x1p-511, kBig = 0x1p486;
+  static constexpr double kScaleSmall = 0x1p537, kScaleBig = 0x1p-538;
+  static constexpr int kExpSmall = -537, kExpBig = 538;  // the norm's scale: 1 / kScaleSmall, 1 / kScaleBig
 
  private:
   double small_ = 0, medium_ = 0, big_ = 0;
