@@ -56,21 +56,11 @@ int run_bench(const Options& o) {
   Run run;
   bool any_memory_bound = false;
   for (const BenchCase& c : chosen) any_memory_bound = any_memory_bound || c.memory_bound;
-  // The machine's limits before the cases and again after each, the best kept: on a shared host a
-  // core's speed drifts over a run (one Emerald Rapids VM's FMA peak measured 116, 166 and 177 GFLOP/s
-  // a minute apart), and a limit measured once in a slow spell would put the cases above it.
-  auto measure_limits = [&] {
-    std::string isa;
-    run.peak = std::max(run.peak, measure_peak(isa));
-    run.peak_isa = isa;
-    if (any_memory_bound) run.bandwidth = std::max(run.bandwidth, measure_bandwidth());
-    ++run.limit_rounds;
-  };
-  measure_limits();
+  run.limits.measure(any_memory_bound);
   for (const BenchCase& c : chosen) {
     if (o.format == Format::Table && isatty(2)) std::fprintf(stderr, "bench %s ...\n", c.name.c_str());
     run.results.push_back(measure_case(c, o));
-    measure_limits();
+    run.limits.measure(any_memory_bound);
   }
   set_num_threads(1);
   set_torch_threads(1);

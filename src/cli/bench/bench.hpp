@@ -86,6 +86,19 @@ double measure_peak(std::string& isa);
 // One core's streaming read bandwidth, bytes/s.
 double measure_bandwidth();
 
+// The machine's limits over a run: each measure() takes them again (before the cases and after each),
+// the best kept, since a shared host's speed drifts over a run (one Emerald Rapids VM's FMA peak
+// measured 116, 166 and 177 GFLOP/s a minute apart) and a limit taken once in a slow spell would put
+// the cases above it.
+struct Limits {
+  double peak = 0;  // GFLOP/s of one core (measure_peak)
+  std::string isa;
+  double bandwidth = 0;  // bytes/s (measure_bandwidth); 0 unless measured
+  int rounds = 0;
+  void measure(bool with_bandwidth);
+  int runs() const { return 5 * rounds; }  // each round is the best of 5 runs
+};
+
 // Both sides of one case timed: interleaved, so that a slow spell of the machine hits both; on more
 // threads than one, then the hand core alone on 1 and on the case's threads (measure_case says why).
 struct Timings {
@@ -144,10 +157,7 @@ int torch_only(const Options& o, const std::vector<BenchCase>& cases);
 // A whole run: every case's measurements, the machine's limits and the references, as measured.
 struct Run {
   std::vector<Result> results;
-  double peak = 0;  // GFLOP/s of one core (measure_peak): the best of every round
-  std::string peak_isa;
-  double bandwidth = 0;  // bytes/s; 0 when no case is memory-bound; the best of every round
-  int limit_rounds = 0;  // rounds of the two measurements: one before the cases and one after each
+  Limits limits;  // measured before the cases and after each
   std::optional<OtherTimes> other;
   ReferenceInfo ref;              // this build's LibTorch
   const char* dropped = nullptr;  // TPARITY_BENCH_UNSET: the OpenBLAS overrides this run dropped

@@ -64,23 +64,18 @@ GemmRow time_product(const std::string& case_name, const Product& p, int threads
 }  // namespace
 
 int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
-  std::string isa;
-  // The peak before the products and after each, the best kept (a shared host's speed drifts: see
-  // run_bench).
-  double peak = measure_peak(isa);
-  int peak_runs = 5;
+  Limits limits;  // the peak before the products and after each
+  limits.measure(false);
   std::vector<GemmRow> rows;
   auto time_one = [&](const std::string& name, const Product& p, int threads) {
     rows.push_back(time_product(name, p, threads, o.reps));
-    std::string again;
-    peak = std::max(peak, measure_peak(again));
-    peak_runs += 5;
+    limits.measure(false);
   };
   const int64_t square = o.quick ? 256 : 2048;
   time_one("(square)", {"A B^T", square, square, square}, 1);
   for (const BenchCase& c : cases)
     for (const Product& p : products(c.spec)) time_one(c.name, p, c.threads);
-  const double square_gflops = rows.front().gflops;
+  const double square_gflops = rows.front().gflops, peak = limits.peak;
   if (o.format == Format::Json) {
     nlohmann::json out = nlohmann::json::array();
     for (const GemmRow& r : rows)
@@ -98,8 +93,8 @@ int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
                      {"of_square", r.gflops / r.threads / square_gflops}});
     fmt::print("{}\n", nlohmann::json{{"isa", to_string(gemm_isa())},
                                       {"peak_gflops", peak},
-                                      {"peak_isa", isa},
-                                      {"peak_runs", peak_runs},
+                                      {"peak_isa", limits.isa},
+                                      {"peak_runs", limits.runs()},
                                       {"reps", o.reps},
                                       {"products", out}}
                            .dump(2));
@@ -108,7 +103,7 @@ int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
   fmt::print(
       "tparity bench --gemm: the hand core's GEMM alone (x W^T, float32, {} path) | fp32 FMA peak {:.0f} GFLOP/s per "
       "core ({}, best of {} runs: 5 before the products and 5 after each) | medians of {} runs after 2 warm-ups\n\n",
-      to_string(gemm_isa()), peak, isa, peak_runs, o.reps);
+      to_string(gemm_isa()), peak, limits.isa, limits.runs(), o.reps);
   fmt::print("{:<20} {:<16} {:>18} {:>3} {:>24} {:>8} {:>8} {:>9}\n", "case", "product", "M x N x K", "thr",
              "ms (min-max)", "GFLOP/s", "of peak", "of square");
   for (const GemmRow& r : rows)

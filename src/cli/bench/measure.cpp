@@ -206,6 +206,12 @@ double measure_bandwidth() {
   return *std::max_element(bw.begin(), bw.end());
 }
 
+void Limits::measure(bool with_bandwidth) {
+  peak = std::max(peak, measure_peak(isa));
+  if (with_bandwidth) bandwidth = std::max(bandwidth, measure_bandwidth());
+  ++rounds;
+}
+
 Timings time_sides(const std::function<void()>& hand, const std::function<void()>& torch, int threads, int reps) {
   set_num_threads(threads);
   set_torch_threads(threads);

@@ -69,14 +69,14 @@ nlohmann::json profile_json(const Options& o, const Result& r) {
 
 // How many runs the peak and the bandwidth are the best of, and when they were taken.
 std::string limits_when(const Run& run) {
-  return run.limit_rounds > 1 ? fmt::format("{} runs: 5 before the cases and 5 after each", 5 * run.limit_rounds)
+  return run.limits.rounds > 1 ? fmt::format("{} runs: 5 before the cases and 5 after each", run.limits.runs())
                               : std::string("5");
 }
 
 }  // namespace
 
 void print_json(const Options& o, const Run& run) {
-  const double peak = run.peak, bandwidth = run.bandwidth;
+  const double peak = run.limits.peak, bandwidth = run.limits.bandwidth;
   const std::optional<OtherTimes>& other = run.other;
   const ReferenceInfo& ref = run.ref;
   const char *dropped = run.dropped, *pinned = run.pinned;
@@ -86,8 +86,8 @@ void print_json(const Options& o, const Run& run) {
                         {"torch", torch_version()},
                         {"reference", to_json(ref)},
                         {"peak_gflops", peak},
-                        {"peak_isa", run.peak_isa},
-                        {"limit_runs", 5 * run.limit_rounds},
+                        {"peak_isa", run.limits.isa},
+                        {"limit_runs", run.limits.runs()},
                         {"bandwidth_bytes_s", bandwidth},
                         {"unset", dropped ? dropped : ""},
                         {"pinned", pinned ? pinned : ""},
@@ -140,14 +140,14 @@ void print_json(const Options& o, const Run& run) {
 }
 
 void print_table(const Options& o, const Run& run) {
-  const double peak = run.peak, bandwidth = run.bandwidth;
+  const double peak = run.limits.peak, bandwidth = run.limits.bandwidth;
   const std::optional<OtherTimes>& other = run.other;
   const ReferenceInfo& ref = run.ref;
   const char *dropped = run.dropped, *pinned = run.pinned;
   const std::vector<Result>& results = run.results;
   fmt::print(
       "tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({}, best of {})\nreference: {}\n",
-      cpu_model(), to_string(gemm_isa()), peak, run.peak_isa, limits_when(run), ref.line());
+      cpu_model(), to_string(gemm_isa()), peak, run.limits.isa, limits_when(run), ref.line());
   if (!ref.warning.empty()) fmt::print("warning: {}\n", ref.warning);
   fmt::print("{}\n", caches_line());
   if (bandwidth > 0)

@@ -32,7 +32,7 @@ std::pair<double, std::string> fastest(const Run& run, const Result& r) {
 }
 
 std::vector<TargetRow> target_rows(const Run& run, const Result& r) {
-  const double peak = run.peak, bandwidth = run.bandwidth;
+  const double peak = run.limits.peak, bandwidth = run.limits.bandwidth;
   std::vector<TargetRow> rows;
   const Targets& t = r.c.target;
   const auto [best, best_name] = fastest(run, r);
