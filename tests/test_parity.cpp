@@ -828,43 +828,50 @@ TEST_CASE(
     "parity: a reference memo reuses LibTorch's run of the same problem only / a changed weight, input, "
     "config or forward option is run again",
     "[parity]") {
-  const ReferenceMemo memo;
-  CHECK_THROWS_AS(ReferenceMemo(), std::logic_error);  // one at a time
   const CaseSpec s = test::default_case("block");
   const Problem p = make_problem(s);
+  // Each of these changes what LibTorch computes. Were a memo to serve the first problem's runs (or the
+  // noise legs measured on them) for one, hand64 (which sees the change) would differ from torch64 far
+  // beyond the semantic gate's 1e-10, and the report would differ from the one made without a memo.
+  std::vector<std::pair<std::string, Problem>> changes;
+  changes.emplace_back("a weight", p);
+  changes.back().second.state_dict.begin()->second.data[0] += 0.25;
+  changes.emplace_back("an input", p);
+  changes.back().second.inputs.begin()->second.data[1] += 0.25;
+  changes.emplace_back("the config", p);
+  changes.back().second.encoder.layer_norm_eps = 0.5;
+  // MultiheadAttention's forward options are not in its config: with and without weights.
+  const CaseSpec m = test::default_case("multihead");
+  const Problem mha = make_problem(m);
+  changes.emplace_back("need_weights", mha);
+  changes.back().second.forward.need_weights = false;
+  changes.emplace_back("average_attn_weights", mha);
+  changes.back().second.forward.average_attn_weights = false;
+  // The reports without a memo, to hold the memo's to.
+  auto report = [&](const Problem& q) {
+    return to_json(evaluate_problem(q, s.describe(), s.seed, GatePolicy{})).dump();
+  };
+  const std::string plain = report(p), plain_mha = report(mha);
+  std::vector<std::string> plain_changes;
+  for (const auto& [what, q] : changes) plain_changes.push_back(report(q));
+
+  const ReferenceMemo memo;
+  CHECK_THROWS_AS(ReferenceMemo(), std::logic_error);  // one at a time
   const CaseReport first = evaluate_problem(p, s.describe(), s.seed, GatePolicy{});
   require_pass(first);
+  CHECK(to_json(first).dump() == plain);
   const size_t made = memo.runs();
   CHECK(made >= 2);  // torch64, torch32 and any noise samples
   CHECK(memo.hits() == 0);
   // The same problem again: every run from the memo, the same report figure for figure.
-  CHECK(to_json(evaluate_problem(p, s.describe(), s.seed, GatePolicy{})).dump() == to_json(first).dump());
+  CHECK(report(p) == plain);
   CHECK(memo.runs() == made);
   CHECK(memo.hits() == made);
-  // Each of these changes what LibTorch computes: LibTorch runs again (at least torch64 and torch32),
-  // and, were it served the first run's results, hand64 (which sees the change) would differ from
-  // torch64 far beyond the semantic gate's 1e-10.
-  auto changed = [&](const Problem& q, const char* what) {
-    INFO(what);
+  CHECK(report(mha) == plain_mha);
+  for (size_t i = 0; i < changes.size(); ++i) {
+    INFO(changes[i].first);
     const size_t before = memo.runs();
-    require_pass(evaluate_problem(q, s.describe(), s.seed, GatePolicy{}));
-    CHECK(memo.runs() >= before + 2);
-  };
-  Problem weight = p;
-  weight.state_dict.begin()->second.data[0] += 0.25;
-  changed(weight, "a weight");
-  Problem input = p;
-  input.inputs.begin()->second.data[1] += 0.25;
-  changed(input, "an input");
-  Problem config = p;
-  config.encoder.layer_norm_eps = 0.5;
-  changed(config, "the config");
-  // MultiheadAttention's forward options are not in its config: with and without weights.
-  const CaseSpec m = test::default_case("multihead");
-  Problem mha = make_problem(m);
-  require_pass(evaluate_problem(mha, m.describe(), m.seed, GatePolicy{}));
-  mha.forward.need_weights = false;
-  changed(mha, "need_weights");
-  mha.forward.need_weights = true, mha.forward.average_attn_weights = false;
-  changed(mha, "average_attn_weights");
+    CHECK(report(changes[i].second) == plain_changes[i]);
+    CHECK(memo.runs() >= before + 2);  // at least torch64 and torch32 run again
+  }
 }

@@ -92,7 +92,7 @@ std::pair<double, std::string> own_error(const ComponentReport& c, const Leg& le
 
 void compare_components(CaseReport& report, const std::vector<std::string>& names, const Implementations& impls,
                         const std::vector<LegSpec>& legs, const GatePolicy& policy,
-                        const std::vector<std::string>& required) {
+                        const std::vector<std::string>& required, NoiseLegMemo* noise_memo) {
   auto get = [&](const std::string& impl, const std::string& comp) -> const Tensor<double>* {
     auto it = impls.find(impl);
     return it == impls.end() || !it->second ? nullptr : find(*it->second, comp);
@@ -110,14 +110,23 @@ void compare_components(CaseReport& report, const std::vector<std::string>& name
       const Tensor<double>* b = get(spec.b, name);
       if (!a || !b) continue;
       if (cr.shape.empty()) cr.shape = b->shape;
+      const bool noise = spec.role == LegRole::Noise;
+      const std::string memo_key = noise && noise_memo ? name + "\n" + spec.name : std::string();
+      if (!memo_key.empty())
+        if (auto kept = noise_memo->find(memo_key); kept != noise_memo->end()) {
+          cr.legs.push_back(kept->second);
+          specs.push_back(&spec);
+          continue;
+        }
       Leg leg{spec.name, spec.role, measure(*a, *b), 0, true, spec.diagnostic, {}, {}, {}};
       if (leg.m.nonfinite_mismatch) leg.nonfinite = nonfinite_pattern(*a, *b);
-      if (spec.role == LegRole::Noise && leg.m.comparable()) {
+      if (noise && leg.m.comparable()) {
         std::vector<std::pair<const Tensor<double>*, const Tensor<double>*>> samples{{a, b}};
         for (const auto& [sa, sb] : spec.samples)
           if (const Tensor<double>* x = get(sa, name), *y = get(sb, name); x && y) samples.push_back({x, y});
         leg.noise = estimate_noise(samples);
       }
+      if (!memo_key.empty()) noise_memo->emplace(memo_key, leg);
       cr.legs.push_back(std::move(leg));
       specs.push_back(&spec);
     }

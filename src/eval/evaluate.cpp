@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 
@@ -14,7 +15,29 @@
 
 namespace tparity {
 
+namespace detail {
+
+// LibTorch's float32 error sampled further, on jittered copies of the problem (noise.hpp): pairs
+// (float32, float64) of its runs.
+struct NoiseRuns {
+  std::vector<std::shared_ptr<const TorchRun>> f32, f64;  // sample k at [k - 1]
+};
+
+// The live ReferenceMemo's (evaluate.hpp). Keys: fingerprint() below.
+struct MemoState {
+  std::map<std::string, std::shared_ptr<const TorchRun>> runs;  // by problem and precision
+  // By problem, policy, view and the components judged: the noise model's runs (none when the plain
+  // sample said enough) and the noise legs measured on them.
+  std::map<std::string, NoiseRuns> noise;
+  std::map<std::string, NoiseLegMemo> noise_legs;
+  size_t hits = 0, misses = 0;  // runs served from the memo, runs LibTorch made
+};
+
+}  // namespace detail
+
 namespace {
+
+using detail::NoiseRuns;
 
 Components outputs_as_components(const TensorMap& outs) {
   Components c;
@@ -38,10 +61,9 @@ Components with_outputs(const Problem& p, const RunResult& run) {
   return c;
 }
 
-// The live ReferenceMemo, if any (evaluate.hpp): LibTorch's runs by the fingerprint of what they ran.
-// One thread evaluates at a time (the selftest's loop); nothing here is synchronised.
-std::map<std::string, TorchRun>* memo_runs = nullptr;
-size_t memo_hits = 0, memo_misses = 0;
+// The live ReferenceMemo's state, if one lives. One thread evaluates at a time (the selftest's loop);
+// nothing here is synchronised.
+detail::MemoState* memo = nullptr;
 
 // What a LibTorch run depends on: the problem's name, module kind and config, MultiheadAttention's
 // forward options, its semantics, every state_dict and input tensor (each map tagged and counted,
@@ -74,17 +96,18 @@ std::string fingerprint(const Problem& p, DType dtype) {
                      p.semantics ? semantics_name(*p.semantics) : "unset", dtype_name(dtype), h);
 }
 
-// LibTorch's run of a problem with its components, reused from the live memo when it ran before.
-TorchRun reference_run(const Problem& p, DType dtype, const std::string& where) {
-  if (!memo_runs) return run_torch(p, dtype, true, where);
-  const std::string key = fingerprint(p, dtype);
-  if (auto it = memo_runs->find(key); it != memo_runs->end()) {
-    ++memo_hits;
+// LibTorch's run of a problem with its components, shared with the live memo, from it when it ran
+// before.
+std::shared_ptr<const TorchRun> reference_run(const Problem& p, DType dtype, const std::string& where) {
+  if (!memo) return std::make_shared<const TorchRun>(run_torch(p, dtype, true, where));
+  std::string key = fingerprint(p, dtype);
+  if (auto it = memo->runs.find(key); it != memo->runs.end()) {
+    ++memo->hits;
     return it->second;
   }
-  TorchRun run = run_torch(p, dtype, true, where);
-  memo_runs->emplace(key, run);
-  ++memo_misses;
+  auto run = std::make_shared<const TorchRun>(run_torch(p, dtype, true, where));
+  memo->runs.emplace(std::move(key), run);
+  ++memo->misses;
   return run;
 }
 
@@ -117,12 +140,6 @@ void add_reference_notes(CaseReport& r, const TorchRun& run, const char* label) 
   if (!run.failure.empty()) r.fail({"", "", fmt::format("case {}: reference {}: {}", r.name, label, run.failure)});
 }
 
-// LibTorch's float32 error sampled further, on jittered copies of the problem (noise.hpp): pairs
-// (float32, float64) of its runs.
-struct NoiseRuns {
-  std::vector<TorchRun> f32, f64;  // sample k at [k - 1]
-};
-
 // Whether some judged component's error in the plain sample has fewer than
 // policy.noise_neff_threshold effective elements: then one sample says too little.
 bool needs_samples(const std::vector<std::string>& names, const Components& t32, const Components& t64,
@@ -147,22 +164,33 @@ NoiseRuns run_noise(const Problem& p, const GatePolicy& policy, const std::strin
   return out;
 }
 
-// The samples as the judged components, in the view the report compares.
+// The samples as the judged components, in the view the report compares: the runs' own components,
+// or views made of them (kept in `made`).
 struct NoiseSamples {
-  std::vector<Components> f32, f64;
+  std::vector<const Components*> f32, f64;
+  std::vector<std::unique_ptr<const Components>> made;
 };
+NoiseSamples own_components(const NoiseRuns& runs) {
+  NoiseSamples s;
+  for (const auto& t : runs.f32) s.f32.push_back(&t->result.components);
+  for (const auto& t : runs.f64) s.f64.push_back(&t->result.components);
+  return s;
+}
 NoiseSamples view(const NoiseRuns& runs, const std::function<Components(const TorchRun&)>& as) {
   NoiseSamples s;
-  for (const TorchRun& t : runs.f32) s.f32.push_back(as(t));
-  for (const TorchRun& t : runs.f64) s.f64.push_back(as(t));
+  for (auto [from, to] : {std::pair{&runs.f32, &s.f32}, std::pair{&runs.f64, &s.f64}})
+    for (const auto& t : *from) {
+      s.made.push_back(std::make_unique<const Components>(as(*t)));
+      to->push_back(s.made.back().get());
+    }
   return s;
 }
 
 // The samples as implementations, and the noise legs told about them.
 void add_samples(Implementations& impls, std::vector<LegSpec>& legs, const NoiseSamples& s) {
   for (size_t k = 0; k < s.f32.size(); ++k) {
-    impls[noise_sample_key("torch32", int(k + 1))] = &s.f32[k];
-    impls[noise_sample_key("torch64", int(k + 1))] = &s.f64[k];
+    impls[noise_sample_key("torch32", int(k + 1))] = s.f32[k];
+    impls[noise_sample_key("torch64", int(k + 1))] = s.f64[k];
   }
   for (LegSpec& l : legs)
     if (l.role == LegRole::Noise)
@@ -228,9 +256,25 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
                              const RunResult& h32, const TorchRun& t64, const TorchRun& t32, const GatePolicy& policy,
                              const std::string& where, const NoiseRuns* noise = nullptr) {
   NoiseRuns own;
-  auto runs = [&](const std::vector<std::string>& names, const Components& a, const Components& b) -> const NoiseRuns& {
-    if (!noise && needs_samples(names, a, b, policy)) own = run_noise(p, policy, where);
-    return noise ? *noise : own;
+  NoiseLegMemo* legs_memo = nullptr;
+  // The noise model's runs: those given, else LibTorch's own when the plain sample says too little,
+  // and with a live memo, the runs and their noise legs kept by this problem and view.
+  auto runs = [&](const char* view, const std::vector<std::string>& names, const Components& a,
+                  const Components& b) -> const NoiseRuns& {
+    if (noise) return *noise;
+    std::string key;
+    if (memo) {
+      key = fmt::format("{}\n{}\nsamples {} neff {}", fingerprint(p, DType::Float64), view, policy.noise_samples,
+                        policy.noise_neff_threshold);
+      for (const std::string& n : names) key += "\n" + n;
+      legs_memo = &memo->noise_legs[key];
+      if (auto it = memo->noise.find(key); it != memo->noise.end()) {
+        memo->hits += it->second.f32.size() + it->second.f64.size();
+        return it->second;
+      }
+    }
+    if (needs_samples(names, a, b, policy)) own = run_noise(p, policy, where);
+    return memo ? memo->noise.emplace(key, std::move(own)).first->second : own;
   };
   if ((impl.float64 && h64.components.empty()) || (impl.float32 && h32.components.empty())) {
     const Components a64 = outputs_as_components(h64.outputs), a32 = outputs_as_components(h32.outputs),
@@ -238,17 +282,16 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
     std::vector<std::string> names;
     for (const Component& c : b64) names.push_back(c.name);
     r.notes.push_back(impl.name + " returns no components: its outputs are compared");
-    const NoiseSamples ns =
-        view(runs(names, b32, b64), [](const TorchRun& t) { return outputs_as_components(t.result.outputs); });
+    const NoiseSamples ns = view(runs("outputs", names, b32, b64),
+                                 [](const TorchRun& t) { return outputs_as_components(t.result.outputs); });
     Implementations impls{{"hand64", &a64}, {"hand32", &a32}, {"torch64", &b64}, {"torch32", &b32}};
     std::vector<LegSpec> legs = standard_legs();
     add_samples(impls, legs, ns);
-    compare_components(r, names, impls, legs, policy, required_of(impl));
+    compare_components(r, names, impls, legs, policy, required_of(impl), legs_memo);
     return;
   }
   const std::vector<std::string> names = given_components(r, component_names(p), impl, h64, h32);
-  const NoiseSamples ns = view(runs(names, t32.result.components, t64.result.components),
-                               [](const TorchRun& t) { return t.result.components; });
+  const NoiseSamples ns = own_components(runs("components", names, t32.result.components, t64.result.components));
   if (!impl.teacher_forcing) {
     Implementations impls{{"hand64", &h64.components},
                           {"hand32", &h32.components},
@@ -256,7 +299,7 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
                           {"torch32", &t32.result.components}};
     std::vector<LegSpec> legs = standard_legs();
     add_samples(impls, legs, ns);
-    compare_components(r, names, impls, legs, policy, {"torch64", "torch32"});
+    compare_components(r, names, impls, legs, policy, {"torch64", "torch32"}, legs_memo);
     return;
   }
   const RunResult l64 = impl.run(p, DType::Float64, &t64.result.components);
@@ -269,19 +312,19 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
   std::vector<std::string> required = required_of(impl);
   if (impl.local_complete && impl.float64 && !l64.components.empty()) required.push_back("local_hand64");
   if (impl.local_complete && impl.float32 && !l32.components.empty()) required.push_back("local_hand32");
-  compare_components(r, names, impls, legs, policy, required);
+  compare_components(r, names, impls, legs, policy, required, legs_memo);
 }
 
 }  // namespace
 
 ReferenceMemo::ReferenceMemo() {
-  if (memo_runs) throw std::logic_error("ReferenceMemo: one is already live");
-  memo_runs = &runs_;
-  memo_hits = memo_misses = 0;
+  if (memo) throw std::logic_error("ReferenceMemo: one is already live");
+  state_ = std::make_unique<detail::MemoState>();
+  memo = state_.get();
 }
-size_t ReferenceMemo::hits() const { return memo_hits; }
-size_t ReferenceMemo::runs() const { return memo_misses; }
-ReferenceMemo::~ReferenceMemo() { memo_runs = nullptr; }
+size_t ReferenceMemo::hits() const { return state_->hits; }
+size_t ReferenceMemo::runs() const { return state_->misses; }
+ReferenceMemo::~ReferenceMemo() { memo = nullptr; }
 
 Implementation hand_core() {
   return Implementation{"hand core",
@@ -307,13 +350,13 @@ CaseReport evaluate_problem(const Problem& problem, const std::string& descripti
   add_nonfinite_notes(r, p);
   const RunResult h64 = impl.run(p, DType::Float64, nullptr);
   const RunResult h32 = impl.run(p, DType::Float32, nullptr);
-  const TorchRun t64 = reference_run(p, DType::Float64, where);
-  const TorchRun t32 = reference_run(p, DType::Float32, where);
-  add_reference_notes(r, t64, "torch64");
-  add_reference_notes(r, t32, "torch32");
+  const std::shared_ptr<const TorchRun> t64 = reference_run(p, DType::Float64, where);
+  const std::shared_ptr<const TorchRun> t32 = reference_run(p, DType::Float32, where);
+  add_reference_notes(r, *t64, "torch64");
+  add_reference_notes(r, *t32, "torch32");
   if (impl.name != hand_core().name)
     r.notes.push_back("implementation under test (\"hand\" in the legs): " + impl.name);
-  compare_every_component(r, p, impl, h64, h32, t64, t32, policy, where);
+  compare_every_component(r, p, impl, h64, h32, *t64, *t32, policy, where);
   return r;
 }
 

@@ -160,13 +160,20 @@ struct CaseReport {
 
 using Implementations = std::map<std::string, const Components*>;
 
+// The Noise legs measured, by component and leg ("name\nleg"): what the reference's float32 runs
+// are against its float64 one, before any judging. A caller that compares implementations against the
+// same reference runs again (the selftest: one planted defect after another) keeps them here and
+// measures them once; the runs the keys point at must be the same ones each time.
+using NoiseLegMemo = std::map<std::string, Leg>;
+
 // Compares every named component across the legs and decides pass/fail. Every implementation in
 // `required` must have every component (else the case fails); otherwise a leg whose two
 // implementations do not both have the component is skipped. A Numeric leg whose noise leg is
-// missing fails: there is nothing to judge it by.
+// missing fails: there is nothing to judge it by. `noise_memo`: the Noise legs taken from it when
+// there, measured and kept in it when not.
 void compare_components(CaseReport& report, const std::vector<std::string>& names, const Implementations& impls,
                         const std::vector<LegSpec>& legs, const GatePolicy& policy,
-                        const std::vector<std::string>& required);
+                        const std::vector<std::string>& required, NoiseLegMemo* noise_memo = nullptr);
 
 // Fills each component's growth, the case's first divergence and its diagnoses from the legs
 // compare_components measured (it calls this itself).

@@ -63,7 +63,8 @@ double ratio(const ScaledNorm& a, const ScaledNorm& b);
 // few bits they have, as dnrm2 does.
 class Norm2 {
  public:
-  // Inline: the comparator calls it once per element of every tensor it measures.
+  // Inline, with add_doubled: the comparator calls them once per element of every tensor it
+  // measures, and a Norm2 whose address escapes to a call keeps its sums in memory.
   void add(double x) {
     const double ax = std::fabs(x);
     if (ax > kBig) {
@@ -75,7 +76,10 @@ class Norm2 {
     }
   }
   // Adds 2h (a difference x - y computed as x/2 - y/2 where x - y overflows).
-  void add_doubled(double h);
+  void add_doubled(double h) {
+    const double s = std::fabs(h) * kScaleBig * 2;  // |2h| > 2^1023 > kBig
+    big_ += s * s;
+  }
   ScaledNorm norm() const;
 
   // Blue's thresholds and scales for double (LAPACK 3.10's la_constants): values above kBig are summed

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,12 +38,18 @@ struct Implementation {
   bool components_complete = true;
 };
 
+namespace detail {
+struct MemoState;  // evaluate.cpp
+}
+
 // While one lives (one at a time), evaluate_problem keeps LibTorch's runs (the plain ones and the noise
 // model's jittered samples) and reuses them for a problem identical to one it ran: the same name,
-// config, semantics, state_dict and inputs bit for bit, and precision. The selftest evaluates every
-// case once clean and once per planted defect, and a defect planted in the hand core does not change
-// what LibTorch computes. It keeps every run whole until it goes (for the selftest's long_keys case,
-// 2 + 2 x noise samples runs of about 1 M doubles per component): one case's lifetime, not a run's.
+// config, semantics, state_dict and inputs bit for bit, and precision; with them, what the comparator
+// measured of LibTorch against itself (the noise legs), which depends on those runs alone. The
+// selftest evaluates every case once clean and once per planted defect, and a defect planted in the
+// hand core does not change what LibTorch computes. It keeps every run whole until it goes (for the
+// selftest's long_keys case, 2 + 2 x noise samples runs of about 1 M doubles per component): one
+// case's lifetime, not a run's.
 class ReferenceMemo {
  public:
   ReferenceMemo();
@@ -53,7 +60,7 @@ class ReferenceMemo {
   size_t runs() const;  // runs LibTorch made (and the memo keeps)
 
  private:
-  std::map<std::string, TorchRun> runs_;
+  std::unique_ptr<detail::MemoState> state_;
 };
 
 // The handwritten core of this project, with components and teacher forcing.
