@@ -24,9 +24,9 @@ endif()
 # nlohmann::json, fmt, Catch2) make most of the tree's compile time: clang-14 with ASan + UBSan takes
 # about 29 s for cmd_census.cpp at -O2 and 9 s at -O0. The torch-free tree builds in about 650 CPU
 # seconds instead of 900, its suite as fast (64 s on two cores either way). Libraries, unit tests and
-# the bench's timing loops keep the tree's level: the hand core's arithmetic, the readers the fuzzers
-# drive and the peak loops are where the time of a run goes (the bench's --gemm test took 12 minutes
-# at -O0).
+# the bench's timing loops keep the tree's level (Catch2's runner, which the unit tests share, only
+# drives them): the hand core's arithmetic, the readers the fuzzers drive and the peak loops are
+# where the time of a run goes (the bench's --gemm test took 12 minutes at -O0).
 function(tparity_sanitize_at_o0 target)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "EXCEPT" "")
   if(NOT TPARITY_SANITIZE)

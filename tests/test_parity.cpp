@@ -854,6 +854,27 @@ TEST_CASE(
   const std::string plain = report(p), plain_mha = report(mha);
   std::vector<std::string> plain_changes;
   for (const auto& [what, q] : changes) plain_changes.push_back(report(q));
+  // One problem judged three ways: as it is, with fewer noise samples, and through an implementation
+  // that gives its outputs alone (the noise legs of the outputs' view). None may take another's runs or
+  // legs. The single case's components are small: the noise model runs its jittered samples there.
+  const CaseSpec one = test::default_case("single");
+  const Problem single = make_problem(one);
+  GatePolicy fewer;
+  fewer.noise_samples = 2;
+  Implementation outputs_only = hand_core();
+  outputs_only.name = "the hand core's outputs alone";
+  outputs_only.teacher_forcing = false;
+  outputs_only.run = [](const Problem& q, DType dtype, const Components*) {
+    RunResult r = hand_core().run(q, dtype, nullptr);
+    r.components.clear();
+    return r;
+  };
+  auto judged = [&](const GatePolicy& policy, const Implementation& impl) {
+    return to_json(evaluate_problem(single, one.describe(), one.seed, policy, impl)).dump();
+  };
+  const std::string plain_single = judged(GatePolicy{}, hand_core()), plain_fewer = judged(fewer, hand_core()),
+                    plain_outputs = judged(GatePolicy{}, outputs_only);
+  CHECK(plain_fewer != plain_single);  // the sample count shows in the report
 
   const ReferenceMemo memo;
   CHECK_THROWS_AS(ReferenceMemo(), std::logic_error);  // one at a time
@@ -868,6 +889,9 @@ TEST_CASE(
   CHECK(memo.runs() == made);
   CHECK(memo.hits() == made);
   CHECK(report(mha) == plain_mha);
+  CHECK(judged(GatePolicy{}, hand_core()) == plain_single);
+  CHECK(judged(fewer, hand_core()) == plain_fewer);
+  CHECK(judged(GatePolicy{}, outputs_only) == plain_outputs);
   for (size_t i = 0; i < changes.size(); ++i) {
     INFO(changes[i].first);
     const size_t before = memo.runs();

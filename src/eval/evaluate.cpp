@@ -23,14 +23,18 @@ struct NoiseRuns {
   std::vector<std::shared_ptr<const TorchRun>> f32, f64;  // sample k at [k - 1]
 };
 
+// The noise model's runs of one problem and view (none when the plain sample said enough), and the
+// noise legs measured on them.
+struct NoiseEntry {
+  NoiseRuns runs;
+  NoiseLegMemo legs;
+};
+
 // The live ReferenceMemo's (evaluate.hpp). Keys: fingerprint() below.
 struct MemoState {
   std::map<std::string, std::shared_ptr<const TorchRun>> runs;  // by problem and precision
-  // By problem, policy, view and the components judged: the noise model's runs (none when the plain
-  // sample said enough) and the noise legs measured on them.
-  std::map<std::string, NoiseRuns> noise;
-  std::map<std::string, NoiseLegMemo> noise_legs;
-  size_t hits = 0, misses = 0;  // runs served from the memo, runs LibTorch made
+  std::map<std::string, NoiseEntry> noise;  // by problem, policy, view and the components judged
+  size_t hits = 0, misses = 0;              // runs served from the memo, runs LibTorch made
 };
 
 }  // namespace detail
@@ -256,25 +260,29 @@ void compare_every_component(CaseReport& r, const Problem& p, const Implementati
                              const RunResult& h32, const TorchRun& t64, const TorchRun& t32, const GatePolicy& policy,
                              const std::string& where, const NoiseRuns* noise = nullptr) {
   NoiseRuns own;
-  NoiseLegMemo* legs_memo = nullptr;
-  // The noise model's runs: those given, else LibTorch's own when the plain sample says too little,
-  // and with a live memo, the runs and their noise legs kept by this problem and view.
+  NoiseLegMemo* legs_memo = nullptr;  // set by runs() under a live memo: the noise legs kept with them
+  // The noise model's runs: those given, else LibTorch's own when the plain sample says too little;
+  // under a live memo, those it kept for this problem and view, or kept there once run.
   auto runs = [&](const char* view, const std::vector<std::string>& names, const Components& a,
                   const Components& b) -> const NoiseRuns& {
     if (noise) return *noise;
-    std::string key;
-    if (memo) {
-      key = fmt::format("{}\n{}\nsamples {} neff {}", fingerprint(p, DType::Float64), view, policy.noise_samples,
-                        policy.noise_neff_threshold);
-      for (const std::string& n : names) key += "\n" + n;
-      legs_memo = &memo->noise_legs[key];
-      if (auto it = memo->noise.find(key); it != memo->noise.end()) {
-        memo->hits += it->second.f32.size() + it->second.f64.size();
-        return it->second;
-      }
+    if (!memo) {
+      if (needs_samples(names, a, b, policy)) own = run_noise(p, policy, where);
+      return own;
     }
-    if (needs_samples(names, a, b, policy)) own = run_noise(p, policy, where);
-    return memo ? memo->noise.emplace(key, std::move(own)).first->second : own;
+    std::string key = fmt::format("{}\n{}\nsamples {} neff {}", fingerprint(p, DType::Float64), view,
+                                  policy.noise_samples, policy.noise_neff_threshold);
+    for (const std::string& n : names) key += "\n" + n;
+    auto it = memo->noise.find(key);
+    if (it != memo->noise.end()) {
+      memo->hits += it->second.runs.f32.size() + it->second.runs.f64.size();
+    } else {
+      detail::NoiseEntry e;
+      if (needs_samples(names, a, b, policy)) e.runs = run_noise(p, policy, where);
+      it = memo->noise.emplace(std::move(key), std::move(e)).first;
+    }
+    legs_memo = &it->second.legs;
+    return it->second.runs;
   };
   if ((impl.float64 && h64.components.empty()) || (impl.float32 && h32.components.empty())) {
     const Components a64 = outputs_as_components(h64.outputs), a32 = outputs_as_components(h32.outputs),
