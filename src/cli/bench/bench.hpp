@@ -82,6 +82,8 @@ Stats stats(std::vector<double> v);
 
 // GFLOP/s of one core's fp32 FMA units, the best of 5 runs, on the widest path the CPU has; `isa`
 // names that path ("avx512", "avx2", "none").
+// The best of kLimitRuns runs each: a limit is the best run (a neighbour only slows one down).
+constexpr int kLimitRuns = 5;
 double measure_peak(std::string& isa);
 // One core's streaming read bandwidth, bytes/s.
 double measure_bandwidth();
@@ -96,7 +98,7 @@ struct Limits {
   double bandwidth = 0;  // bytes/s (measure_bandwidth); 0 unless measured
   int rounds = 0;
   void measure(bool with_bandwidth);
-  int runs() const { return 5 * rounds; }  // each round is the best of 5 runs
+  int runs() const { return kLimitRuns * rounds; }
 };
 
 // Both sides of one case timed: interleaved, so that a slow spell of the machine hits both; on more

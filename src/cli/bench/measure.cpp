@@ -157,7 +157,7 @@ Stats stats(std::vector<double> v) {
   return {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
 }
 
-// GFLOP/s of one core's fp32 FMA units, the best of 5 runs, on the widest path the CPU has.
+// GFLOP/s of one core's fp32 FMA units, the best of kLimitRuns runs, on the widest path the CPU has.
 double measure_peak(std::string& isa) {
 #if defined(__x86_64__)
   const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
@@ -166,7 +166,7 @@ double measure_peak(std::string& isa) {
     const int64_t iters = 20'000'000;
     std::vector<double> g;
     volatile double sink = 0;  // keeps the loop
-    for (int r = 0; r < 5; ++r) {
+    for (int r = 0; r < kLimitRuns; ++r) {
       const auto t0 = Clock::now();
       const double flop = avx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters);
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -181,14 +181,14 @@ double measure_peak(std::string& isa) {
   return 0;
 }
 
-// One core's streaming read bandwidth, bytes/s: the best of 5 sums over a 1 GiB buffer (far beyond
+// One core's streaming read bandwidth, bytes/s: the best of kLimitRuns sums over a 1 GiB buffer (far beyond
 // every cache), vector loads in four independent chains, the pages touched before timing.
 double measure_bandwidth() {
   const int64_t n = (int64_t(1) << 30) / 4;
   std::vector<float> buf(size_t(n), 1.0f);
   std::vector<double> bw;
   volatile float sink = 0;
-  for (int r = 0; r < 5; ++r) {
+  for (int r = 0; r < kLimitRuns; ++r) {
     const auto t0 = Clock::now();
     float v = 0;
 #if defined(__x86_64__)
