@@ -52,8 +52,8 @@ const NamedModel* find_named(const std::string& n) {
 
 // The export's folder: made by the exporter when missing or older than it, else reused.
 std::string exported(const ModelCliOptions& o) {
-  const std::string python = env_or("TPARITY_PYTHON", TPARITY_PYTHON_DEFAULT);
-  const std::string script = std::string(TPARITY_SCRIPTS_DIR) + "/export_model.py";
+  const std::string python = python_path();
+  const std::string script = script_path("export_model.py");
   std::vector<std::string> args;
   std::string label;
   if (const NamedModel* n = find_named(o.name)) {
@@ -79,7 +79,7 @@ std::string exported(const ModelCliOptions& o) {
   label.erase(std::remove_if(label.begin(), label.end(),
                              [](char c) { return !(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'); }),
               label.end());
-  const std::string dir = env_or("TPARITY_MODELS_DIR", TPARITY_MODELS_DIR_DEFAULT);
+  const std::string dir = models_dir();
   const std::string out = dir + "/" + label.substr(0, 64) + "-" + fmt::format("{:016x}", std::hash<std::string>{}(key));
   std::error_code ec;
   if (fs::is_regular_file(out + "/model.json", ec) && fs::exists(script, ec) &&

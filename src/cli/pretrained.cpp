@@ -39,6 +39,11 @@ std::string env_or(const char* var, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
+std::string python_path() { return env_or("TPARITY_PYTHON", TPARITY_PYTHON_DEFAULT); }
+std::string script_path(const std::string& name) { return std::string(TPARITY_SCRIPTS_DIR) + "/" + name; }
+std::string pretrained_dir() { return env_or("TPARITY_PRETRAINED_DIR", TPARITY_PRETRAINED_DIR_DEFAULT); }
+std::string models_dir() { return env_or("TPARITY_MODELS_DIR", TPARITY_MODELS_DIR_DEFAULT); }
+
 std::string last_line(const std::string& path) {
   std::ifstream in(path);
   std::string line, last;
@@ -66,9 +71,9 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
 }
 
 std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::string& skip) {
-  const std::string dir = env_or("TPARITY_PRETRAINED_DIR", TPARITY_PRETRAINED_DIR_DEFAULT);
-  const std::string python = env_or("TPARITY_PYTHON", TPARITY_PYTHON_DEFAULT);
-  const std::string script = std::string(TPARITY_SCRIPTS_DIR) + "/" + c.script;
+  const std::string dir = pretrained_dir();
+  const std::string python = python_path();
+  const std::string script = script_path(c.script);
   const std::string fixture = dir + "/" + c.file;
   std::error_code ec;
   if (fs::exists(fixture, ec) && fs::exists(script, ec) &&

@@ -29,6 +29,15 @@ std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::stri
 
 // The environment variable's value, or `fallback` when unset or empty.
 std::string env_or(const char* var, const char* fallback);
+// Where this build's Python, exporters and their outputs are, each overridden by the environment:
+// $TPARITY_PYTHON, else the Python tparity was built with; the source tree's scripts/ directory;
+// $TPARITY_PRETRAINED_DIR and $TPARITY_MODELS_DIR, else the build's pretrained/ and models/. The build
+// tree's paths are compiled into pretrained.cpp alone, so that the rest of the CLI compiles to the
+// same objects in every build tree (ccache shares them between build/ and build-debian/).
+std::string python_path();
+std::string script_path(const std::string& name);  // scripts/<name>
+std::string pretrained_dir();
+std::string models_dir();
 // The file's last non-empty line ("" when none).
 std::string last_line(const std::string& path);
 // Runs argv (argv[0] a path) with stdout to /dev/null and stderr to `log`; its exit code, or -1 when
