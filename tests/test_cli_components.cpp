@@ -16,10 +16,8 @@ using namespace clitest;
 
 namespace {
 
-const std::string kFixtures = std::string(TPARITY_FIXTURES) + "/torch-2.13";
-
 json components_json(const std::string& args) {
-  const Result r = clitest::tparity("components --format json " + args);
+  const Result r = cli("components --format json " + args);
   INFO(r.err);
   REQUIRE(r.code == 0);
   return json::parse(r.out);
@@ -69,7 +67,7 @@ TEST_CASE("cli: components lists the llama case's components with hand-worked sh
   CHECK(doc.size() == 1);
 
   // The table says the same in words.
-  const Result t = clitest::tparity("components --case llama");
+  const Result t = cli("components --case llama");
   CHECK(t.code == 0);
   CHECK_THAT(t.out, Catch::Contains("prefill.attn.q"));
   CHECK_THAT(t.out, Catch::Contains("2x4x7x24"));
@@ -121,7 +119,7 @@ TEST_CASE("cli: components names and shapes are the reference's", "[cli][torch]"
   const std::vector<std::string> cases{"llama", "gpt2", "block", "sdpa", "book_mha", "qwen3", "gemma2", "vit"};
   std::string args;
   for (const std::string& c : cases) args += " --case " + c;
-  const Result e = clitest::tparity("export --tensors safetensors --out " + dir.string() + args);
+  const Result e = cli("export --tensors safetensors --out " + dir.string() + args);
   INFO(e.err);
   REQUIRE(e.code == 0);
   const json doc = components_json(args);
@@ -150,7 +148,7 @@ TEST_CASE("cli: components refuses bad usage with one line naming the option", "
            {"components --case llama --seq 0", "--seq"},
        }) {
     CAPTURE(args);
-    const Result r = clitest::tparity(args);
+    const Result r = cli(args);
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
     CHECK_THAT(r.err, Catch::Contains(mention));

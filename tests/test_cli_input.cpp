@@ -13,14 +13,8 @@
 
 using nlohmann::json;
 using namespace clitest;
-using Cli = clitest::Result (*)(const std::string&);
-const Cli cli = &clitest::tparity;  // "tparity" alone also names the library's namespace here
 
 namespace {
-
-// The committed fixtures: one set per torch version that exported them; the tests read 2.13's.
-const std::string kFixtureRoot = TPARITY_FIXTURES;
-const std::string kFixtures = kFixtureRoot + "/torch-2.13";
 
 struct BadInput {
   std::string what;  // the defect, for CAPTURE

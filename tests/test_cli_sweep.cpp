@@ -27,7 +27,7 @@ namespace {
 bool refused_without_torch(const std::string& args, const fs::path& file) {
   if (with_torch()) return false;
   fs::remove(file);
-  const Result r = tparity(args);
+  const Result r = cli(args);
   CHECK(r.code == 2);
   CHECK(one_line(r.err));
   CHECK_THAT(r.err, Catch::Contains("LibTorch"));
@@ -99,7 +99,7 @@ void check_refused(const std::vector<std::pair<std::string, std::string>>& bad) 
     fs::remove(csv);
     fs::remove(js);
     const bool own_files = args.find("--csv") != std::string::npos || args.find("--json") != std::string::npos;
-    const Result r = tparity(args + (own_files ? "" : files));
+    const Result r = cli(args + (own_files ? "" : files));
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
     CHECK_THAT(r.err, Catch::Contains(mention));
@@ -147,19 +147,19 @@ TEST_CASE("cli: sweep refuses bad options with exit 2 and one line naming the op
   // A file that is already there stays as it was when the sweep refuses to run.
   const fs::path csv = scratch() / "before.csv";
   std::ofstream(csv) << "before\n";
-  CHECK(tparity("sweep --shard 5/5 --csv " + csv.string()).code == 2);
+  CHECK(cli("sweep --shard 5/5 --csv " + csv.string()).code == 2);
   CHECK(slurp(csv) == "before\n");
   // No temporary file is left behind.
   for (const auto& e : fs::directory_iterator(scratch()))
     CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
-  CHECK_THAT(tparity("sweep --help").out, Catch::Contains("--shard"));
+  CHECK_THAT(cli("sweep --help").out, Catch::Contains("--shard"));
 }
 
 TEST_CASE("cli: sweep writes one CSV row per point and component as run measures them", "[cli][sweep][torch]") {
   const fs::path csv = scratch() / "grid.csv";
   if (refused_without_torch(kGrid + " --csv " + csv.string(), csv)) return;
   fs::remove(csv);
-  const Result r = tparity(kGrid + " --csv " + csv.string());
+  const Result r = cli(kGrid + " --csv " + csv.string());
   REQUIRE(r.code == 0);
   CHECK(r.err.empty());  // no progress bar when stderr is not a terminal
   CHECK_THAT(r.out, Catch::Contains("4 point(s) run: 4 passed, 0 failed"));
@@ -173,7 +173,7 @@ TEST_CASE("cli: sweep writes one CSV row per point and component as run measures
   const std::regex number(R"(-?\d\.\d{6}e[+-]\d{2,3})");
   for (const auto& [heads, seq] : order) {
     CAPTURE(heads, seq);
-    const Result run = tparity(run_args("run --case multihead --batch 1 --dim 8", heads, seq));
+    const Result run = cli(run_args("run --case multihead --batch 1 --dim 8", heads, seq));
     REQUIRE(run.code == 0);
     const json rc = json::parse(run.out).at("cases").at(0);
     for (const json& comp : rc.at("components")) {
@@ -215,7 +215,7 @@ TEST_CASE("cli: sweep JSON has the documented keys and one point per grid point"
   const fs::path js = scratch() / "grid.json";
   if (refused_without_torch(kGrid + " --json " + js.string(), js)) return;
   fs::remove(js);
-  const Result r = tparity(kGrid + " --mask random --seed 11 --random-params --json " + js.string());
+  const Result r = cli(kGrid + " --mask random --seed 11 --random-params --json " + js.string());
   REQUIRE(r.code == 0);
   const json doc = json::parse(slurp(js));
   auto keys = [](const json& j) {
@@ -261,7 +261,7 @@ TEST_CASE("cli: sweep JSON has the documented keys and one point per grid point"
     CHECK(p.at("seed") == 11);
     // The same sizes through run: the same description and components.
     const json rc =
-        json::parse(tparity(run_args("run --case multihead --batch 1 --dim 8 --mask random --seed 11 --random-params",
+        json::parse(cli(run_args("run --case multihead --batch 1 --dim 8 --mask random --seed 11 --random-params",
                                      p.at("heads").get<int>(), p.at("seq").get<int>()))
                         .out)
             .at("cases")
@@ -276,7 +276,7 @@ TEST_CASE("cli: sweep JSON has the documented keys and one point per grid point"
 TEST_CASE("cli: sweep shards 0/2 and 1/2 are disjoint and together the whole sweep", "[cli][sweep][torch]") {
   const fs::path full = scratch() / "full.csv";
   if (refused_without_torch(kGrid + " --csv " + full.string(), full)) return;
-  REQUIRE(tparity(kGrid + " --csv " + full.string()).code == 0);
+  REQUIRE(cli(kGrid + " --csv " + full.string()).code == 0);
   const Csv whole = read_csv(full);
   const std::multiset<std::string> all(whole.lines.begin(), whole.lines.end());
   for (int n : {2, 3}) {
@@ -287,7 +287,7 @@ TEST_CASE("cli: sweep shards 0/2 and 1/2 are disjoint and together the whole swe
       const fs::path part = scratch() / ("part" + std::to_string(i) + ".csv");
       fs::remove(part);
       const Result r =
-          tparity(kGrid + " --shard " + std::to_string(i) + "/" + std::to_string(n) + " --csv " + part.string());
+          cli(kGrid + " --shard " + std::to_string(i) + "/" + std::to_string(n) + " --csv " + part.string());
       REQUIRE(r.code == 0);
       CHECK_THAT(r.out, Catch::Contains("shard " + std::to_string(i) + "/" + std::to_string(n)));
       const Csv c = read_csv(part);
@@ -309,7 +309,7 @@ TEST_CASE("cli: sweep shards 0/2 and 1/2 are disjoint and together the whole swe
     const fs::path part = scratch() / "one.csv";
     fs::remove(part);
     const Result r =
-        tparity(std::string("sweep --seq 4 --dim 8 --heads 2 --shard ") + shard + " --csv " + part.string());
+        cli(std::string("sweep --seq 4 --dim 8 --heads 2 --shard ") + shard + " --csv " + part.string());
     REQUIRE(r.code == 0);
     const Csv c = read_csv(part);
     CHECK(c.header == kHeader);
@@ -323,7 +323,7 @@ TEST_CASE("cli: sweep skips a point whose heads do not divide dim and says so", 
   const std::string args =
       "sweep --seq 4 --dim 8 --heads 1,3 --batch 1 --csv " + csv.string() + " --json " + js.string();
   if (refused_without_torch(args, csv)) return;
-  const Result r = tparity(args);
+  const Result r = cli(args);
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("skipped"));
   CHECK_THAT(r.out, Catch::Contains("heads 3 does not divide dim 8"));
@@ -347,7 +347,7 @@ TEST_CASE("cli: sweep draws a progress bar on stderr only when it is a terminal"
   // script runs the sweep on a pseudo-terminal; stdout goes to a file, stderr (the bar) to the terminal.
   const fs::path out = scratch() / "tty_stdout";
   const Result r =
-      shell("script -qec '" + std::string(TPARITY_BIN) + " " + kGrid + " >" + out.string() + "' /dev/null");
+      shell("script -qec '" + tparity_bin() + " " + kGrid + " >" + out.string() + "' /dev/null");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("\r["));
   CHECK_THAT(r.out, Catch::Contains("] 1/4 multihead B=1 T=4 d=8 heads=1"));
@@ -365,7 +365,7 @@ TEST_CASE("cli: sweep plot_sweep draws the CSV as a PNG", "[cli][sweep][torch]")
   CHECK(one_line(r.err));
   CHECK_THAT(r.err, Catch::Contains("absent.csv"));
   if (!with_torch()) return;
-  REQUIRE(tparity(kGrid + " --csv " + csv.string()).code == 0);
+  REQUIRE(cli(kGrid + " --csv " + csv.string()).code == 0);
   r = shell(plot + " " + csv.string() + " --leg hand32_vs_nothing");
   CHECK(r.code == 2);
   CHECK(one_line(r.err));

@@ -19,9 +19,8 @@ namespace tparity::cli {
 
 namespace {
 
-using namespace bench;
-
-int run_bench(const Options& o) {
+int run_bench(const bench::Options& o) {
+  using namespace bench;  // here alone: the CLI compiles as a unity build, a file's namespace scope is shared
   if (!o.model.empty()) {
     if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads || o.gemm)
       throw InputError("option --model: times a whole model's export alone; --case, --threads, --profile, --gemm "
