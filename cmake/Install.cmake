@@ -14,7 +14,7 @@ foreach(layer IN LISTS _tparity_layers)
   add_library(tparity::${_export} ALIAS tparity_${layer})
 endforeach()
 add_library(tparity_all INTERFACE)
-target_link_libraries(tparity_all INTERFACE tparity_eval)
+target_link_libraries(tparity_all INTERFACE tparity_eval tparity_torch)
 set_target_properties(tparity_all PROPERTIES EXPORT_NAME tparity)
 add_library(tparity::tparity ALIAS tparity_all)
 
@@ -22,13 +22,17 @@ install(TARGETS tparity_core tparity_harness tparity_fixture tparity_compare tpa
         EXPORT tparityTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-# The installed CLI runs against the LibTorch it was built with, wherever that lies: with a torch
-# wheel and Debian's libtorch-dev on one machine, a binary without this RUNPATH loads the system's
-# libtorch.so (1.13) and dies on a missing symbol.
-if(TPARITY_WITH_TORCH AND TPARITY_TORCH_LIBDIR)
-  set_target_properties(tparity PROPERTIES INSTALL_RPATH "${TPARITY_TORCH_LIBDIR}")
-endif()
 install(TARGETS tparity RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The CLI's LibTorch reference, which it loads on first use from <bindir>/../<libdir>/tparity
+# (src/torch/loader.cpp). It runs against the LibTorch it was built with, wherever that lies: with a
+# torch wheel and Debian's libtorch-dev on one machine, a module without this RUNPATH loads the
+# system's libtorch.so (1.13) and dies on a missing symbol.
+if(TPARITY_WITH_TORCH)
+  if(TPARITY_TORCH_LIBDIR)
+    set_target_properties(tparity_reference PROPERTIES INSTALL_RPATH "${TPARITY_TORCH_LIBDIR}")
+  endif()
+  install(TARGETS tparity_reference LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/tparity)
+endif()
 install(DIRECTORY include/tparity DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY fixtures/ DESTINATION ${CMAKE_INSTALL_DATADIR}/tparity/fixtures FILES_MATCHING PATTERN "*.json")
 

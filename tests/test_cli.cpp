@@ -115,6 +115,37 @@ TEST_CASE("cli: --help and --version", "[cli]") {
   CHECK_THAT(v.out, Catch::StartsWith("tparity "));
   // The binary says what the tests assume of it (with_torch(): the build's, not the binary's).
   CHECK((v.out.find("no LibTorch") == std::string::npos) == with_torch());
+  if (with_torch()) CHECK_THAT(cli("--help").out, Catch::Contains("(LibTorch "));
+}
+
+TEST_CASE("cli: LibTorch starts only when a command needs the reference / a missing module is one line",
+          "[cli][torch]") {
+  // LD_DEBUG=files: the dynamic loader names every library it loads, on standard error.
+  const auto loads_torch = [](const std::string& args) {
+    const Result r = shell("LD_DEBUG=files " + tparity_bin() + " " + args);
+    return r.err.find("libtorch_cpu") != std::string::npos;
+  };
+  CHECK_FALSE(loads_torch("check --fixture /nonexistent.json"));
+  CHECK_FALSE(loads_torch("run --case no_such_case"));
+  CHECK_FALSE(loads_torch("run --no-such-option"));
+  CHECK_FALSE(loads_torch("frobnicate"));
+  CHECK(loads_torch("run --case sdpa"));
+  CHECK(loads_torch("--version"));
+
+  // The executable copied away from its module: a refusal is the same; a command that needs the
+  // reference is one line naming the module and where it was looked for.
+  const fs::path dir = scratch() / "alone";
+  fs::create_directories(dir);
+  fs::copy_file(tparity_bin(), dir / "tparity", fs::copy_options::overwrite_existing);
+  const std::string alone = (dir / "tparity").string();
+  Result r = shell(alone + " check --fixture /nonexistent.json");
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains("/nonexistent.json"));
+  r = shell(alone + " run --case sdpa");
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains("libtparity_reference.so") && Catch::Contains(dir.string()));
 }
 
 TEST_CASE("cli: --help and the unknown-verb message list every verb, in one order", "[cli]") {

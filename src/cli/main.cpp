@@ -24,6 +24,16 @@ constexpr AddVerb kVerbs[] = {register_run,      register_eval,   register_check
                               register_export,   register_exec,   register_sweep,     register_bench,
                               register_selftest, register_census, register_components, register_model};
 
+// Whether the command line asks for help (before exec's "--", after which the words are a program's).
+bool help_asked(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") return false;
+    if (a == "-h" || a == "--help" || a == "--help-all") return true;
+  }
+  return false;
+}
+
 }  // namespace
 }  // namespace tparity::cli
 
@@ -37,8 +47,11 @@ int main(int argc, char** argv) {
   // The reference computes on one thread unless a subcommand says otherwise (bench): its float32
   // results, hence the float32 gates' reference figures, depend on how its products split their work.
   set_torch_threads(1);
-  CLI::App app{"tparity: reference parity of handwritten transformer layers against PyTorch (LibTorch " +
-               torch_version() + ")"};
+  CLI::App app{"tparity: reference parity of handwritten transformer layers against PyTorch"};
+  // The reference's version in --help alone: asking it starts LibTorch (src/torch/loader.cpp), which
+  // a refusal or a hand-core-only command never does.
+  if (cli::help_asked(argc, argv))
+    app.description(app.get_description() + " (LibTorch " + torch_version() + ")");
   app.set_version_flag("--version", [] {
     return std::string("tparity ") + TPARITY_VERSION + "; reference: " + reference_info().line() +
            "; hand core threads " + std::to_string(num_threads());
