@@ -39,6 +39,7 @@ function(tparity_sanitize_at_o0 target)
   if(NOT arg_EXCEPT)
     return()
   endif()
+  # The tree's level: the last -O of its flags (a single-configuration generator, as the scripts use).
   string(TOUPPER "${CMAKE_BUILD_TYPE}" config)
   string(REGEX MATCHALL "-O[0-9sgz]?" levels "${CMAKE_CXX_FLAGS} ${CMAKE_CXX_FLAGS_${config}}")
   list(POP_BACK levels level)  # the last one given is the one the compiler takes

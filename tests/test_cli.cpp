@@ -129,8 +129,12 @@ TEST_CASE("cli: LibTorch starts only when a command needs the reference / a miss
   CHECK_FALSE(loads_torch("run --case no_such_case"));
   CHECK_FALSE(loads_torch("run --no-such-option"));
   CHECK_FALSE(loads_torch("frobnicate"));
+  CHECK_FALSE(loads_torch("eval --impl hand --fixture " + kFixtures + "/mha_no_weights.json --out " +
+                          (scratch() / "hand.json").string()));
+  CHECK(fs::exists(scratch() / "hand.json"));
   CHECK(loads_torch("run --case sdpa"));
   CHECK(loads_torch("--version"));
+  CHECK(loads_torch("--help"));  // it names the reference's version
 
   // The executable copied away from its module: a refusal is the same; a command that needs the
   // reference is one line naming the module and where it was looked for.
@@ -146,6 +150,13 @@ TEST_CASE("cli: LibTorch starts only when a command needs the reference / a miss
   CHECK(r.code == 2);
   CHECK(one_line(r.err));
   CHECK_THAT(r.err, Catch::Contains("libtparity_reference.so") && Catch::Contains(dir.string()));
+  r = shell(alone + " --version");
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains("libtparity_reference.so"));
+  r = shell(alone + " --help");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("libtparity_reference.so"));
 }
 
 TEST_CASE("cli: --help and the unknown-verb message list every verb, in one order", "[cli]") {

@@ -36,7 +36,7 @@ bool refused_without_torch(const std::string& args, const fs::path& file) {
 }
 
 // Fields between separators; a text ending in a newline has no empty last line.
-std::vector<std::string> split(std::string s, char sep) {
+std::vector<std::string> split_on(std::string s, char sep) {
   if (sep == '\n' && !s.empty() && s.back() == '\n') s.pop_back();
   std::vector<std::string> parts;
   size_t start = 0;
@@ -53,12 +53,12 @@ struct Csv {
 
 Csv read_csv(const fs::path& p) {
   Csv c;
-  const std::vector<std::string> lines = split(slurp(p), '\n');
+  const std::vector<std::string> lines = split_on(slurp(p), '\n');
   REQUIRE_FALSE(lines.empty());
   c.header = lines[0];
-  const std::vector<std::string> names = split(c.header, ',');
+  const std::vector<std::string> names = split_on(c.header, ',');
   for (size_t i = 1; i < lines.size(); ++i) {
-    const std::vector<std::string> fields = split(lines[i], ',');
+    const std::vector<std::string> fields = split_on(lines[i], ',');
     REQUIRE(fields.size() == names.size());
     std::map<std::string, std::string> row;
     for (size_t k = 0; k < names.size(); ++k) row[names[k]] = fields[k];
@@ -87,7 +87,7 @@ std::string run_args(const std::string& base, int heads, int seq) {
   return base + " --heads " + std::to_string(heads) + " --seq " + std::to_string(seq) + " --format json";
 }
 
-bool close(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(std::abs(a), std::abs(b)); }
+bool close_rel(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(std::abs(a), std::abs(b)); }
 
 // Runs each bad command line with --csv and --json (unless it names its own) and checks the refusal:
 // exit 2, one line on stderr naming the option, nothing on stdout, no file written.
@@ -194,8 +194,8 @@ TEST_CASE("cli: sweep writes one CSV row per point and component as run measures
           CHECK(std::regex_match(value, number));
       const json& legs = comp.at("legs");
       for (const char* leg : {"hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"})
-        CHECK(close(std::stod(f.at(std::string(leg) + "_rel_l2")), legs.at(leg).at("rel_l2").get<double>(), 1e-5));
-      CHECK(close(std::stod(f.at("hand32_vs_torch32_l2")), legs.at("hand32_vs_torch32").at("l2").get<double>(), 1e-5));
+        CHECK(close_rel(std::stod(f.at(std::string(leg) + "_rel_l2")), legs.at(leg).at("rel_l2").get<double>(), 1e-5));
+      CHECK(close_rel(std::stod(f.at("hand32_vs_torch32_l2")), legs.at("hand32_vs_torch32").at("l2").get<double>(), 1e-5));
       // The gates as the README states them: 1e-10 for the float64 legs; 2 x quantile x LibTorch's
       // sampled noise + 4u for both float32 legs, the noise as the noise leg measured it.
       CHECK(std::stod(f.at("hand64_vs_torch64_bound")) == 1e-10);
@@ -204,8 +204,8 @@ TEST_CASE("cli: sweep writes one CSV row per point and component as run measures
       const double u4 = 4 * std::ldexp(1.0, -24);
       const double want = 2 * noise.at("quantile").get<double>() * noise.at("rms").get<double>() + u4;
       CHECK(noise.at("samples").get<int>() >= 1);
-      CHECK(close(std::stod(f.at("hand32_vs_torch64_bound")), want, 1e-5));
-      CHECK(close(std::stod(f.at("local_hand32_vs_torch64_bound")), want, 1e-5));
+      CHECK(close_rel(std::stod(f.at("hand32_vs_torch64_bound")), want, 1e-5));
+      CHECK(close_rel(std::stod(f.at("local_hand32_vs_torch64_bound")), want, 1e-5));
     }
   }
   CHECK(row == c.rows.size());

@@ -20,45 +20,44 @@ namespace tparity::cli {
 namespace {
 
 int run_bench(const bench::Options& o) {
-  using namespace bench;  // here alone: the CLI compiles as a unity build, a file's namespace scope is shared
   if (!o.model.empty()) {
     if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads || o.gemm)
       throw InputError("option --model: times a whole model's export alone; --case, --threads, --profile, --gemm "
                        "and --other-reference do not apply");
-    return bench_model(o, o.model);
+    return bench::bench_model(o, o.model);
   }
-  std::vector<BenchCase> all = bench_cases(o.quick), chosen;
+  std::vector<bench::BenchCase> all = bench::bench_cases(o.quick), chosen;
   for (const std::string& n : o.cases) {
     bool found = false;
-    for (const BenchCase& c : all) found = found || c.name == n;
+    for (const bench::BenchCase& c : all) found = found || c.name == n;
     if (!found) {
       std::string names;
-      for (const BenchCase& c : all) names += (names.empty() ? "" : ", ") + c.name;
+      for (const bench::BenchCase& c : all) names += (names.empty() ? "" : ", ") + c.name;
       throw InputError(fmt::format("option --case: expected one of {}, got \"{}\"", names, n));
     }
   }
-  for (const BenchCase& c : all)
+  for (const bench::BenchCase& c : all)
     if (o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), c.name) != o.cases.end()) chosen.push_back(c);
   if (o.threads)
-    for (BenchCase& c : chosen) c.threads = o.threads;
-  if (!o.child_side.empty()) return child(o.child_side, chosen.at(0));
+    for (bench::BenchCase& c : chosen) c.threads = o.threads;
+  if (!o.child_side.empty()) return bench::child(o.child_side, chosen.at(0));
   if (o.gemm) {
     if (!o.other.empty() || o.profile)
       throw InputError("option --gemm: times the hand core's GEMM alone; --profile and --other-reference do not apply");
-    return bench_gemm(o, chosen);
+    return bench::bench_gemm(o, chosen);
   }
 
-  if (!o.other.empty()) check_other_reference(o.other);
-  reexec_without_openblas_overrides();
-  reexec_on_generic_openblas();
-  if (o.torch_only) return torch_only(o, chosen);
-  Run run;
+  if (!o.other.empty()) bench::check_other_reference(o.other);
+  bench::reexec_without_openblas_overrides();
+  bench::reexec_on_generic_openblas();
+  if (o.torch_only) return bench::torch_only(o, chosen);
+  bench::Run run;
   bool any_memory_bound = false;
-  for (const BenchCase& c : chosen) any_memory_bound = any_memory_bound || c.memory_bound;
+  for (const bench::BenchCase& c : chosen) any_memory_bound = any_memory_bound || c.memory_bound;
   run.limits.measure(any_memory_bound);
-  for (const BenchCase& c : chosen) {
+  for (const bench::BenchCase& c : chosen) {
     if (o.format == Format::Table && isatty(2)) std::fprintf(stderr, "bench %s ...\n", c.name.c_str());
-    run.results.push_back(measure_case(c, o));
+    run.results.push_back(bench::measure_case(c, o));
     run.limits.measure(any_memory_bound);
   }
   set_num_threads(1);
@@ -68,8 +67,8 @@ int run_bench(const bench::Options& o) {
   if (!o.other.empty()) {
     if (o.format == Format::Table && isatty(2))
       std::fprintf(stderr, "bench: the other reference (%s) ...\n", o.other.c_str());
-    run.other = time_other_reference(o, chosen);
-    for (Result& r : run.results)
+    run.other = bench::time_other_reference(o, chosen);
+    for (bench::Result& r : run.results)
       if (auto it = run.other->torch.find(r.c.name); it != run.other->torch.end()) {
         r.other = it->second;
         if (auto h = run.other->hand.find(r.c.name); h != run.other->hand.end()) r.other_hand = h->second;
@@ -79,11 +78,11 @@ int run_bench(const bench::Options& o) {
   run.pinned = std::getenv("TPARITY_BENCH_PINNED");
   run.ref = reference_info();
   bool parity_ok = true;
-  for (const Result& r : run.results) parity_ok = parity_ok && (r.parity == "PASS" || r.parity == "not checked");
+  for (const bench::Result& r : run.results) parity_ok = parity_ok && (r.parity == "PASS" || r.parity == "not checked");
   if (o.format == Format::Json)
-    print_json(o, run);
+    bench::print_json(o, run);
   else
-    print_table(o, run);
+    bench::print_table(o, run);
   return parity_ok ? kPass : kFail;
 }
 

@@ -50,8 +50,13 @@ int main(int argc, char** argv) {
   CLI::App app{"tparity: reference parity of handwritten transformer layers against PyTorch"};
   // The reference's version in --help alone: asking it starts LibTorch (src/torch/loader.cpp), which
   // a refusal or a hand-core-only command never does.
-  if (cli::help_asked(argc, argv))
-    app.description(app.get_description() + " (LibTorch " + torch_version() + ")");
+  if (cli::help_asked(argc, argv)) {
+    try {
+      app.description(app.get_description() + " (LibTorch " + torch_version() + ")");
+    } catch (const std::exception& e) {
+      app.description(app.get_description() + " (" + show_text(e.what(), 2000) + ")");
+    }
+  }
   app.set_version_flag("--version", [] {
     return std::string("tparity ") + TPARITY_VERSION + "; reference: " + reference_info().line() +
            "; hand core threads " + std::to_string(num_threads());
@@ -93,6 +98,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "tparity: %s (see tparity --help)\n", e.what());
+    return cli::kBadInput;
+  } catch (const std::exception& e) {  // --version's callback, when the reference does not load
+    std::fprintf(stderr, "tparity: error: %s\n", show_text(e.what(), 2000).c_str());
     return cli::kBadInput;
   }
   // Every refusal is one line on standard error, however long or strange what it quotes.

@@ -1,7 +1,7 @@
 // The reference's API (tparity/torch/reference.hpp) in the tparity executable: LibTorch lives in
 // libtparity_reference.so (module.hpp), loaded the first time a function here needs it. Until then
-// tparity has not started LibTorch: a refusal, --help, or a command that runs the hand core alone
-// costs no LibTorch start-up (0.25 s with 2.13, 0.5 s with Debian's 1.13, per process).
+// tparity has not started LibTorch: a refusal or a command that runs the hand core alone costs no
+// LibTorch start-up (0.25 s with 2.13, 0.5 s with Debian's 1.13, per process).
 //
 // Where the module is: beside the executable (the build tree), else where `cmake --install` puts it
 // relative to the executable's directory (TPARITY_REFERENCE_FROM_BIN, e.g. ../lib/tparity/...). The
@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -61,8 +62,8 @@ const Table& load(Loader& l) {
   if (path.empty())
     throw std::runtime_error("the LibTorch reference " TPARITY_REFERENCE_MODULE " is neither beside tparity (" + dir +
                              ") nor at " + candidates[1] + ": run tparity from where it was built or installed");
-  // RTLD_GLOBAL: the reference finds its BLAS's own functions (OpenBLAS's thread count, MKL's code
-  // path) by name in the process (dlsym(RTLD_DEFAULT)), as when LibTorch was linked in.
+  // RTLD_GLOBAL: LibTorch's libraries and their BLAS visible to the whole process, as when LibTorch was
+  // linked in (the reference finds OpenBLAS's thread count and MKL's code path by name).
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!handle) throw std::runtime_error("the LibTorch reference " + path + " did not load: " + dlerror());
   using Entry = const Table* (*)();

@@ -1,7 +1,7 @@
 // The LibTorch reference as a module of its own (libtparity_reference.so), which the tparity
 // executable loads the first time it needs the reference (loader.cpp): starting LibTorch costs 0.25 s
-// (2.13) to 0.5 s (1.13) of static operator registration, and a refusal, --help or a hand-core-only
-// command needs none of it. The module holds src/torch/*.cpp and exports one function, which hands
+// (2.13) to 0.5 s (1.13) of static operator registration, and a refusal or a hand-core-only command
+// needs none of it. The module holds src/torch/*.cpp and exports one function, which hands
 // out the reference's API (tparity/torch/reference.hpp) as this table; the code it calls (the
 // harness, the core) is the executable's own, exported to it. Torch-free: the loader includes it.
 #pragma once
@@ -30,8 +30,9 @@ struct Table {
   TorchRun (*run_torch)(const Problem&, DType, bool, const std::string&);
 };
 
-// What executable and module must agree on to share C++ objects: tparity's version and the compiler's.
-inline constexpr const char* kAbi = "tparity " TPARITY_VERSION "; " __VERSION__;
+// What executable and module must agree on to share C++ objects: tparity's version, the configuration
+// that built them (an identifier drawn at each configure: CMakeLists.txt) and the compiler's version.
+inline constexpr const char* kAbi = "tparity " TPARITY_VERSION " build " TPARITY_BUILD_ID "; " __VERSION__;
 
 // The module's one export, looked up by this name.
 inline constexpr const char* kEntry = "tparity_reference_table";
