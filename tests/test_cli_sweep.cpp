@@ -195,7 +195,8 @@ TEST_CASE("cli: sweep writes one CSV row per point and component as run measures
       const json& legs = comp.at("legs");
       for (const char* leg : {"hand32_vs_torch64", "torch32_vs_torch64", "hand32_vs_torch32"})
         CHECK(close_rel(std::stod(f.at(std::string(leg) + "_rel_l2")), legs.at(leg).at("rel_l2").get<double>(), 1e-5));
-      CHECK(close_rel(std::stod(f.at("hand32_vs_torch32_l2")), legs.at("hand32_vs_torch32").at("l2").get<double>(), 1e-5));
+      CHECK(close_rel(std::stod(f.at("hand32_vs_torch32_l2")), legs.at("hand32_vs_torch32").at("l2").get<double>(),
+                      1e-5));
       // The gates as the README states them: 1e-10 for the float64 legs; 2 x quantile x LibTorch's
       // sampled noise + 4u for both float32 legs, the noise as the noise leg measured it.
       CHECK(std::stod(f.at("hand64_vs_torch64_bound")) == 1e-10);

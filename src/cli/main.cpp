@@ -88,8 +88,12 @@ int main(int argc, char** argv) {
         parsed = i;
         break;
       }
+  // Every refusal is one line on standard error, however long or strange what it quotes; so is a
+  // failure in parsing's own callbacks (--version's, when the reference does not load).
+  auto line = [](const std::string& s) { return show_text(s, 2000); };
   try {
     app.parse(parsed, argv);
+    return action();
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -99,14 +103,6 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "tparity: %s (see tparity --help)\n", e.what());
     return cli::kBadInput;
-  } catch (const std::exception& e) {  // --version's callback, when the reference does not load
-    std::fprintf(stderr, "tparity: error: %s\n", show_text(e.what(), 2000).c_str());
-    return cli::kBadInput;
-  }
-  // Every refusal is one line on standard error, however long or strange what it quotes.
-  auto line = [](const std::string& s) { return show_text(s, 2000); };
-  try {
-    return action();
   } catch (const InputError& e) {
     std::fprintf(stderr, "tparity: %s\n", line(e.what()).c_str());
     return cli::kBadInput;

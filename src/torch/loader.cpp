@@ -40,7 +40,8 @@ Loader& loader() {
 std::string executable_dir() {
   std::vector<char> buf(4096);
   const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  if (n <= 0) throw std::runtime_error(std::string("cannot find tparity's own path (/proc/self/exe): ") + std::strerror(errno));
+  if (n <= 0)
+    throw std::runtime_error(std::string("cannot find tparity's own path (/proc/self/exe): ") + std::strerror(errno));
   const std::string exe(buf.data(), static_cast<size_t>(n));
   return exe.substr(0, exe.rfind('/'));
 }

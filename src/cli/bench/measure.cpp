@@ -296,7 +296,8 @@ int child(const std::string& side, const BenchCase& c) {
 
 // OpenBLAS reads OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE once, when it loads (with the LibTorch
 // reference, which a bench may have loaded by now): to time LibTorch on the kernels its BLAS would
-// pick for this CPU, the bench drops them and runs itself again. TPARITY_BENCH_UNSET remembers what it dropped, to say so.
+// pick for this CPU, the bench drops them and runs itself again. TPARITY_BENCH_UNSET remembers what
+// it dropped, to say so.
 void reexec_without_openblas_overrides() {
   std::string dropped;
   for (const char* v : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"})
