@@ -145,13 +145,18 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   const ScratchShape<T> shape(blocking, D, Dv);
   // The units, (group, block of queries) pairs, in order: group by group, so that a group's keys and
   // values stay in cache while its blocks of queries pass; but block of queries by block of queries
-  // when one (L, S) mask is shared, so that its rows for a block (br x S) are read from memory once
-  // for all the groups, not once per group (at L = S = 4096 the mask is 64 MiB, more than the cache).
+  // when one (L, S) mask is shared and larger than a quarter of L2, so that its rows for a block
+  // (br x S) are read from memory once for all the groups, not once per group (at L = S = 4096 the
+  // mask is 64 MiB, more than the cache). A mask that small stays in L2 whatever the order, and the
+  // groups' keys and values are what would leave it: block-major, the seed block's (200 groups of
+  // 100 keys, 2.5 MiB of k and v in rows of 768 bytes) were read from L3 once per block of queries,
+  // 3% of the layer's time on an Emerald Rapids Xeon (interleaved runs, the same bits).
   // Thread t of n takes units t, t + n, t + 2n, ...: dealt out, not cut into ranges, so that the
   // threads share the work evenly when it is not even (a causal mask's early blocks of queries skip
   // most key blocks). Each unit is computed alone: neither the order nor the thread count changes a
   // bit.
-  const bool shared_mask = masks.attn && masks.attn_group_stride == 0;
+  const int64_t l2 = cpu_caches().l2 > 0 ? cpu_caches().l2 / std::max(1, cpu_caches().l2_sharing) : 512 * 1024;
+  const bool shared_mask = masks.attn && masks.attn_group_stride == 0 && L * S * int64_t(sizeof(T)) > l2 / 4;
   const int64_t units = groups * blocks;
   // Key blocks can be skipped only where a mask may close them; their keys' and values' statistics
   // first, one pass over k and v (the groups over the threads).
