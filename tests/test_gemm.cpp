@@ -288,6 +288,7 @@ void unfused(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T
     T* c = C + i * ldc;
     if (ep.bias)
       for (int64_t j = 0; j < N; ++j) c[j] = c[j] + ep.bias[j];
+    if (ep.relu) relu_forward(c, c, N);
     if (ep.activation) ep.activation(c, c, N);
     if (ep.residual) add_forward(c, c, ep.residual + i * ep.ldr, N);
   }
@@ -307,10 +308,10 @@ TEMPLATE_TEST_CASE("gemm epilogue equals the unfused passes bit for bit", "[gemm
     };
     for (const Shape s : {Shape{1, 1, 1}, Shape{bs.mr + 1, bs.nr + 1, bs.kc + 1}, Shape{37, 70, 19},
                           Shape{2 * bs.mr, 2 * bs.nr, 3}, Shape{9, 11, 0}})
-      for (int variant = 0; variant < 6; ++variant)
+      for (int variant = 0; variant < 9; ++variant)
         for (int threads : {1, 2}) {
           const bool tb = variant % 2 == 1;
-          const T beta = variant == 3 ? T(0.5) : T(0);
+          const T beta = variant == 3 || variant == 7 ? T(0.5) : T(0);
           CAPTURE(to_string(isa), s.M, s.N, s.K, variant, threads);
           std::vector<T> A(size_t(s.M * s.K)), B(size_t(s.K * s.N)), bias(size_t(s.N)), res(size_t(s.M * (s.N + 3)));
           for (T& x : A) x = T(rng.normal());
@@ -318,10 +319,11 @@ TEMPLATE_TEST_CASE("gemm epilogue equals the unfused passes bit for bit", "[gemm
           for (T& x : bias) x = T(rng.normal());
           for (T& x : res) x = T(rng.normal());
           GemmEpilogue<T> ep;
-          if (variant != 2) ep.bias = bias.data();
+          if (variant != 2 && variant != 8) ep.bias = bias.data();
           if (variant == 1 || variant == 4) ep.activation = &gelu<T>;
           if (variant == 2 || variant == 5) ep.activation = &relu<T>;
-          if (variant >= 2) ep.residual = res.data(), ep.ldr = s.N + 3;
+          ep.relu = variant >= 6;  // the micro-kernel's own ReLU (bias and residual in its registers too)
+          if (variant >= 2 && variant != 6) ep.residual = res.data(), ep.ldr = s.N + 3;
           std::vector<T> fused(size_t(s.M * s.N)), ref(size_t(s.M * s.N));
           for (size_t e = 0; e < fused.size(); ++e) fused[e] = ref[e] = T(rng.normal());
           const int64_t lda = s.K > 0 ? s.K : 1, ldb = tb ? lda : (s.N > 0 ? s.N : 1);
@@ -329,6 +331,42 @@ TEMPLATE_TEST_CASE("gemm epilogue equals the unfused passes bit for bit", "[gemm
           unfused<T>(false, tb, s.M, s.N, s.K, T(1), A.data(), lda, B.data(), ldb, beta, ref.data(), s.N, ep);
           CHECK(std::memcmp(fused.data(), ref.data(), fused.size() * sizeof(T)) == 0);
         }
+  }
+}
+
+TEMPLATE_TEST_CASE("gemm's fused ReLU is relu_forward's on -0, NaN and infinities", "[gemm]", float, double) {
+  // alpha = -1 turns a zero row's +0 sums into -0 (ReLU: +0), a NaN in A gives NaN rows (kept), an
+  // infinity gives -inf or +inf; whole tiles (fused in the micro-kernel) and edge tiles alike.
+  using T = TestType;
+  Rng rng(405);
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const GemmBlocking bs = gemm_detail::kernel_info<T>(isa).blocking;
+    const int64_t M = 2 * bs.mr + 1, N = bs.nr + 3, K = 5;
+    std::vector<T> A(size_t(M * K)), B(size_t(N * K)), res(size_t(M * N));
+    for (T& x : A) x = T(rng.normal());
+    for (T& x : B) x = T(rng.normal());
+    for (T& x : res) x = T(rng.normal());
+    for (int64_t k = 0; k < K; ++k) A[size_t(0 * K + k)] = T(0), A[size_t((M - 1) * K + k)] = T(0);
+    A[size_t(1 * K + 2)] = nan;
+    A[size_t(2 * K + 1)] = inf;
+    for (int with_residual = 0; with_residual < 2; ++with_residual) {
+      CAPTURE(to_string(isa), with_residual);
+      GemmEpilogue<T> ep;
+      ep.relu = true;
+      if (with_residual) ep.residual = res.data(), ep.ldr = N;
+      std::vector<T> fused(size_t(M * N)), ref(size_t(M * N));
+      gemm<T>(false, true, M, N, K, T(-1), A.data(), K, B.data(), K, T(0), fused.data(), N, &ep);
+      unfused<T>(false, true, M, N, K, T(-1), A.data(), K, B.data(), K, T(0), ref.data(), N, ep);
+      CHECK(std::memcmp(fused.data(), ref.data(), fused.size() * sizeof(T)) == 0);
+      if (!with_residual) {
+        CHECK_FALSE(std::signbit(fused[0]));  // -0 -> +0, on a whole tile's row and an edge tile's
+        CHECK(fused[0] == T(0));
+        CHECK_FALSE(std::signbit(fused[size_t((M - 1) * N)]));
+        CHECK(std::isnan(fused[size_t(N)]));
+      }
+    }
   }
 }
 

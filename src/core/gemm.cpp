@@ -370,6 +370,8 @@ void gemm_low(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
         if (ep && ep->bias) c[j] += ep->bias[j];
       }
     }
+    if (ep && ep->relu)
+      for (int64_t j = 0; j < N; ++j) c[j] = c[j] <= 0.0f ? 0.0f : c[j];
     if (ep && ep->activation) ep->activation(c, c, N);
     if (ep && ep->residual)
       for (int64_t j = 0; j < N; ++j) c[j] += ep->residual[i * ep->ldr + j];

@@ -25,9 +25,23 @@ namespace {
 // C, once per call, the last vector of each row masked to the n columns asked for.
 // Its three-loop twin with the same contract is gemm_detail::reference_microkernel (gemm.cpp, built
 // for any CPU); the tests hold every path's kernel to it.
-template <class Lanes, int MR, int NV, int NRB>
-void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a, const typename Lanes::T* B,
-                      typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha, typename Lanes::T beta) {
+//
+// With a TileEpilogue (simd_microkernel_ep, the last kc slice of a whole MR-row tile), each vector
+// also gets, before it is stored, the bias, then ReLU, then the residual: the operations
+// apply_epilogue (gemm_driver.hpp) would do on the stored tile, in the same order, rounded alike,
+// without storing, reloading and storing the tile again.
+template <class T>
+struct TileEpilogue {
+  const T* bias;  // the tile's first column's bias, or null
+  bool relu;
+  const T* res;  // the tile's first row's residual, rows ldr apart, or null
+  int64_t ldr;
+};
+
+template <class Lanes, int MR, int NV, int NRB, bool EP>
+void simd_microkernel_impl(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a,
+                           const typename Lanes::T* B, typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha,
+                           typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep) {
   using T = typename Lanes::T;
   using V = typename Lanes::V;
   constexpr int W = Lanes::width, NR = NV * W;
@@ -67,13 +81,19 @@ void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int6
 
   // C = alpha * acc + beta * C, vector v of row r; the last vector of a row may be partial.
   const V va = Lanes::set1(alpha), vb = Lanes::set1(beta);
-  auto update = [&](T* c, V x, bool partial) {
+  auto update = [&](T* c, V x, bool partial, int r, int v) {
     V y;
     if (beta == T(0))
       y = Lanes::mul(va, x);
     else {
       const V old = partial ? Lanes::load_first(c, tail) : Lanes::load(c);
       y = Lanes::fma(va, x, beta == T(1) ? old : Lanes::mul(vb, old));
+    }
+    if constexpr (EP) {
+      auto at = [&](const T* p) { return partial ? Lanes::load_first(p, tail) : Lanes::load(p); };
+      if (ep->bias) y = Lanes::add(y, at(ep->bias + v * W));
+      if (ep->relu) y = Lanes::relu(y);
+      if (ep->res) y = Lanes::add(y, at(ep->res + r * ep->ldr + v * W));
     }
     if (partial)
       Lanes::store_first(c, y, tail);
@@ -83,7 +103,20 @@ void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int6
 #pragma GCC unroll 32
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) update(C + r * ldc + v * W, acc[r][v], v == NV - 1 && tail < W);
+    for (int v = 0; v < NV; ++v) update(C + r * ldc + v * W, acc[r][v], v == NV - 1 && tail < W, r, v);
+}
+
+// The contract above (gemm_detail::MicroKernel), and the same with the tile's epilogue.
+template <class Lanes, int MR, int NV, int NRB>
+void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a, const typename Lanes::T* B,
+                      typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha, typename Lanes::T beta) {
+  simd_microkernel_impl<Lanes, MR, NV, NRB, false>(kc, A, rs_a, cs_a, B, C, ldc, n, alpha, beta, nullptr);
+}
+template <class Lanes, int MR, int NV, int NRB>
+void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a,
+                         const typename Lanes::T* B, typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha,
+                         typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep) {
+  simd_microkernel_impl<Lanes, MR, NV, NRB, true>(kc, A, rs_a, cs_a, B, C, ldc, n, alpha, beta, ep);
 }
 
 }  // namespace

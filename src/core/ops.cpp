@@ -80,7 +80,10 @@ void linear_act_forward(T* out, const T* inp, const T* weight, const T* bias, in
   if (core_path() == CorePath::Fast && (act == Activation::Relu || act == Activation::Gelu)) {
     GemmEpilogue<T> ep;
     ep.bias = bias;
-    ep.activation = act == Activation::Relu ? &relu_forward<T> : &gelu_forward<T>;
+    if (act == Activation::Relu)
+      ep.relu = true;  // relu_forward's, in the micro-kernel's registers
+    else
+      ep.activation = &gelu_forward<T>;
     return gemm(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, &ep, num_threads());
   }
   linear_forward(out, inp, weight, bias, N, C, OC);

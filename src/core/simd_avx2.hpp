@@ -43,6 +43,7 @@ struct F32x8 {
   // vmaxps / vminps return their second operand when either is NaN.
   static V max_keep(V x, V acc) { return _mm256_max_ps(x, acc); }
   static V clamp(V x, V lo, V hi) { return _mm256_max_ps(lo, _mm256_min_ps(hi, x)); }
+  static V relu(V x) { return _mm256_and_ps(x, _mm256_cmp_ps(x, zero(), _CMP_NLE_UQ)); }  // !(x <= 0): x, NaN too
   static V neg_inf_to_zero(V x) { return _mm256_andnot_ps(_mm256_cmp_ps(x, set1(-INFINITY), _CMP_EQ_OQ), x); }
   static bool all_neg_inf(V x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, set1(-INFINITY), _CMP_EQ_OQ)) == 0xff; }
   static V round_nearest(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -118,6 +119,7 @@ struct F64x4 {
   static V sqrt(V a) { return _mm256_sqrt_pd(a); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
   static V max_keep(V x, V acc) { return _mm256_max_pd(x, acc); }
+  static V relu(V x) { return _mm256_and_pd(x, _mm256_cmp_pd(x, zero(), _CMP_NLE_UQ)); }
   static V neg_inf_to_zero(V x) { return _mm256_andnot_pd(_mm256_cmp_pd(x, set1(-INFINITY), _CMP_EQ_OQ), x); }
   static bool all_neg_inf(V x) { return _mm256_movemask_pd(_mm256_cmp_pd(x, set1(-INFINITY), _CMP_EQ_OQ)) == 0xf; }
   static T hmax(V x) {

@@ -50,6 +50,7 @@ struct F32x16 {
   // vmaxps / vminps return their second operand when either is NaN.
   static V max_keep(V x, V acc) { return _mm512_max_ps(x, acc); }
   static V clamp(V x, V lo, V hi) { return _mm512_max_ps(lo, _mm512_min_ps(hi, x)); }
+  static V relu(V x) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, zero(), _CMP_NLE_UQ), x); }  // !(x <= 0)
   static V neg_inf_to_zero(V x) {
     const __mmask16 m = _mm512_cmp_ps_mask(x, set1(-INFINITY), _CMP_EQ_OQ);
     return _mm512_mask_mov_ps(x, m, zero());
@@ -112,6 +113,7 @@ struct F64x8 {
   static V sqrt(V a) { return _mm512_sqrt_pd(a); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
   static V max_keep(V x, V acc) { return _mm512_max_pd(x, acc); }
+  static V relu(V x) { return _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(x, zero(), _CMP_NLE_UQ), x); }
   static V neg_inf_to_zero(V x) {
     const __mmask8 m = _mm512_cmp_pd_mask(x, set1(-INFINITY), _CMP_EQ_OQ);
     return _mm512_mask_mov_pd(x, m, zero());

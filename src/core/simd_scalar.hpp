@@ -11,7 +11,8 @@
 //   neither read nor written), V first_or_zero(V, int n);
 //   V add, sub, mul, div, sqrt (rounded once each, as IEEE 754 asks); V fma(a, b, c) = a * b + c, rounded once where
 //   the path has FMA; V max_keep(V x, V acc) = x > acc ? x : acc (a NaN x keeps acc: std::max(acc, x) as
-//   softmax_forward takes its maximum); V neg_inf_to_zero(V x): lanes equal to -inf become 0; bool all_neg_inf(V x):
+//   softmax_forward takes its maximum); V relu(V x) = x <= 0 ? 0 : x (relu_forward's: NaN stays, -0 becomes +0);
+//   V neg_inf_to_zero(V x): lanes equal to -inf become 0; bool all_neg_inf(V x):
 //   every lane is -inf; T hmax(V) (lanes never NaN), T hsum(V), in an order of the path's choosing; void
 //   transpose(const T* src, int64_t lds, T* dst, int64_t ldd): dst[i * ldd + j] = src[j * lds + i], i, j < width. float
 //   only: V clamp(V x, V lo, V hi) (a NaN x stays NaN); V round_nearest(V) (to the nearest integer, ties to even); V
@@ -49,6 +50,7 @@ struct ScalarCommon {
   static V sqrt(V a) { return std::sqrt(a); }  // the float or double overload: correctly rounded
   static V fma(V a, V b, V c) { return a * b + c; }
   static V max_keep(V x, V acc) { return x > acc ? x : acc; }
+  static V relu(V x) { return x <= V(0) ? V(0) : x; }
   static V neg_inf_to_zero(V x) { return x == -INFINITY ? V(0) : x; }
   static bool all_neg_inf(V x) { return x == -INFINITY; }
   static T hmax(V x) { return x; }

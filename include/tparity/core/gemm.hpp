@@ -13,6 +13,7 @@ namespace tparity {
 
 // What to do to each finished tile of C while it is still in cache, in this order:
 //   C[i, j] = activation(alpha * (op(A) op(B))[i, j] + beta * C[i, j] + bias[j]) + residual[i, j]
+// where the activation is ReLU (relu) or the function given (activation), or none.
 // Each field is optional (null: skipped). The result is the same, bit for bit, as gemm() followed by
 // the unfused passes (bias add, activation over each row, add_forward of the residual). The bias is
 // added after the product, as linear_forward adds it; torch's addmm instead starts from the bias
@@ -24,6 +25,10 @@ struct GemmEpilogue {
   // Elementwise, applied in place to row segments of C: out and inp are the same pointer, n the
   // segment's length. relu_forward<T> and gelu_forward<T> of ops.hpp fit as they are.
   void (*activation)(T* out, const T* inp, int64_t n) = nullptr;
+  // ReLU as relu_forward<T> computes it (x <= 0 ? 0 : x: NaN stays NaN, -0 becomes +0), in the
+  // activation's place (set one or neither): applied in registers as the micro-kernel stores a tile,
+  // with the bias and the residual, where a function pointer costs a pass and a call per row segment.
+  bool relu = false;
   const T* residual = nullptr;  // (M, N) with row stride ldr, added last (the residual connection)
   int64_t ldr = 0;
 };
