@@ -252,8 +252,13 @@ TEMPLATE_TEST_CASE("fused attention on every path matches its long-double twin o
 
 TEMPLATE_TEST_CASE("fused attention over many groups equals one call per group bit for bit", "[fused]", float, double) {
   // The group offsets: group g reads its own q, k, v, its 3-D mask slice (g * L * S) and the key bias
-  // row of its batch element (g / heads); the same work one group at a time must give the same bits.
+  // row of its batch element (g / heads); the same work one group at a time must give the same bits,
+  // and so must both orders of the units under a shared mask (block of queries by block, or group by
+  // group), on one thread and on two.
   using T = TestType;
+  struct Restore {
+    ~Restore() { fused_attention_detail::set_unit_order(0); }
+  } restore;
   Rng rng(707);
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
@@ -264,7 +269,11 @@ TEMPLATE_TEST_CASE("fused attention over many groups equals one call per group b
       p.heads = 3;
       if (!p.bias.empty()) p.bias.resize(size_t(2 * p.S));
       for (T& x : p.bias) x = rng.coin(0.3) ? -std::numeric_limits<T>::infinity() : T(rng.normal());
-      const std::vector<T> all = p.run(2);
+      fused_attention_detail::set_unit_order(1);
+      const std::vector<T> all = p.run(2), block_major_1 = p.run(1);
+      fused_attention_detail::set_unit_order(-1);
+      const std::vector<T> group_major = p.run(2), group_major_1 = p.run(1);
+      fused_attention_detail::set_unit_order(0);
       std::vector<T> one_by_one(all.size());
       for (int64_t g = 0; g < p.G; ++g) {
         AttentionMasks<T> m;
@@ -274,6 +283,9 @@ TEMPLATE_TEST_CASE("fused attention over many groups equals one call per group b
                         p.v.data() + g * p.S * p.Dv, int64_t(1), p.L, p.S, p.D, p.Dv, p.scale, m);
       }
       CHECK(identical(all, one_by_one));
+      CHECK(identical(group_major, one_by_one));
+      CHECK(identical(block_major_1, one_by_one));
+      CHECK(identical(group_major_1, one_by_one));
     }
   }
 }

@@ -63,6 +63,7 @@ const FusedPath<T>& path_for(GemmIsa isa) {
 thread_local Scratch scratch;
 
 std::atomic<bool> skip_masked_blocks{true};
+std::atomic<int> unit_order{0};  // set_unit_order's: 0 by the mask's size, 1 block-major, -1 group-major
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -155,8 +156,11 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   // threads share the work evenly when it is not even (a causal mask's early blocks of queries skip
   // most key blocks). Each unit is computed alone: neither the order nor the thread count changes a
   // bit.
-  const int64_t l2 = cpu_caches().l2 > 0 ? cpu_caches().l2 / std::max(1, cpu_caches().l2_sharing) : 512 * 1024;
-  const bool shared_mask = masks.attn && masks.attn_group_stride == 0 && L * S * int64_t(sizeof(T)) > l2 / 4;
+  const CpuCaches& caches = cpu_caches();
+  const int64_t l2 = caches.l2 > 0 ? caches.l2 / std::max(1, caches.l2_sharing) : 512 * 1024;
+  const int64_t order = unit_order.load(std::memory_order_relaxed);  // the tests' override, or 0
+  const bool block_major = masks.attn && masks.attn_group_stride == 0 &&
+                           (order != 0 ? order > 0 : L * S * int64_t(sizeof(T)) > l2 / 4);
   const int64_t units = groups * blocks;
   // Key blocks can be skipped only where a mask may close them; their keys' and values' statistics
   // first, one pass over k and v (the groups over the threads).
@@ -179,7 +183,7 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
     for (int64_t w = first; w < units; w += step) {
       // g: the group (stacked: the kv group, its heads g * rep ...), i0: the block's first row in it;
       // h: the (query) group of that row; kg: the kv group
-      const int64_t g = shared_mask ? w % groups : w / blocks, i0 = (shared_mask ? w / groups : w % blocks) * br;
+      const int64_t g = block_major ? w % groups : w / blocks, i0 = (block_major ? w / groups : w % blocks) * br;
       const int64_t h = rep_left == 1 && rep > 1 ? g * rep : g, kg = g / rep_left;
       QueryBlock<T> b;
       b.q = q + group_offset(ql, h, heads) + i0 * q_ld;
@@ -217,6 +221,8 @@ FusedBlocking blocking(GemmIsa isa) {
 }
 
 void set_skip_masked_blocks(bool skip) { skip_masked_blocks.store(skip, std::memory_order_relaxed); }
+
+void set_unit_order(int order) { unit_order.store(order, std::memory_order_relaxed); }
 
 }  // namespace fused_attention_detail
 

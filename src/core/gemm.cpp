@@ -277,6 +277,7 @@ Problem<T> make_problem(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
   assert(ldc >= (N > 0 ? N : 1));
   assert(lda >= ((trans_a ? M : K) > 0 ? (trans_a ? M : K) : 1));
   assert(ldb >= ((trans_b ? K : N) > 0 ? (trans_b ? K : N) : 1));
+  assert(!ep || !(ep->relu && ep->activation));  // one activation or none
   return {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep};
 }
 
@@ -340,7 +341,7 @@ float round_to(float x, int drop, bool half) {
 
 // The numeric defects Bf16Accumulate and Fp16Accumulate (float only): C = alpha op(A) op(B) + beta C
 // with every partial sum of every dot product rounded to bfloat16 or float16, then the epilogue as
-// the kernels apply it (bias, activation, residual). A float32 implementation that accumulates in a
+// the kernels apply it (bias, ReLU or activation, residual). A float32 implementation that accumulates in a
 // 16-bit type.
 bool low_precision(const float*, Defect d) { return d == Defect::Bf16Accumulate || d == Defect::Fp16Accumulate; }
 bool low_precision(const double*, Defect) { return false; }

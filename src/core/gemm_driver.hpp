@@ -43,7 +43,7 @@ void prefetch_rows(const T* a, int64_t rs, int64_t kc) {
     for (int64_t k = 0; k < end; k += line) __builtin_prefetch(a + r * rs + k, 0, 2);
 }
 
-// The epilogue on an m x n tile of C at C(i0, j0): bias, activation, residual, row by row.
+// The epilogue on an m x n tile of C at C(i0, j0): bias, ReLU or activation, residual, row by row.
 template <class T>
 void apply_epilogue(const GemmEpilogue<T>& ep, T* C, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n) {
   for (int64_t r = 0; r < m; ++r) {

@@ -13,8 +13,9 @@ namespace {
 
 // Lanes is one of simd_<isa>.hpp's structs of static functions over one vector register (the
 // contract is written once, in simd_scalar.hpp); the kernel uses zero, load, store, load_first,
-// store_first, set1, mul, fma (rounded once, or twice on the scalar path) and transpose (packing a
-// transposed B).
+// store_first, set1, mul, fma (rounded once, or twice on the scalar path), add and relu (the tile's
+// epilogue) and transpose (packing a transposed B). The core is compiled with -ffp-contract=off: the
+// epilogue's adds after alpha's product are never fused into it (the tests' alpha 0.7 would see it).
 //
 // The contract (gemm_detail::MicroKernel): C(MR x n) = alpha * A(MR x kc) * B(kc x n) + beta * C,
 // where (NV - 1) * width < n <= NV * width; A's entry (r, k) at A[r * rs_a + k * cs_a] (packed by
@@ -40,8 +41,8 @@ struct TileEpilogue {
 
 template <class Lanes, int MR, int NV, int NRB, bool EP>
 void simd_microkernel_impl(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a,
-                           const typename Lanes::T* B, typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha,
-                           typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep) {
+                           const typename Lanes::T* B, typename Lanes::T* C, int64_t ldc, int n,
+                           typename Lanes::T alpha, typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep) {
   using T = typename Lanes::T;
   using V = typename Lanes::V;
   constexpr int W = Lanes::width, NR = NV * W;

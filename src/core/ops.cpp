@@ -81,7 +81,7 @@ void linear_act_forward(T* out, const T* inp, const T* weight, const T* bias, in
     GemmEpilogue<T> ep;
     ep.bias = bias;
     if (act == Activation::Relu)
-      ep.relu = true;  // relu_forward's, in the micro-kernel's registers
+      ep.relu = true;  // relu_forward's, in the micro-kernel's registers on whole tiles
     else
       ep.activation = &gelu_forward<T>;
     return gemm(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, &ep, num_threads());

@@ -111,5 +111,11 @@ FusedBlocking blocking(GemmIsa isa);
 // it. The skip is taken only when it is exact (fused_attention_simd.hpp says when).
 void set_skip_masked_blocks(bool skip);
 
+// The order the (group, block of queries) units run in under one shared (L, S) mask: 0 (the
+// default) chooses by the mask's size against L2, 1 forces block of queries by block of queries, -1
+// group by group. Each unit is computed alone, so the order changes no bit; the switch lets the
+// tests show it on both orders whatever this machine's L2.
+void set_unit_order(int order);
+
 }  // namespace fused_attention_detail
 }  // namespace tparity

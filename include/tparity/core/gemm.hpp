@@ -26,10 +26,12 @@ struct GemmEpilogue {
   // segment's length. relu_forward<T> and gelu_forward<T> of ops.hpp fit as they are.
   void (*activation)(T* out, const T* inp, int64_t n) = nullptr;
   // ReLU as relu_forward<T> computes it (x <= 0 ? 0 : x: NaN stays NaN, -0 becomes +0), in the
-  // activation's place (set one or neither): applied in registers as the micro-kernel stores a tile,
-  // with the bias and the residual, where a function pointer costs a pass and a call per row segment.
+  // activation's place (set one or neither): on whole tiles applied in registers as the micro-kernel
+  // stores them, with the bias and the residual, where a function pointer costs a pass and a call per
+  // row segment; elsewhere (edge tiles, the operand swap) on the stored rows, the same bits.
   bool relu = false;
-  const T* residual = nullptr;  // (M, N) with row stride ldr, added last (the residual connection)
+  const T* residual = nullptr;  // (M, N) with row stride ldr, added last (the residual connection);
+                                // it must not overlap C
   int64_t ldr = 0;
 };
 
