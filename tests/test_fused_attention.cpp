@@ -273,7 +273,6 @@ TEMPLATE_TEST_CASE("fused attention over many groups equals one call per group b
       const std::vector<T> all = p.run(2), block_major_1 = p.run(1);
       fused_attention_detail::set_unit_order(-1);
       const std::vector<T> group_major = p.run(2), group_major_1 = p.run(1);
-      fused_attention_detail::set_unit_order(0);
       std::vector<T> one_by_one(all.size());
       for (int64_t g = 0; g < p.G; ++g) {
         AttentionMasks<T> m;

@@ -306,7 +306,8 @@ TEMPLATE_TEST_CASE("gemm epilogue equals the unfused passes bit for bit", "[gemm
     struct Shape {
       int64_t M, N, K;
     };
-    // (the last two: the two-panel narrow kernel at the right edge, and columns past nc)
+    // (the last two: the two-panel narrow kernel at the right edge (B not transposed: the transposed
+    // variants may take the operand swap there), and columns past nc)
     for (const Shape s : {Shape{1, 1, 1}, Shape{bs.mr + 1, bs.nr + 1, bs.kc + 1}, Shape{37, 70, 19},
                           Shape{2 * bs.mr, 2 * bs.nr, 3}, Shape{9, 11, 0}, Shape{4 * bs.mr, 4 * bs.nr + 1, 5},
                           Shape{2 * bs.mr, bs.nc + bs.nr + 1, 3}})

@@ -156,9 +156,8 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   // threads share the work evenly when it is not even (a causal mask's early blocks of queries skip
   // most key blocks). Each unit is computed alone: neither the order nor the thread count changes a
   // bit.
-  const CpuCaches& caches = cpu_caches();
-  const int64_t l2 = caches.l2 > 0 ? caches.l2 / std::max(1, caches.l2_sharing) : 512 * 1024;
-  const int64_t order = unit_order.load(std::memory_order_relaxed);  // the tests' override, or 0
+  const int64_t l2 = cpu_caches().l2_per_core();  // 0 when unknown: block-major, as before
+  const int order = unit_order.load(std::memory_order_relaxed);  // the tests' override, or 0
   const bool block_major = masks.attn && masks.attn_group_stride == 0 &&
                            (order != 0 ? order > 0 : L * S * int64_t(sizeof(T)) > l2 / 4);
   const int64_t units = groups * blocks;

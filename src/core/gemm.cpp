@@ -198,7 +198,7 @@ CpuCaches read_caches() {
 // B's kc x nc block no larger than half of L3's share per core. The scalar path keeps its own.
 GemmBlocking fit_to_caches(GemmBlocking bs, int lanes, int64_t elem, const CpuCaches& c) {
   if (lanes == 1 || c.l2 <= 0) return bs;
-  const int64_t l2 = c.l2 / std::max(1, c.l2_sharing);
+  const int64_t l2 = c.l2_per_core();
   const int64_t mc = int64_t(0.36 * double(l2)) / (int64_t(bs.kc) * elem) / bs.mr * bs.mr;
   bs.mc = int(std::clamp<int64_t>(mc, 8 * int64_t(bs.mr), 192 * int64_t(bs.mr)));
   if (c.l3 > 0) {
@@ -368,14 +368,9 @@ void gemm_low(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
       for (int64_t jj = 0; jj < nj; ++jj) {
         const int64_t j = j0 + jj;
         c[j] = alpha * acc[jj] + (beta == 0 ? 0.0f : beta * c[j]);
-        if (ep && ep->bias) c[j] += ep->bias[j];
       }
     }
-    if (ep && ep->relu)
-      for (int64_t j = 0; j < N; ++j) c[j] = c[j] <= 0.0f ? 0.0f : c[j];
-    if (ep && ep->activation) ep->activation(c, c, N);
-    if (ep && ep->residual)
-      for (int64_t j = 0; j < N; ++j) c[j] += ep->residual[i * ep->ldr + j];
+    if (ep) apply_epilogue(*ep, c, ldc, i, 0, 1, N);
   }
 }
 void gemm_low(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*, int64_t, double,

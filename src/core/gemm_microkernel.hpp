@@ -39,10 +39,10 @@ struct TileEpilogue {
   int64_t ldr;
 };
 
-template <class Lanes, int MR, int NV, int NRB, bool EP>
-void simd_microkernel_impl(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a,
-                           const typename Lanes::T* B, typename Lanes::T* C, int64_t ldc, int n,
-                           typename Lanes::T alpha, typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep) {
+template <class Lanes, int MR, int NV, int NRB, bool EP = true>
+void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a,
+                         const typename Lanes::T* B, typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha,
+                         typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep) {
   using T = typename Lanes::T;
   using V = typename Lanes::V;
   constexpr int W = Lanes::width, NR = NV * W;
@@ -107,17 +107,11 @@ void simd_microkernel_impl(int64_t kc, const typename Lanes::T* A, int64_t rs_a,
     for (int v = 0; v < NV; ++v) update(C + r * ldc + v * W, acc[r][v], v == NV - 1 && tail < W, r, v);
 }
 
-// The contract above (gemm_detail::MicroKernel), and the same with the tile's epilogue.
+// The contract above (gemm_detail::MicroKernel), without an epilogue.
 template <class Lanes, int MR, int NV, int NRB>
 void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a, const typename Lanes::T* B,
                       typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha, typename Lanes::T beta) {
-  simd_microkernel_impl<Lanes, MR, NV, NRB, false>(kc, A, rs_a, cs_a, B, C, ldc, n, alpha, beta, nullptr);
-}
-template <class Lanes, int MR, int NV, int NRB>
-void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a,
-                         const typename Lanes::T* B, typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha,
-                         typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep) {
-  simd_microkernel_impl<Lanes, MR, NV, NRB, true>(kc, A, rs_a, cs_a, B, C, ldc, n, alpha, beta, ep);
+  simd_microkernel_ep<Lanes, MR, NV, NRB, false>(kc, A, rs_a, cs_a, B, C, ldc, n, alpha, beta, nullptr);
 }
 
 }  // namespace

@@ -77,6 +77,7 @@ bool gemm_isa_available(GemmIsa isa);
 struct CpuCaches {
   int64_t l1d = 0, l2 = 0, l3 = 0;
   int l2_sharing = 1, l3_sharing = 1;  // CPUs sharing one L2, one L3
+  int64_t l2_per_core() const { return l2 / (l2_sharing > 1 ? l2_sharing : 1); }  // 0: unknown
   std::string source;                  // "sysfs", or why they are unknown
 };
 const CpuCaches& cpu_caches();
