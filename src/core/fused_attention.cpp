@@ -59,8 +59,10 @@ const FusedPath<T>& path_for(GemmIsa isa) {
   }
 }
 
-// One per calling thread (scratch.hpp), apart from the GEMM's.
+// One per thread (scratch.hpp), apart from the GEMM's: the blocks' (every thread's), and the
+// transposed mask's (the calling thread's).
 thread_local Scratch scratch;
+thread_local Scratch mask_scratch;
 
 std::atomic<bool> skip_masked_blocks{true};
 std::atomic<int> unit_order{0};  // set_unit_order's: 0 by the mask's size, 1 block-major, -1 group-major
@@ -78,6 +80,17 @@ RowLayout resolved(RowLayout r, int64_t width, int64_t rows, int64_t n) {
 
 // Where group x = b * n + h of an operand laid out as r starts.
 int64_t group_offset(const RowLayout& r, int64_t x, int64_t n) { return x / n * r.batch + x % n * r.head; }
+
+// mask_t (S, ld) = mask (L, S) transposed, its columns L..ld-1 zero; 16 rows of the mask at a time,
+// so that each row of mask_t is written 16 contiguous elements at a time.
+template <class T>
+void transpose_mask(const T* mask, int64_t L, int64_t S, int64_t ld, T* mask_t) {
+  for (int64_t i0 = 0; i0 < ld; i0 += 16) {
+    const int64_t i1 = std::min(i0 + 16, ld);
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t i = i0; i < i1; ++i) mask_t[j * ld + i] = i < L ? mask[i * S + j] : T(0);
+  }
+}
 
 // The parts of a BlockScratch, each rounded up to 64 bytes, carved from one buffer.
 template <class T>
@@ -161,24 +174,41 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   const bool block_major = masks.attn && masks.attn_group_stride == 0 &&
                            (order != 0 ? order > 0 : L * S * int64_t(sizeof(T)) > l2 / 4);
   const int64_t units = groups * blocks;
+  // Under one shared mask, run group by group over many groups, its transpose (S, blocks * br), once:
+  // every block then adds its rows of the mask with plain vector loads instead of transposing its
+  // tiles again for every group (the seed block's 200 groups: add_mask was 3% of the layer).
+  T* mask_t = nullptr;
+  const int64_t mask_t_ld = blocks * br;
+  if (masks.attn && masks.attn_group_stride == 0 && !block_major && mask_ld == S && groups > 1) {
+    mask_t = static_cast<T*>(mask_scratch.get(size_t(S * mask_t_ld) * sizeof(T)));
+    transpose_mask(masks.attn, L, S, mask_t_ld, mask_t);
+  }
   // Key blocks can be skipped only where a mask may close them; their keys' and values' statistics
-  // first, one pass over k and v (the groups over the threads).
+  // (key_stats) first. Group by group, each thread computes a group's own as it comes to the group,
+  // so that the group's keys and values are brought into cache once, for the statistics and the
+  // blocks alike (the seed block's separate pass over them was 3.6% of its layer); block by block,
+  // in one pass over k and v before the blocks (the groups over the threads).
   const int64_t key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
+  const bool skip = skip_masked_blocks.load(std::memory_order_relaxed) && masked;
   std::vector<KeyBlockStats<T>> stats;
-  if (skip_masked_blocks.load(std::memory_order_relaxed) && masked) {
+  auto group_stats = [&](int64_t kg, KeyBlockStats<T>* to) {
+    path.key_stats(k + group_offset(kl, kg, kv_heads), v + group_offset(vl, kg, kv_heads), S, D, Dv, kl.ld, vl.ld,
+                   to);
+  };
+  if (skip && block_major) {
     stats.resize(size_t(kvG * key_blocks));  // per kv group: the query groups that share it share them
-    auto group_stats = [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        path.key_stats(k + group_offset(kl, g, kv_heads), v + group_offset(vl, g, kv_heads), S, D, Dv, kl.ld, vl.ld,
-                       stats.data() + g * key_blocks);
+    auto some_groups = [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) group_stats(g, stats.data() + g * key_blocks);
     };
     if (threads <= 1 || kvG == 1)
-      group_stats(0, kvG);
+      some_groups(0, kvG);
     else
-      parallel_for(kvG, threads, group_stats);
+      parallel_for(kvG, threads, some_groups);
   }
   auto run_units = [&](int64_t first, int64_t step) {
     const BlockScratch<T> s = shape.carve(static_cast<T*>(scratch.get(size_t(shape.total()) * sizeof(T))));
+    std::vector<KeyBlockStats<T>> own(skip && !block_major ? size_t(key_blocks) : 0);  // of kv group own_kg
+    int64_t own_kg = -1;
     for (int64_t w = first; w < units; w += step) {
       // g: the group (stacked: the kv group, its heads g * rep ...), i0: the block's first row in it;
       // h: the (query) group of that row; kg: the kv group
@@ -190,6 +220,8 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
       b.v = v + group_offset(vl, kg, kv_heads);
       b.mask = masks.attn ? masks.attn + h * masks.attn_group_stride + i0 * mask_ld : nullptr;
       b.mask_ld = mask_ld;
+      b.mask_t = mask_t ? mask_t + i0 : nullptr;
+      b.mask_t_ld = mask_t_ld;
       b.bias = masks.key_bias ? masks.key_bias + h / masks.heads * S : nullptr;
       b.out = out + group_offset(ol, h, heads) + i0 * out_ld;
       b.nq = std::min(br, rows_per_group - i0);
@@ -197,7 +229,12 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
       b.q_ld = q_ld, b.k_ld = kl.ld, b.v_ld = vl.ld, b.out_ld = out_ld;
       b.q_divisor = q_divisor;
       b.scale = scale;
-      b.key_stats = stats.empty() ? nullptr : stats.data() + kg * key_blocks;
+      b.key_stats = nullptr;
+      if (!stats.empty()) b.key_stats = stats.data() + kg * key_blocks;
+      if (!own.empty()) {
+        if (kg != own_kg) group_stats(kg, own.data()), own_kg = kg;
+        b.key_stats = own.data();
+      }
       b.zero_dead_rows = masks.zero_dead_rows;
       run_block(b, s);
     }

@@ -11,8 +11,9 @@ namespace tparity::fused_impl {
 using fused_attention_detail::FusedBlocking;
 
 // What the skip of a masked-out key block needs to know of the block's keys and values: whether
-// every entry of both is finite, and the largest |k|. Computed once per call for every key block of
-// every group (key_stats), only when a mask could close a block.
+// every entry of both is finite, and the largest |k|. Computed for every key block of every group
+// (key_stats), only when a mask could close a block: in one pass before the blocks, or by each thread
+// as it comes to a group (fused_attention.cpp).
 template <class T>
 struct KeyBlockStats {
   T kmax;
@@ -27,6 +28,11 @@ struct QueryBlock {
   const T* v;       // (S, Dv) with rows v_ld apart: the group's values
   const T* mask;    // (nq, S) with row stride mask_ld: the block's rows of the group's attn mask; or null
   int64_t mask_ld;  // S; 0 when every query of the block reads the same row (decoding's stacked heads)
+  // (S, br) with rows mask_t_ld apart, or null: the same rows of the mask transposed, mask_t[j][i] =
+  // mask[i][j] for i < nq and 0 for the lanes past nq; when set, the scores take the mask from it
+  // (open_keys still reads mask)
+  const T* mask_t;
+  int64_t mask_t_ld;
   const T* bias;    // (S): the group's key bias; or null
   T* out;           // (nq, Dv) with rows out_ld apart: the block's rows of the output
   int64_t nq, S, D, Dv;

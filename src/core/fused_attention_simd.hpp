@@ -180,6 +180,17 @@ struct FusedKernel {
       }
   }
 
+  // st[j][i] += mask_t[j][i] for the block's nk keys: the mask already transposed, its lanes past nq
+  // 0 (QueryBlock::mask_t), so each key's row is NV plain vector adds: add_mask's sums.
+  static void add_mask_t(const T* mask_t, int64_t ld, int64_t nk, T* st) {
+    for (int64_t j = 0; j < nk; ++j)
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) {
+        T* s = st + j * BR + u * W;
+        L::store(s, L::add(L::load(s), L::load(mask_t + j * ld + u * W)));
+      }
+  }
+
   // The online softmax over one key block, lane by lane (one lane, one query):
   //   m_new = max(m, the block's maximum) (NaN scores skipped, as softmax_forward's std::max does);
   //   mu = m_new, or 0 while m_new is -inf (every score so far -inf: then exp(s - mu) = 0 for them,
@@ -345,7 +356,10 @@ struct FusedKernel {
       if (j < nk)
         ByRows::qk[nk - j - 1](b.D, b.k + (j0 + j) * b.k_ld, b.k_ld, s.qt, s.st + j * BR, b.scale,
                                bias ? bias + j : nullptr);
-      if (b.mask) add_mask(b.mask + j0, b.mask_ld, b.nq, nk, s.st);
+      if (b.mask_t)
+        add_mask_t(b.mask_t + j0 * b.mask_t_ld, b.mask_t_ld, nk, s.st);
+      else if (b.mask)
+        add_mask(b.mask + j0, b.mask_ld, b.nq, nk, s.st);
       phase.to(profile::Op::Softmax);
       softmax_block(s.st, nk, s.m, s.l, s.alpha);
       phase.to(profile::Op::Context);

@@ -84,7 +84,8 @@ struct AttentionLayout {
 // threads: (group, block of queries) pairs dealt out to up to `threads` threads (parallel.hpp); the
 // result does not depend on it, bit for bit.
 // Memory: scratch of threads x br x (D + bc + Dv + 3) elements (blocking(), below), not L x S; with a
-// mask, G x ceil(S / bc) statistics of the key blocks besides.
+// mask, up to G x ceil(S / bc) statistics of the key blocks besides; one shared (L, S) mask small
+// enough to stay in L2 is also held transposed, S x L rounded up to br.
 // Shapes are checked with asserts only, as the GEMM's.
 template <class T>
 void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int64_t L, int64_t S, int64_t D, int64_t Dv,
