@@ -135,6 +135,9 @@ TEST_CASE("cli: LibTorch starts only when a command needs the reference / a miss
   CHECK(loads_torch("run --case sdpa"));
   CHECK(loads_torch("--version"));
   CHECK(loads_torch("--help"));  // it names the reference's version
+  CHECK_FALSE(loads_torch("run --help"));  // a verb's help does not
+  CHECK_FALSE(loads_torch("bench --help"));
+  CHECK_FALSE(loads_torch("exec --help -- prog --help"));
 
   // The executable copied away from its module: a refusal is the same; a command that needs the
   // reference is one line naming the module and where it was looked for.

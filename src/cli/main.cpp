@@ -24,11 +24,12 @@ constexpr AddVerb kVerbs[] = {register_run,      register_eval,   register_check
                               register_export,   register_exec,   register_sweep,     register_bench,
                               register_selftest, register_census, register_components, register_model};
 
-// Whether the command line asks for help (before exec's "--", after which the words are a program's).
-bool help_asked(int argc, char** argv) {
+// Whether the command line asks for the top-level help: a help flag before any verb (a verb's own
+// help, "tparity run --help", does not print the reference's version, so it must not start LibTorch).
+bool top_help_asked(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--") return false;
+    if (a.empty() || a[0] != '-') return false;  // a verb: whatever follows is its own
     if (a == "-h" || a == "--help" || a == "--help-all") return true;
   }
   return false;
@@ -48,9 +49,9 @@ int main(int argc, char** argv) {
   // results, hence the float32 gates' reference figures, depend on how its products split their work.
   set_torch_threads(1);
   CLI::App app{"tparity: reference parity of handwritten transformer layers against PyTorch"};
-  // The reference's version in --help alone: asking it starts LibTorch (src/torch/loader.cpp), which
-  // a refusal or a hand-core-only command never does.
-  if (cli::help_asked(argc, argv)) {
+  // The reference's version in the top-level --help alone: asking it starts LibTorch
+  // (src/torch/loader.cpp), which a refusal, a verb's help or a hand-core-only command never does.
+  if (cli::top_help_asked(argc, argv)) {
     try {
       app.description(app.get_description() + " (LibTorch " + torch_version() + ")");
     } catch (const std::exception& e) {
