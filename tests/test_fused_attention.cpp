@@ -358,73 +358,75 @@ TEMPLATE_TEST_CASE("fused attention reads a packed projection in place and write
     const ForceIsa force(isa);
     const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
     for (const int64_t L : {int64_t(1), int64_t(5), int64_t(bs.br) + 7, 2 * int64_t(bs.br) + 3}) {
-      for (MaskKind kind : {MaskKind::None, MaskKind::Causal, MaskKind::KeyBias, MaskKind::Shared2dAndKeyBias}) {
-        const bool decode = L == 1;
-        const int64_t B = 2, H = 4, D = 9, rep = decode ? 2 : 1, E = H * D, S = decode ? 2 * bs.bc + 3 : L;
-        const int64_t ldx = E + 2;  // out's rows: E columns of heads and two more left alone
-        CAPTURE(to_string(isa), L, name(kind));
-        std::vector<T> packed(size_t(B * L * 3 * E));
-        for (T& x : packed) x = T(rng.normal());
-        const T div = std::sqrt(T(D));
-        // the contiguous split: q (B * H, L, D) divided; k, v (B * H / rep, S, D)
-        std::vector<T> q(size_t(B * H * L * D)), k(size_t(B * H / rep * S * D)), v(k.size());
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t h = 0; h < H; ++h)
-            for (int64_t i = 0; i < L; ++i)
-              for (int64_t d = 0; d < D; ++d)
-                q[size_t(((b * H + h) * L + i) * D + d)] = packed[size_t((b * L + i) * 3 * E + h * D + d)] / div;
-        if (decode) {
-          for (T& x : k) x = T(rng.normal());
-          for (T& x : v) x = T(rng.normal());
-        } else {
+      // D = 16: q_divisor 4, a power of two, taken as a multiplication by 1/4 (the same bits)
+      for (const int64_t D : {int64_t(9), int64_t(16)})
+        for (MaskKind kind : {MaskKind::None, MaskKind::Causal, MaskKind::KeyBias, MaskKind::Shared2dAndKeyBias}) {
+          const bool decode = L == 1;
+          const int64_t B = 2, H = 4, rep = decode ? 2 : 1, E = H * D, S = decode ? 2 * bs.bc + 3 : L;
+          const int64_t ldx = E + 2;  // out's rows: E columns of heads and two more left alone
+          CAPTURE(to_string(isa), L, D, name(kind));
+          std::vector<T> packed(size_t(B * L * 3 * E));
+          for (T& x : packed) x = T(rng.normal());
+          const T div = std::sqrt(T(D));
+          // the contiguous split: q (B * H, L, D) divided; k, v (B * H / rep, S, D)
+          std::vector<T> q(size_t(B * H * L * D)), k(size_t(B * H / rep * S * D)), v(k.size());
           for (int64_t b = 0; b < B; ++b)
             for (int64_t h = 0; h < H; ++h)
-              for (int64_t j = 0; j < S; ++j)
-                for (int64_t d = 0; d < D; ++d) {
-                  const size_t at = size_t((b * L + j) * 3 * E + h * D + d);
-                  k[size_t(((b * H + h) * S + j) * D + d)] = packed[at + size_t(E)];
-                  v[size_t(((b * H + h) * S + j) * D + d)] = packed[at + size_t(2 * E)];
-                }
-        }
-        std::vector<T> attn, bias;
-        AttentionMasks<T> m;
-        if (kind == MaskKind::Causal || kind == MaskKind::Shared2dAndKeyBias) {
-          attn.resize(size_t(L * S));
-          for (int64_t i = 0; i < L; ++i)
-            for (int64_t j = 0; j < S; ++j)
-              attn[size_t(i * S + j)] = kind == MaskKind::Causal ? (j > i ? ninf : T(0)) : T(rng.normal());
-          m.attn = attn.data();
-        }
-        if (kind == MaskKind::KeyBias || kind == MaskKind::Shared2dAndKeyBias) {
-          bias.resize(size_t(B * S));
-          for (T& x : bias) x = rng.coin(0.25) ? ninf : T(0);
-          m.key_bias = bias.data(), m.heads = H;
-        }
-        AttentionLayout contiguous;
-        contiguous.repeat = rep;
-        std::vector<T> want(size_t(B * H * L * D));
-        fused_attention(want.data(), q.data(), k.data(), v.data(), B * H, L, S, D, D, T(0.5), m, 1, contiguous);
-        AttentionLayout in_place;
-        in_place.repeat = rep, in_place.heads = H;
-        in_place.q = RowLayout{3 * E, D, L * 3 * E};
-        if (!decode) in_place.k = in_place.v = in_place.q;
-        in_place.out = RowLayout{ldx, D, L * ldx};
-        std::vector<T> out(size_t(B * L * ldx), T(-7));
-        const T* kp = decode ? k.data() : packed.data() + E;
-        const T* vp = decode ? v.data() : packed.data() + 2 * E;
-        fused_attention(out.data(), packed.data(), kp, vp, B * H, L, S, D, D, T(0.5), m, 2, in_place, div);
-        std::vector<T> got(want.size());
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t h = 0; h < H; ++h)
+              for (int64_t i = 0; i < L; ++i)
+                for (int64_t d = 0; d < D; ++d)
+                  q[size_t(((b * H + h) * L + i) * D + d)] = packed[size_t((b * L + i) * 3 * E + h * D + d)] / div;
+          if (decode) {
+            for (T& x : k) x = T(rng.normal());
+            for (T& x : v) x = T(rng.normal());
+          } else {
+            for (int64_t b = 0; b < B; ++b)
+              for (int64_t h = 0; h < H; ++h)
+                for (int64_t j = 0; j < S; ++j)
+                  for (int64_t d = 0; d < D; ++d) {
+                    const size_t at = size_t((b * L + j) * 3 * E + h * D + d);
+                    k[size_t(((b * H + h) * S + j) * D + d)] = packed[at + size_t(E)];
+                    v[size_t(((b * H + h) * S + j) * D + d)] = packed[at + size_t(2 * E)];
+                  }
+          }
+          std::vector<T> attn, bias;
+          AttentionMasks<T> m;
+          if (kind == MaskKind::Causal || kind == MaskKind::Shared2dAndKeyBias) {
+            attn.resize(size_t(L * S));
             for (int64_t i = 0; i < L; ++i)
-              for (int64_t d = 0; d < D; ++d)
-                got[size_t(((b * H + h) * L + i) * D + d)] = out[size_t((b * L + i) * ldx + h * D + d)];
-        CHECK(identical(got, want));
-        int64_t untouched = 0;
-        for (int64_t r = 0; r < B * L; ++r)
-          untouched += out[size_t(r * ldx + E)] == T(-7) && out[size_t(r * ldx + E + 1)] == T(-7);
-        CHECK(untouched == B * L);
-      }
+              for (int64_t j = 0; j < S; ++j)
+                attn[size_t(i * S + j)] = kind == MaskKind::Causal ? (j > i ? ninf : T(0)) : T(rng.normal());
+            m.attn = attn.data();
+          }
+          if (kind == MaskKind::KeyBias || kind == MaskKind::Shared2dAndKeyBias) {
+            bias.resize(size_t(B * S));
+            for (T& x : bias) x = rng.coin(0.25) ? ninf : T(0);
+            m.key_bias = bias.data(), m.heads = H;
+          }
+          AttentionLayout contiguous;
+          contiguous.repeat = rep;
+          std::vector<T> want(size_t(B * H * L * D));
+          fused_attention(want.data(), q.data(), k.data(), v.data(), B * H, L, S, D, D, T(0.5), m, 1, contiguous);
+          AttentionLayout in_place;
+          in_place.repeat = rep, in_place.heads = H;
+          in_place.q = RowLayout{3 * E, D, L * 3 * E};
+          if (!decode) in_place.k = in_place.v = in_place.q;
+          in_place.out = RowLayout{ldx, D, L * ldx};
+          std::vector<T> out(size_t(B * L * ldx), T(-7));
+          const T* kp = decode ? k.data() : packed.data() + E;
+          const T* vp = decode ? v.data() : packed.data() + 2 * E;
+          fused_attention(out.data(), packed.data(), kp, vp, B * H, L, S, D, D, T(0.5), m, 2, in_place, div);
+          std::vector<T> got(want.size());
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t i = 0; i < L; ++i)
+                for (int64_t d = 0; d < D; ++d)
+                  got[size_t(((b * H + h) * L + i) * D + d)] = out[size_t((b * L + i) * ldx + h * D + d)];
+          CHECK(identical(got, want));
+          int64_t untouched = 0;
+          for (int64_t r = 0; r < B * L; ++r)
+            untouched += out[size_t(r * ldx + E)] == T(-7) && out[size_t(r * ldx + E + 1)] == T(-7);
+          CHECK(untouched == B * L);
+        }
     }
   }
 }
