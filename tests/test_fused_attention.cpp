@@ -431,6 +431,37 @@ TEMPLATE_TEST_CASE("fused attention reads a packed projection in place and write
   }
 }
 
+TEMPLATE_TEST_CASE("fused attention finds a key block's maximum at every key", "[fused]", float, double) {
+  // One key's bias 1000 above the others': its weight is exactly 1 and every other one exactly 0
+  // (exp of about -1000), so each row of the output is that key's value row, bit for bit, wherever
+  // the key lies in its block (the maximum's chains, softmax_block). A maximum missed by the
+  // kernel would leave exp(s - mu) at infinity: NaN rows. Narrow and wide blocks, every path.
+  using T = TestType;
+  Rng rng(1000);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    for (const int64_t L : {int64_t(3), int64_t(bs.br) + 5}) {
+      const int64_t S = 2 * bs.bc + 3, D = 5, Dv = 3;
+      std::vector<T> q(size_t(L * D)), k(size_t(S * D)), v(size_t(S * Dv));
+      for (std::vector<T>* x : {&q, &k, &v})
+        for (T& e : *x) e = T(rng.normal());
+      int64_t wrong = 0;
+      for (int64_t p = 0; p < S; ++p) {
+        std::vector<T> bias(size_t(S), T(0)), out(size_t(L * Dv));
+        bias[size_t(p)] = T(1000);
+        AttentionMasks<T> m;
+        m.key_bias = bias.data();
+        fused_attention(out.data(), q.data(), k.data(), v.data(), int64_t(1), L, S, D, Dv, T(1) / std::sqrt(T(D)), m);
+        for (int64_t i = 0; i < L; ++i)
+          wrong += !std::equal(v.begin() + p * Dv, v.begin() + (p + 1) * Dv, out.begin() + i * Dv);
+      }
+      CAPTURE(to_string(isa), L);
+      CHECK(wrong == 0);
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("fused attention fully masked rows give NaN and rows masked in early blocks recover", "[fused]",
                    float, double) {
   // S = 3 bc + 1 keys: four blocks, the last of one key. Row 0 all -inf: NaN (0 / 0), torch 1.13's
