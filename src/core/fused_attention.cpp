@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cassert>
 #include <cstdlib>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -90,6 +91,26 @@ void transpose_mask(const T* mask, int64_t L, int64_t S, int64_t ld, T* mask_t) 
     for (int64_t j = 0; j < S; ++j)
       for (int64_t i = i0; i < i1; ++i) mask_t[j * ld + i] = i < L ? mask[i * S + j] : T(0);
   }
+}
+
+// For block of queries i (rows i br .. of the (L, S) mask) and key block kb (keys kb bc ..), at
+// [i * ceil(S / bc) + kb]: one past the block's last key that the mask leaves open to some row of the
+// block (not -inf: a NaN is open), 0 when it closes all of them (open_keys' scan, once).
+template <class T>
+std::vector<int64_t> open_keys_of_mask(const T* mask, int64_t L, int64_t S, int64_t br, int64_t bc) {
+  const int64_t blocks = (L + br - 1) / br, key_blocks = (S + bc - 1) / bc;
+  std::vector<int64_t> open(size_t(blocks * key_blocks), 0);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t kb = 0; kb < key_blocks; ++kb) {
+      int64_t& o = open[size_t(i / br * key_blocks + kb)];
+      const T* x = mask + i * S + kb * bc;
+      for (int64_t c = std::min(bc, S - kb * bc); c > o; --c)
+        if (!(x[c - 1] == -std::numeric_limits<T>::infinity())) {
+          o = c;
+          break;
+        }
+    }
+  return open;
 }
 
 // The parts of a BlockScratch, each rounded up to 64 bytes, carved from one buffer.
@@ -177,18 +198,21 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   // Under one shared mask, run group by group over many groups, its transpose (S, blocks * br), once:
   // every block then adds its rows of the mask with plain vector loads instead of transposing its
   // tiles again for every group (the seed block's 200 groups: add_mask was 3% of the layer).
+  // Likewise how many keys of each key block the mask leaves open to each block of queries, which the
+  // blocks would otherwise each scan the mask for (open_keys).
   T* mask_t = nullptr;
-  const int64_t mask_t_ld = blocks * br;
+  const int64_t mask_t_ld = blocks * br, key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
+  std::vector<int64_t> mask_open;
   if (masks.attn && masks.attn_group_stride == 0 && !block_major && mask_ld == S && groups > 1) {
     mask_t = static_cast<T*>(mask_scratch.get(size_t(S * mask_t_ld) * sizeof(T)));
     transpose_mask(masks.attn, L, S, mask_t_ld, mask_t);
+    mask_open = open_keys_of_mask(masks.attn, L, S, br, path.blocking.bc);
   }
   // Key blocks can be skipped only where a mask may close them; their keys' and values' statistics
   // (key_stats) first. Group by group, each thread computes a group's own as it comes to the group,
   // so that the group's keys and values are brought into cache once, for the statistics and the
   // blocks alike (the seed block's separate pass over them was 3.6% of its layer); block by block,
   // in one pass over k and v before the blocks (the groups over the threads).
-  const int64_t key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
   const bool skip = skip_masked_blocks.load(std::memory_order_relaxed) && masked;
   std::vector<KeyBlockStats<T>> stats;
   auto group_stats = [&](int64_t kg, KeyBlockStats<T>* to) {
@@ -222,6 +246,7 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
       b.mask_ld = mask_ld;
       b.mask_t = mask_t ? mask_t + i0 : nullptr;
       b.mask_t_ld = mask_t_ld;
+      b.mask_open = mask_open.empty() ? nullptr : mask_open.data() + i0 / br * key_blocks;
       b.bias = masks.key_bias ? masks.key_bias + h / masks.heads * S : nullptr;
       b.out = out + group_offset(ol, h, heads) + i0 * out_ld;
       b.nq = std::min(br, rows_per_group - i0);

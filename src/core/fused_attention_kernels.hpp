@@ -33,6 +33,10 @@ struct QueryBlock {
   // (open_keys still reads mask)
   const T* mask_t;
   int64_t mask_t_ld;
+  // (ceil(S / bc)), or null: for each key block, how many of its keys (from its first) the mask
+  // leaves open to some query of the block: what open_keys would find in mask, worked out once per
+  // call when the mask is one shared (L, S) mask (it is then the same for every group)
+  const int64_t* mask_open;
   const T* bias;    // (S): the group's key bias; or null
   T* out;           // (nq, Dv) with rows out_ld apart: the block's rows of the output
   int64_t nq, S, D, Dv;

@@ -310,8 +310,9 @@ struct FusedKernel {
     int64_t open = 0;
     if (b.mask) {
       // each row's last open key, scanned from the end down to the furthest found so far; the last
-      // row first (a causal mask's furthest)
-      for (int64_t i = b.nq - 1; i >= 0 && open < nk; --i) {
+      // row first (a causal mask's furthest); or the count the call worked out once (mask_open)
+      if (b.mask_open) open = b.mask_open[j0 / BC];
+      for (int64_t i = b.mask_open ? -1 : b.nq - 1; i >= 0 && open < nk; --i) {
         const T* x = b.mask + i * b.mask_ld + j0;
         for (int64_t c = nk; c > open;) {
           const int64_t c0 = c - W > open ? c - W : open;
