@@ -170,8 +170,15 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   // Also up to two wide blocks' worth under a mask: narrow blocks leave out more of the keys a mask
   // closes (a causal mask's diagonal, the run's open_keys), and fewer lanes go empty (measured at
   // the seed block's L = 100, causal: 7-9% faster in all on AVX-512; the same bits either way).
+  // In double with wide blocks of 32 rows or more (AVX-512), up to 127 rows at head dims up to 64:
+  // double's exp is libm's, one call per lane (vmath_simd.hpp, vexp), so the masked lanes of a wide
+  // block on a causal diagonal cost most there. The fused attention alone, 200 groups of L = 100,
+  // causal, on an Emerald Rapids Xeon: 35%, 30% and 14% faster at D = 16, 32 and 64 (L = 64, D = 64:
+  // 11%); at D = 128, L = 128 (D = 64) or L = 1024 the wide blocks stayed ahead, as they did on AVX2.
   const bool masked = masks.attn || masks.key_bias;
-  const bool narrow = rows_per_group <= path.narrow_blocking.br || (masked && rows_per_group < 2 * path.blocking.br);
+  const bool libm_exp = sizeof(T) == 8 && path.blocking.br >= 32 && rows_per_group < 128 && D <= 64;
+  const bool narrow = rows_per_group <= path.narrow_blocking.br ||
+                      (masked && (rows_per_group < 2 * path.blocking.br || libm_exp));
   // the key statistics below are per key block of path.blocking.bc keys: the narrow blocks' too
   assert(path.narrow_blocking.bc == path.blocking.bc);
   const FusedBlocking& blocking = narrow ? path.narrow_blocking : path.blocking;
