@@ -46,9 +46,9 @@ Tensor<T> decoder_layer_forward(const DecoderConfig& cfg, const DecoderWeights<T
     return detail::attention_block(acfg, w.multihead_attn, v, mem, in.memory_mask, mem_kpm, x0, obs, "ca.",
                                    "ca_output");
   };
-  auto ff = [&](const Tensor<T>& v, const Tensor<T>& x0) {
-    return detail::feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, v,
-                                x0, obs);
+  auto ff = [&](const Tensor<T>& v, Tensor<T>& x0) {  // x0 = x0 + _ff_block(v)
+    detail::add_feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, v, x0,
+                             obs);
   };
   // a temporary (post-norm's sublayer output) is normalised in place
   auto norm = [&](auto&& v, const Tensor<T>& g, const Tensor<T>& b) {
@@ -63,13 +63,14 @@ Tensor<T> decoder_layer_forward(const DecoderConfig& cfg, const DecoderWeights<T
     x = ca(n2, x);
     Tensor<T> n3 = norm(x, w.norm3_weight, w.norm3_bias);
     if (obs) obs->on("norm3", n3);
-    x = ff(n3, x);
+    ff(n3, x);
   } else {
     x = norm(sa(x, x), w.norm1_weight, w.norm1_bias);
     if (obs) obs->on("norm1", x);
     x = norm(ca(x, x), w.norm2_weight, w.norm2_bias);
     if (obs) obs->on("norm2", x);
-    x = norm(ff(x, x), w.norm3_weight, w.norm3_bias);
+    ff(x, x);
+    x = norm(std::move(x), w.norm3_weight, w.norm3_bias);
   }
   if (obs) obs->on("output", x);
   return detail::from_batch_first(std::move(x), batched, cfg.batch_first);

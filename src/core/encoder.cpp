@@ -32,11 +32,12 @@ Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, co
   auto sa = [&](const Tensor<T>& in, const Tensor<T>& x0) {
     return attention_block(acfg, w.self_attn, in, in, mask, kpm, x0, obs, "sa.", "sa_output");
   };
-  auto ff = [&](const Tensor<T>& in, const Tensor<T>& x0) {
-    return feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, in, x0,
-                        obs);
+  // x0 = x0 + _ff_block(in)
+  auto ff = [&](const Tensor<T>& in, Tensor<T>& x0) {
+    add_feed_forward(cfg.activation, w.linear1_weight, w.linear1_bias, w.linear2_weight, w.linear2_bias, in, x0, obs);
   };
-  // src is only read; each sublayer's output is a new tensor, post-norm's normalised in place
+  // src is only read; the attention's output is a new tensor, which the feed-forward adds to in place;
+  // post-norm normalises each in place
   Tensor<T> x;
   if (cfg.norm_first) {
     Tensor<T> n1 = layer_norm(src, w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
@@ -44,11 +45,12 @@ Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, co
     x = sa(n1, src);
     Tensor<T> n2 = layer_norm(x, w.norm2_weight, w.norm2_bias, cfg.layer_norm_eps);
     if (obs) obs->on("norm2", n2);
-    x = ff(n2, x);
+    ff(n2, x);
   } else {
     x = layer_norm(sa(src, src), w.norm1_weight, w.norm1_bias, cfg.layer_norm_eps);
     if (obs) obs->on("norm1", x);
-    x = layer_norm(ff(x, x), w.norm2_weight, w.norm2_bias, cfg.layer_norm_eps);
+    ff(x, x);
+    x = layer_norm(std::move(x), w.norm2_weight, w.norm2_bias, cfg.layer_norm_eps);
   }
   if (obs) obs->on("output", x);
   return x;
