@@ -1,6 +1,7 @@
 // The encoder layer against answers worked out through an independent route.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "support.hpp"
@@ -133,6 +134,45 @@ TEST_CASE("encoder: batched equals stacked singles / in both layouts and both no
       for (int64_t t = 0; t < T; ++t)
         for (int64_t e = 0; e < d; ++e)
           CHECK(sf.data[size_t((t * B + b) * d + e)] == all.data[size_t((b * T + t) * d + e)]);
+  }
+}
+
+TEST_CASE("encoder: sequence-first equals batch-first where the attention cannot fuse its masks", "[encoder]") {
+  // A float attn_mask with a +inf beside a key padding mask: torch 1.13's merge is not the masks' sum,
+  // so the attention takes its general path, which makes its own batch-first copies and adds a
+  // sequence-first residual once its output is back in that order (attention.cpp, project_out). The
+  // bits must be the batch-first call's, NaN rows included.
+  Rng rng(75);
+  const int64_t B = 3, T = 6, d = 8;
+  for (bool norm_first : {false, true}) {
+    CAPTURE(norm_first);
+    EncoderConfig c = config(d, 2, 16, norm_first, Activation::Relu);
+    const EncoderWeights<double> w = random_weights(c, rng);
+    const Tensor<double> x = randn(rng, {B, T, d});
+    Tensor<double> mask({T, T});
+    for (double& v : mask.data) v = rng.normal();
+    mask.data[size_t(1 * T + 4)] = std::numeric_limits<double>::infinity();
+    Tensor<uint8_t> kpm({B, T});
+    kpm.data[size_t(0 * T + 4)] = kpm.data[size_t(2 * T + 5)] = 1;  // padded keys
+    const EncoderInputs<double> bf{x, Mask<double>::of_float(mask), Mask<double>::of_bool(kpm)};
+    const Tensor<double> all = encoder_layer_forward(c, w, bf);
+    Tensor<double> xs({T, B, d});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t e = 0; e < d; ++e) xs.data[size_t((t * B + b) * d + e)] = x.data[size_t((b * T + t) * d + e)];
+    c.batch_first = false;
+    const Tensor<double> sf =
+        encoder_layer_forward(c, w, EncoderInputs<double>{xs, Mask<double>::of_float(mask), Mask<double>::of_bool(kpm)});
+    int64_t differ = 0, nan = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t e = 0; e < d; ++e) {
+          const double s = sf.data[size_t((t * B + b) * d + e)], a = all.data[size_t((b * T + t) * d + e)];
+          nan += std::isnan(a);
+          differ += !(s == a || (std::isnan(s) && std::isnan(a)));
+        }
+    CHECK(differ == 0);
+    CHECK(nan < B * T * d);  // not a comparison of NaN with NaN alone
   }
 }
 

@@ -636,17 +636,26 @@ void scale_queries(T* q, const MhaDims& n) {
   for (int64_t i = 0; i < n.B * n.L * n.E; ++i) q[i] = q[i] / root;
 }
 
+// Whether the call is a sequence-first batch of more than one element, which attend_in_place computes
+// in its own row order (a single element's (L, 1, E) is already (1, L, E) in memory).
+bool rows_seq_first(const MhaConfig& cfg, const MhaDims& n) { return n.batched && !cfg.batch_first && n.B > 1; }
+
 // context (B, L, E) = the heads' softmax(q . k^T / sqrt(D) + masks) v side by side, for packed
 // self-attention without bias_kv or zero_attn: q, k and v read in place from the one (B, L, 3E)
 // projection, q divided by sqrt(D) as it is read, each head's output written at its columns of
 // context (fused_attention's AttentionLayout): no split into heads, scaling pass or merge, and the
 // same bits as project_qkv, scale_queries, attend_fused and merge_heads (the same products, the same
 // division, the same sums; fused_attention.hpp).
+// A sequence-first batch, (L, B, E) with B > 1, is read and written in its own row order: every
+// step here works row by row but the attention, whose row layouts take the (L, B) order as they
+// take (B, L) (context (L, B, E)); no copy to batch-first and back (the seed block's encoder layer
+// sequence-first took 10-12% longer than batch-first with those copies).
 template <class T>
 Stage<T> attend_in_place(const MhaConfig& cfg, const MhaWeights<T>& w, const detail::MhaInputRefs<T>& in,
                          const MhaMasks<T>& m, const MhaDims& n) {
   const int64_t B = n.B, L = n.L, E = n.E, H = n.H, D = n.D;
-  detail::BatchFirstView<T> query(in.query, n.batched, cfg.batch_first);
+  const bool seq_first = rows_seq_first(cfg, n);
+  detail::BatchFirstView<T> query(in.query, n.batched, cfg.batch_first || seq_first);  // as it is when seq_first
   detail::Buffer<T> qkv(B * L * 3 * E);
   {
     profile::Scope scope(profile::Op::Projections);
@@ -659,8 +668,9 @@ Stage<T> attend_in_place(const MhaConfig& cfg, const MhaWeights<T>& w, const det
   masks.zero_dead_rows = m.zero_dead;
   AttentionLayout layout;
   layout.heads = H;
-  layout.q = layout.k = layout.v = RowLayout{3 * E, D, L * 3 * E};
-  layout.out = RowLayout{E, D, L * E};
+  // row t of batch element b at (b * L + t), or at (t * B + b) when seq_first
+  layout.q = layout.k = layout.v = seq_first ? RowLayout{B * 3 * E, D, 3 * E} : RowLayout{3 * E, D, L * 3 * E};
+  layout.out = seq_first ? RowLayout{B * E, D, E} : RowLayout{E, D, L * E};
   fused_attention(context.ptr(), qkv.ptr(), qkv.ptr() + E, qkv.ptr() + 2 * E, B * H, L, L, D, D, T(1), masks,
                   num_threads(), layout, std::sqrt(T(D)));
   return context;
@@ -759,12 +769,24 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   MhaOutputs<T> result;
   // context (B, L, E) -> out_proj (+ residual), back to the caller's layout
   auto project_out = [&](Stage<T>& context) {
-    result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs),
-                                             n.batched, cfg.batch_first);
+    if (!rows_seq_first(cfg, n) || !residual) {
+      result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs),
+                                               n.batched, cfg.batch_first);
+      return;
+    }
+    // the residual is sequence-first, as the caller's rows: added once they are back in that order
+    const T* none = nullptr;
+    result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, none, obs), n.batched,
+                                             cfg.batch_first);
+    add_forward(result.output.ptr(), result.output.ptr(), residual, result.output.numel());
   };
   if (fused && packed_self(cfg, in) && !cfg.add_zero_attn) {
-    Stage<T> context = attend_in_place(cfg, w, in, masks, n);
-    project_out(context);
+    Stage<T> context = attend_in_place(cfg, w, in, masks, n);  // (L, B, E) when rows_seq_first
+    result.output = out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs);
+    if (rows_seq_first(cfg, n))
+      result.output.shape = {n.L, n.B, n.E};
+    else
+      result.output = detail::from_batch_first(std::move(result.output), n.batched, cfg.batch_first);
     return result;
   }
   Heads<T> heads = project_qkv(cfg, w, in, n, obs != nullptr);

@@ -129,13 +129,14 @@ void add_feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1, 
 
 // residual + _sa_block / _mha_block: residual + attention(q, kv, kv, attn_mask, key_padding_mask,
 // need_weights=False)[0], its components under `prefix` ("sa." -> sa.q ... sa.context) and the
-// attention's output (before the residual) as `output_name`. residual is (B, L, E) like q.
+// attention's output (before the residual) as `output_name`. residual is (B, L, E) like q, or (L, B,
+// E) like q when seq_first (the encoder's unobserved fast path, encoder.cpp).
 template <class T>
 Tensor<T> attention_block(const MhaConfig& cfg, const MhaWeights<T>& w, const Tensor<T>& q, const Tensor<T>& kv,
                           const Mask<T>& attn_mask, const Mask<T>& kpm, const Tensor<T>& residual, Observer<T>* obs,
-                          const std::string& prefix, const std::string& output_name) {
+                          const std::string& prefix, const std::string& output_name, bool seq_first = false) {
   MhaConfig c = cfg;
-  c.batch_first = true;
+  c.batch_first = !seq_first;
   PrefixObserver<T> scoped(obs, prefix, "output", output_name);
   const T* res = injected_defect() == Defect::DropResidual && prefix == "sa." ? nullptr : residual.ptr();
   return mha_attend(c, MhaForward{false, true}, w, MhaInputRefs<T>{q, kv, kv, attn_mask, kpm},
@@ -151,9 +152,10 @@ bool check_src(const Tensor<T>& src, int64_t d, const std::string& name);
 template <class T>
 void check_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const std::string& prefix);
 
-// One encoder layer on batch-first x (B, T, d), masks already batched.
+// One encoder layer on batch-first x (B, T, d), masks already batched; or on sequence-first x (T, B,
+// d) when seq_first (see encoder_layer_forward).
 template <class T>
 Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const Tensor<T>& x, const Mask<T>& mask,
-                        const Mask<T>& kpm, Observer<T>* obs);
+                        const Mask<T>& kpm, Observer<T>* obs, bool seq_first = false);
 
 }  // namespace tparity::detail

@@ -26,11 +26,11 @@ void check_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const std
 
 template <class T>
 Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, const Tensor<T>& src, const Mask<T>& mask,
-                        const Mask<T>& kpm, Observer<T>* obs) {
+                        const Mask<T>& kpm, Observer<T>* obs, bool seq_first) {
   const MhaConfig acfg = cfg.self_attn();
   // x + _sa_block(in), x + _ff_block(in)
   auto sa = [&](const Tensor<T>& in, const Tensor<T>& x0) {
-    return attention_block(acfg, w.self_attn, in, in, mask, kpm, x0, obs, "sa.", "sa_output");
+    return attention_block(acfg, w.self_attn, in, in, mask, kpm, x0, obs, "sa.", "sa_output", seq_first);
   };
   // x0 = x0 + _ff_block(in)
   auto ff = [&](const Tensor<T>& in, Tensor<T>& x0) {
@@ -74,6 +74,14 @@ Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T
                                 Observer<T>* obs) {
   detail::check_layer(cfg, w, "");
   const bool batched = detail::check_src(in.src, cfg.d_model, "src");
+  // A batch sequence-first, unobserved on the fast path, is computed in its own row order: every step
+  // but the attention works row by row, and the attention reads and writes that order in place
+  // (attention.cpp, attend_in_place; other attention paths make their own batch-first copies).
+  if (batched && !cfg.batch_first && in.src.size(1) > 1 && !obs && core_path() == CorePath::Fast) {
+    const Mask<T> kpm =
+        detail::batch_key_padding(in.src_key_padding_mask, true, in.src.size(0), "src_key_padding_mask");
+    return detail::encoder_layer(cfg, w, in.src, in.src_mask, kpm, obs, true);
+  }
   // a batched, batch-first src is the layer's input as it is (read only), else a batch-first copy
   const bool as_is = batched && cfg.batch_first;
   const Tensor<T> copy = as_is ? Tensor<T>() : detail::to_batch_first(in.src, batched, cfg.batch_first);
@@ -99,17 +107,22 @@ Tensor<T> encoder_forward(const EncoderStackConfig& cfg, const EncoderStackWeigh
     detail::need(w.norm_bias, "norm.bias", {lc.d_model});
   }
   const bool batched = detail::check_src(in.src, lc.d_model, "src");
-  Tensor<T> x = detail::to_batch_first(in.src, batched, lc.batch_first);
-  const Mask<T> kpm = detail::batch_key_padding(in.src_key_padding_mask, batched, x.size(1), "src_key_padding_mask");
+  // sequence-first in its own row order as in encoder_layer_forward
+  const bool seq_first = batched && !lc.batch_first && in.src.size(1) > 1 && !obs && core_path() == CorePath::Fast;
+  Tensor<T> x = seq_first ? Tensor<T>() : detail::to_batch_first(in.src, batched, lc.batch_first);
+  const Mask<T> kpm = detail::batch_key_padding(in.src_key_padding_mask, batched,
+                                                seq_first ? in.src.size(0) : x.size(1), "src_key_padding_mask");
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     PrefixObserver<T> scoped(obs, "layers." + std::to_string(i) + ".");
-    x = detail::encoder_layer(lc, w.layers[size_t(i)], x, in.src_mask, kpm, PrefixObserver<T>::wrap(obs, scoped));
+    x = detail::encoder_layer(lc, w.layers[size_t(i)], seq_first && i == 0 ? in.src : x, in.src_mask, kpm,
+                              PrefixObserver<T>::wrap(obs, scoped), seq_first);
   }
   if (cfg.norm) {
     x = detail::layer_norm(std::move(x), w.norm_weight, w.norm_bias, lc.layer_norm_eps);
     if (obs) obs->on("norm", x);
   }
   if (obs) obs->on("output", x);
+  if (seq_first) return x;
   return detail::from_batch_first(std::move(x), batched, lc.batch_first);
 }
 
@@ -119,7 +132,7 @@ Tensor<T> encoder_forward(const EncoderStackConfig& cfg, const EncoderStackWeigh
   template Tensor<T> encoder_forward<T>(const EncoderStackConfig&, const EncoderStackWeights<T>&,                      \
                                         const EncoderInputs<T>&, Observer<T>*);                                        \
   template Tensor<T> detail::encoder_layer<T>(const EncoderConfig&, const EncoderWeights<T>&, const Tensor<T>&,        \
-                                              const Mask<T>&, const Mask<T>&, Observer<T>*);                           \
+                                              const Mask<T>&, const Mask<T>&, Observer<T>*, bool);                     \
   template bool detail::check_src<T>(const Tensor<T>&, int64_t, const std::string&);                                   \
   template void detail::check_layer<T>(const EncoderConfig&, const EncoderWeights<T>&, const std::string&);
 TPARITY_INSTANTIATE(float)

@@ -147,9 +147,9 @@ struct MhaInputRefs {
   const Mask<T>& attn_mask;
   const Mask<T>& key_padding_mask;
 };
-// mha_forward, plus a residual: when not null, residual (B, L, E) batch-first is added to the output
-// (residual + attention, as the encoder and decoder layers' x + _sa_block(x)); the observer still
-// sees the attention's own output.
+// mha_forward, plus a residual: when not null, residual, laid out as the output (batched: (B, L, E)
+// with cfg.batch_first, else (L, B, E)), is added to it (residual + attention, as the encoder and
+// decoder layers' x + _sa_block(x)); the observer still sees the attention's own output.
 template <class T>
 MhaOutputs<T> mha_attend(const MhaConfig& cfg, const MhaForward& fwd, const MhaWeights<T>& w, const MhaInputRefs<T>& in,
                          Observer<T>* obs, const T* residual);
