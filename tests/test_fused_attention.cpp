@@ -213,6 +213,11 @@ bool identical(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
+// The fewest queries per group that a masked call computes in wide blocks on every path: below two
+// wide blocks' worth, or below 128 in double with wide blocks of 32 rows (AVX-512), it takes the narrow
+// ones (fused_attention.cpp).
+int64_t wide_rows(const FusedBlocking& bs) { return std::max<int64_t>(2 * bs.br, 128); }
+
 // The sizes a path's blocks make interesting: 1, 2, br +- 1, bc +- 1, 3 bc + 1.
 std::vector<int64_t> edge_sizes(const FusedBlocking& bs) {
   const std::set<int64_t> s{1, 2, bs.br - 1, bs.br + 1, bs.bc - 1, bs.bc + 1, 3 * bs.bc + 1};
@@ -263,29 +268,31 @@ TEMPLATE_TEST_CASE("fused attention over many groups equals one call per group b
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
     const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
-    for (MaskKind kind : {MaskKind::PerGroup3d, MaskKind::Shared2dAndKeyBias}) {
-      CAPTURE(to_string(isa), name(kind));
-      Problem<T> p = make_problem<T>(rng, 6, bs.br + 3, bs.bc + 5, 9, 7, kind);
-      p.heads = 3;
-      if (!p.bias.empty()) p.bias.resize(size_t(2 * p.S));
-      for (T& x : p.bias) x = rng.coin(0.3) ? -std::numeric_limits<T>::infinity() : T(rng.normal());
-      fused_attention_detail::set_unit_order(1);
-      const std::vector<T> all = p.run(2), block_major_1 = p.run(1);
-      fused_attention_detail::set_unit_order(-1);
-      const std::vector<T> group_major = p.run(2), group_major_1 = p.run(1);
-      std::vector<T> one_by_one(all.size());
-      for (int64_t g = 0; g < p.G; ++g) {
-        AttentionMasks<T> m;
-        m.attn = p.attn.empty() ? nullptr : p.attn.data() + g * p.attn_stride;
-        m.key_bias = p.bias.empty() ? nullptr : p.bias.data() + g / p.heads * p.S;
-        fused_attention(one_by_one.data() + g * p.L * p.Dv, p.q.data() + g * p.L * p.D, p.k.data() + g * p.S * p.D,
-                        p.v.data() + g * p.S * p.Dv, int64_t(1), p.L, p.S, p.D, p.Dv, p.scale, m);
+    // narrow blocks and wide ones (a shared mask transposed once per call for either)
+    for (const int64_t L : {int64_t(bs.br) + 3, wide_rows(bs) + 3})
+      for (MaskKind kind : {MaskKind::PerGroup3d, MaskKind::Shared2dAndKeyBias}) {
+        CAPTURE(to_string(isa), L, name(kind));
+        Problem<T> p = make_problem<T>(rng, 6, L, bs.bc + 5, 9, 7, kind);
+        p.heads = 3;
+        if (!p.bias.empty()) p.bias.resize(size_t(2 * p.S));
+        for (T& x : p.bias) x = rng.coin(0.3) ? -std::numeric_limits<T>::infinity() : T(rng.normal());
+        fused_attention_detail::set_unit_order(1);
+        const std::vector<T> all = p.run(2), block_major_1 = p.run(1);
+        fused_attention_detail::set_unit_order(-1);
+        const std::vector<T> group_major = p.run(2), group_major_1 = p.run(1);
+        std::vector<T> one_by_one(all.size());
+        for (int64_t g = 0; g < p.G; ++g) {
+          AttentionMasks<T> m;
+          m.attn = p.attn.empty() ? nullptr : p.attn.data() + g * p.attn_stride;
+          m.key_bias = p.bias.empty() ? nullptr : p.bias.data() + g / p.heads * p.S;
+          fused_attention(one_by_one.data() + g * p.L * p.Dv, p.q.data() + g * p.L * p.D, p.k.data() + g * p.S * p.D,
+                          p.v.data() + g * p.S * p.Dv, int64_t(1), p.L, p.S, p.D, p.Dv, p.scale, m);
+        }
+        CHECK(identical(all, one_by_one));
+        CHECK(identical(group_major, one_by_one));
+        CHECK(identical(block_major_1, one_by_one));
+        CHECK(identical(group_major_1, one_by_one));
       }
-      CHECK(identical(all, one_by_one));
-      CHECK(identical(group_major, one_by_one));
-      CHECK(identical(block_major_1, one_by_one));
-      CHECK(identical(group_major_1, one_by_one));
-    }
   }
 }
 
@@ -327,9 +334,9 @@ TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give
         CHECK(std::all_of(stacked.begin(), stacked.end(), [](T x) { return x != T(-7); }));
       }
     }
-    // wide against narrow: L = br + 1 rows in wide blocks, each row again alone
+    // wide against narrow: rows in wide blocks under a shared mask, each row again alone
     CAPTURE(to_string(isa));
-    Problem<T> p = make_problem<T>(rng, 2, bs.br + 1, bs.bc + 5, 9, 7, MaskKind::Shared2d);
+    Problem<T> p = make_problem<T>(rng, 2, wide_rows(bs) + 1, bs.bc + 5, 9, 7, MaskKind::Shared2d);
     const std::vector<T> wide = p.run();
     std::vector<T> rows(wide.size());
     for (int64_t g = 0; g < p.G; ++g)
@@ -441,7 +448,7 @@ TEMPLATE_TEST_CASE("fused attention finds a key block's maximum at every key", "
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
     const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
-    for (const int64_t L : {int64_t(3), int64_t(bs.br) + 5}) {
+    for (const int64_t L : {int64_t(3), wide_rows(bs) + 5}) {
       const int64_t S = 2 * bs.bc + 3, D = 5, Dv = 3;
       std::vector<T> q(size_t(L * D)), k(size_t(S * D)), v(size_t(S * Dv));
       for (std::vector<T>* x : {&q, &k, &v})
@@ -587,8 +594,8 @@ TEMPLATE_TEST_CASE("fused attention skips masked-out key blocks without changing
   // row); NaN in v (0 * NaN); q and k of 1e30 whose product overflows (inf + -inf); a +inf bias
   // (+inf + -inf). And at key L + 1, which the causal mask closes to every query, inside the key
   // block of the last queries (left out of that block's computed keys, open_keys, where that is
-  // exact): NaN in v, NaN in k, a +inf bias. L: more than two wide blocks (the wide blocks), and
-  // fewer (a masked call's narrow blocks).
+  // exact): NaN in v, NaN in k, a +inf bias. L: wide_rows and more (the wide blocks), and fewer (a
+  // masked call's narrow blocks).
   using T = TestType;
   const T ninf = -std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
   struct Restore {
@@ -598,7 +605,7 @@ TEMPLATE_TEST_CASE("fused attention skips masked-out key blocks without changing
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
     const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
-    for (const int64_t L : {2 * int64_t(bs.br) + 3, int64_t(bs.br) + 5}) {
+    for (const int64_t L : {wide_rows(bs) + 3, int64_t(bs.br) + 5}) {
       for (int c = 0; c < 10; ++c) {
         const int64_t G = 4, S = 3 * bs.bc + 2, D = 7, Dv = 5;
         CAPTURE(to_string(isa), L, c);
@@ -642,6 +649,50 @@ TEMPLATE_TEST_CASE("fused attention skips masked-out key blocks without changing
         if (c < 3) CHECK(count_bad(skipped, twin(p, bs)) == 0);
       }
     }
+  }
+}
+
+TEMPLATE_TEST_CASE("fused attention with kv groups shared by query groups skips blocks as with copies of them",
+                   "[fused]", float, double) {
+  // AttentionLayout::repeat 2: query groups 2g and 2g + 1 read kv group g, whose key statistics the
+  // skip of masked-out blocks reads (computed per kv group, by each thread as it comes to one). The
+  // same call with each query group's own copy of its kv group must give the same bits: clean, and
+  // with NaN in k or v of one kv group inside blocks a causal mask closes (NaN in every row of its
+  // query groups, as the reference path gives, and in no other group's).
+  using T = TestType;
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  Rng rng(1414);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    for (const int64_t L : {wide_rows(bs) + 3, int64_t(bs.br) + 5})
+      for (int c = 0; c < 3; ++c) {
+        const int64_t G = 8, rep = 2, S = 3 * bs.bc + 2, D = 7, Dv = 5;
+        CAPTURE(to_string(isa), L, c);
+        const Problem<T> p0 = make_problem<T>(rng, G / rep, L, S, D, Dv, MaskKind::Causal);
+        std::vector<T> k = p0.k, v = p0.v;  // G / rep kv groups
+        if (c == 1) k[size_t((1 * S + S - 1) * D + 3)] = nan;   // kv group 1, its last key
+        if (c == 2) v[size_t((2 * S + S - 1) * Dv + 1)] = nan;  // kv group 2
+        std::vector<T> q(size_t(G * L * D)), kc(size_t(G * S * D)), vc(size_t(G * S * Dv));
+        for (T& x : q) x = T(rng.normal());
+        for (int64_t g = 0; g < G; ++g) {
+          std::copy_n(k.begin() + g / rep * S * D, S * D, kc.begin() + g * S * D);
+          std::copy_n(v.begin() + g / rep * S * Dv, S * Dv, vc.begin() + g * S * Dv);
+        }
+        AttentionMasks<T> m;
+        m.attn = p0.attn.data();
+        std::vector<T> shared(size_t(G * L * Dv)), copies(shared.size());
+        AttentionLayout layout;
+        layout.repeat = rep;
+        fused_attention(shared.data(), q.data(), k.data(), v.data(), G, L, S, D, Dv, p0.scale, m, 2, layout);
+        fused_attention(copies.data(), q.data(), kc.data(), vc.data(), G, L, S, D, Dv, p0.scale, m, 2);
+        CHECK(identical(shared, copies));
+        int64_t nan_rows = 0;
+        const auto is_nan = [](T x) { return std::isnan(x); };
+        for (int64_t r = 0; r < G * L; ++r)
+          nan_rows += std::any_of(shared.begin() + r * Dv, shared.begin() + (r + 1) * Dv, is_nan);
+        CHECK(nan_rows == (c == 0 ? 0 : rep * L));
+      }
   }
 }
 

@@ -85,7 +85,8 @@ int64_t ffn_rows_per_pass(int64_t N, int64_t d, int64_t F) {
 // like x, and may be x itself: each row of either is read only for its own row of the sum. In passes
 // of rows (ffn_rows_per_pass), each pass's sum goes to a buffer that stays in L2 and then over its
 // rows of residual, so that no new tensor is made and filled with zeros (a pass's rows of x and
-// residual are not read again): the seed block's layer, 3% of its time in that fill.
+// residual are not read again): the seed block's layer, 3% of its time in that fill. In one pass
+// (large weights: BERT's) the sum still goes to a new tensor, moved into residual.
 template <class T>
 void add_feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1, const Tensor<T>& w2,
                       const Tensor<T>& b2, const Tensor<T>& x, Tensor<T>& residual, Observer<T>* obs) {

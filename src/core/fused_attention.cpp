@@ -210,17 +210,19 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   T* mask_t = nullptr;
   const int64_t mask_t_ld = blocks * br, key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
   std::vector<int64_t> mask_open;
+  const bool skip = skip_masked_blocks.load(std::memory_order_relaxed) && masked;
   if (masks.attn && masks.attn_group_stride == 0 && !block_major && mask_ld == S && groups > 1) {
     mask_t = static_cast<T*>(mask_scratch.get(size_t(S * mask_t_ld) * sizeof(T)));
     transpose_mask(masks.attn, L, S, mask_t_ld, mask_t);
-    mask_open = open_keys_of_mask(masks.attn, L, S, br, path.blocking.bc);
+    if (skip) mask_open = open_keys_of_mask(masks.attn, L, S, br, path.blocking.bc);  // open_keys' only use
   }
   // Key blocks can be skipped only where a mask may close them; their keys' and values' statistics
   // (key_stats) first. Group by group, each thread computes a group's own as it comes to the group,
   // so that the group's keys and values are brought into cache once, for the statistics and the
-  // blocks alike (the seed block's separate pass over them was 3.6% of its layer); block by block,
-  // in one pass over k and v before the blocks (the groups over the threads).
-  const bool skip = skip_masked_blocks.load(std::memory_order_relaxed) && masked;
+  // blocks alike (the seed block's separate pass over them was 3.6% of its layer; with n threads
+  // dealing a group's blocks out, each of them computes its statistics: n times the arithmetic of
+  // one pass, on data in cache); block by block, in one pass over k and v before the blocks (the
+  // groups over the threads).
   std::vector<KeyBlockStats<T>> stats;
   auto group_stats = [&](int64_t kg, KeyBlockStats<T>* to) {
     path.key_stats(k + group_offset(kl, kg, kv_heads), v + group_offset(vl, kg, kv_heads), S, D, Dv, kl.ld, vl.ld,

@@ -30,12 +30,12 @@ struct QueryBlock {
   int64_t mask_ld;  // S; 0 when every query of the block reads the same row (decoding's stacked heads)
   // (S, br) with rows mask_t_ld apart, or null: the same rows of the mask transposed, mask_t[j][i] =
   // mask[i][j] for i < nq and 0 for the lanes past nq; when set, the scores take the mask from it
-  // (open_keys still reads mask)
   const T* mask_t;
   int64_t mask_t_ld;
   // (ceil(S / bc)), or null: for each key block, how many of its keys (from its first) the mask
   // leaves open to some query of the block: what open_keys would find in mask, worked out once per
-  // call when the mask is one shared (L, S) mask (it is then the same for every group)
+  // call when the mask is one shared (L, S) mask (it is then the same for every group); open_keys
+  // then reads it instead of scanning mask
   const int64_t* mask_open;
   const T* bias;    // (S): the group's key bias; or null
   T* out;           // (nq, Dv) with rows out_ld apart: the block's rows of the output

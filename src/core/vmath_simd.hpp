@@ -100,8 +100,8 @@ void softmax_rows(typename L::T* out, const typename L::T* in, int64_t rows, int
       L::store_first(y + full, e, tail);
       sum[(full / W) & 7] = L::add(sum[(full / W) & 7], L::first_or_zero(e, tail));
     }
-    const V all =
-        L::add(L::add(L::add(sum[0], sum[1]), L::add(sum[2], sum[3])), L::add(L::add(sum[4], sum[5]), L::add(sum[6], sum[7])));
+    const V all = L::add(L::add(L::add(sum[0], sum[1]), L::add(sum[2], sum[3])),
+                         L::add(L::add(sum[4], sum[5]), L::add(sum[6], sum[7])));
     const V total = L::set1(L::hsum(all));
     for (int64_t j = 0; j < full; j += W) L::store(y + j, L::div(L::load(y + j), total));
     if (tail) L::store_first(y + full, L::div(L::load_first(y + full, tail), total), tail);

@@ -85,7 +85,8 @@ struct AttentionLayout {
 // result does not depend on it, bit for bit.
 // Memory: scratch of threads x br x (D + bc + Dv + 3) elements (blocking(), below), not L x S; with a
 // mask, up to G x ceil(S / bc) statistics of the key blocks besides; one shared (L, S) mask small
-// enough to stay in L2 is also held transposed, S x L rounded up to br.
+// enough to stay in L2 (or any, when the tests force group-major order: set_unit_order(-1)) is also
+// held transposed, S x L rounded up to br.
 // Shapes are checked with asserts only, as the GEMM's.
 template <class T>
 void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int64_t L, int64_t S, int64_t D, int64_t Dv,
