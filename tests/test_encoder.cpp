@@ -204,6 +204,7 @@ TEST_CASE("encoder: a stack sequence-first equals it batch-first", "[encoder]") 
     sc.layer.batch_first = false;
     const EncoderInputs<double> sf_in{swap_first_two(x), Mask<double>::of_float(mask), Mask<double>::of_bool(kpm)};
     CHECK(differing(encoder_forward(sc, w, sf_in), swap_first_two(all)) == 0);
+    CHECK(std::none_of(all.data.begin(), all.data.end(), [](double v) { return std::isnan(v); }));
   }
 }
 

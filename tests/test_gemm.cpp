@@ -9,10 +9,12 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "tparity/core/gemm.hpp"
+#include "tparity/core/gemv.hpp"
 #include "tparity/core/llm.hpp"
 #include "tparity/core/ops.hpp"
 #include "tparity/harness/rng.hpp"
@@ -530,38 +532,45 @@ TEST_CASE("gemm isa: names and availability and forcing and TPARITY_ISA", "[gemm
 
 TEST_CASE("gemv_forward: each output row the same bits whatever rows share the call, near its exact value",
           "[gemm]") {
-  // The GEMV takes several weight rows at a time (4, or 8 on Intel CPUs, gemv.cpp) and the rest one
-  // by one; each output is one chain of FMAs over k in lanes, then the lanes' sum, so a row computed
-  // alone (OC = 1) must give the same bits as inside a call of every size. And each within the
-  // dot product's bound of a long-double sum: |y - exact| <= gamma_{C+1} sum |w x| (Higham 3.1).
+  // The GEMV takes several weight rows at a time (AVX-512 float: 4, or 8 on Intel CPUs, both forced
+  // here in turn; gemv.cpp) and the rest one by one; each output is one chain of FMAs over k in
+  // lanes, then the lanes' sum, so a row computed alone (OC = 1) must give the same bits as inside a
+  // call of 7, 8 or 19 rows. And each within the dot product's bound of a long-double sum:
+  // |y - exact| <= gamma_{C+1} sum |w x| (Higham 3.1).
+  struct Restore {
+    ~Restore() { gemv_detail::set_rows_per_step(0); }
+  } restore;
+  CHECK_THROWS_AS(gemv_detail::set_rows_per_step(5), std::invalid_argument);
   Rng rng(2024);
-  for (GemmIsa isa : available_isas()) {
-    const ForceIsa force(isa);
-    for (const int64_t C : {int64_t(1), int64_t(15), int64_t(16), int64_t(300), int64_t(1029)})
-      for (const int64_t OC : {int64_t(1), int64_t(7), int64_t(8), int64_t(19)}) {
-        CAPTURE(to_string(isa), C, OC);
-        std::vector<float> x(size_t(2 * C)), w(size_t(OC * C)), y(size_t(2 * OC));
-        for (float& v : x) v = float(rng.normal());
-        for (float& v : w) v = float(rng.normal());
-        gemv_forward(y.data(), x.data(), w.data(), static_cast<const float*>(nullptr), int64_t(2), C, OC);
-        int64_t differ = 0, far = 0;
-        for (int64_t n = 0; n < 2; ++n)
-          for (int64_t o = 0; o < OC; ++o) {
-            float alone = 0;
-            gemv_forward(&alone, x.data() + n * C, w.data() + o * C, static_cast<const float*>(nullptr), int64_t(1), C,
-                         int64_t(1));
-            const float got = y[size_t(n * OC + o)];
-            differ += std::memcmp(&alone, &got, sizeof(float)) != 0;
-            long double exact = 0, mag = 0;
-            for (int64_t c = 0; c < C; ++c) {
-              const long double p = (long double)w[size_t(o * C + c)] * x[size_t(n * C + c)];
-              exact += p, mag += std::fabs(p);
+  for (GemmIsa isa : available_isas())
+    for (const int rows : {4, 8}) {
+      gemv_detail::set_rows_per_step(rows);
+      const ForceIsa force(isa);
+      for (const int64_t C : {int64_t(1), int64_t(15), int64_t(16), int64_t(300), int64_t(1029)})
+        for (const int64_t OC : {int64_t(1), int64_t(7), int64_t(8), int64_t(19)}) {
+          CAPTURE(to_string(isa), rows, C, OC);
+          std::vector<float> x(size_t(2 * C)), w(size_t(OC * C)), y(size_t(2 * OC));
+          for (float& v : x) v = float(rng.normal());
+          for (float& v : w) v = float(rng.normal());
+          gemv_forward(y.data(), x.data(), w.data(), static_cast<const float*>(nullptr), int64_t(2), C, OC);
+          int64_t differ = 0, far = 0;
+          for (int64_t n = 0; n < 2; ++n)
+            for (int64_t o = 0; o < OC; ++o) {
+              float alone = 0;
+              const float* none = nullptr;
+              gemv_forward(&alone, x.data() + n * C, w.data() + o * C, none, int64_t(1), C, int64_t(1));
+              const float got = y[size_t(n * OC + o)];
+              differ += std::memcmp(&alone, &got, sizeof(float)) != 0;
+              long double exact = 0, mag = 0;
+              for (int64_t c = 0; c < C; ++c) {
+                const long double p = (long double)w[size_t(o * C + c)] * x[size_t(n * C + c)];
+                exact += p, mag += std::fabs(p);
+              }
+              const long double u = std::ldexp(1.0L, -24), gamma = (C + 1) * u / (1 - (C + 1) * u);
+              far += std::fabs((long double)got - exact) > gamma * mag;
             }
-            const long double u = std::ldexp(1.0L, -24), gamma = (C + 1) * u / (1 - (C + 1) * u);
-            far += std::fabs((long double)got - exact) > gamma * mag;
-          }
-        CHECK(differ == 0);
-        CHECK(far == 0);
-      }
-  }
+          CHECK(differ == 0);
+          CHECK(far == 0);
+        }
+    }
 }

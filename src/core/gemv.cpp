@@ -1,12 +1,16 @@
 // gemv_forward (llm.hpp): nn.Linear on a few rows, the weight streamed once per row without packing.
 // Decoding one token is a matrix-vector product per projection, bound by reading the weights: the
 // GEMM's packing would read them, write a copy and read that again. Each output is the dot product of
-// a weight row with the input row, four weight rows at a time, in SIMD partial sums (one per lane)
-// added together at the end. AVX-512 or AVX2 as gemm_isa() says, compiled through target attributes
+// a weight row with the input row, several weight rows at a time (rows_avx512), in SIMD partial sums
+// (one per lane) added together at the end. AVX-512 or AVX2 as gemm_isa() says, compiled through target attributes
 // (this file is built without -mavx512f: nothing here runs unless the CPU has the path).
+#include <atomic>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "tparity/core/gemm.hpp"
+#include "tparity/core/gemv.hpp"
 #include "tparity/core/llm.hpp"
 #include "tparity/core/ops.hpp"
 
@@ -28,6 +32,8 @@
 namespace tparity {
 
 namespace {
+
+std::atomic<int> rows_per_step{0};  // gemv_detail::set_rows_per_step's
 
 #if TPARITY_GEMV_X86
 // R weight rows at a time, each row's next cache lines asked for PF floats ahead (0: none). Each
@@ -75,7 +81,8 @@ __attribute__((target("avx512f,fma"))) void rows_avx512_by(float* y, const float
 __attribute__((target("avx512f,fma"))) void rows_avx512(float* y, const float* W, const float* x, int64_t N,
                                                         int64_t K) {
   static const bool intel = __builtin_cpu_is("intel");
-  if (intel) return rows_avx512_by<8, 256>(y, W, x, N, K);
+  const int forced = rows_per_step.load(std::memory_order_relaxed);
+  if (forced == 8 || (forced == 0 && intel)) return rows_avx512_by<8, 256>(y, W, x, N, K);
   rows_avx512_by<4, 0>(y, W, x, N, K);
 }
 
@@ -144,6 +151,16 @@ void gemv_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t 
       for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
   }
 }
+
+namespace gemv_detail {
+
+void set_rows_per_step(int rows) {
+  if (rows != 0 && rows != 4 && rows != 8)
+    throw std::invalid_argument("gemv set_rows_per_step: expected 0, 4 or 8, got " + std::to_string(rows));
+  rows_per_step.store(rows, std::memory_order_relaxed);
+}
+
+}  // namespace gemv_detail
 
 template void gemv_forward<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t);
 template void gemv_forward<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t);
