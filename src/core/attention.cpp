@@ -767,26 +767,24 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   // nothing observed and no weights returned: the scores streamed, never held
   const bool fused = !obs && !fwd.need_weights && injected_defect() == Defect::None && masks.fusable();
   MhaOutputs<T> result;
-  // context (B, L, E) -> out_proj (+ residual), back to the caller's layout
-  auto project_out = [&](Stage<T>& context) {
-    if (!rows_seq_first(cfg, n) || !residual) {
-      result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs),
-                                               n.batched, cfg.batch_first);
-      return;
-    }
-    // the residual is sequence-first, as the caller's rows: added once they are back in that order
-    const T* none = nullptr;
-    result.output = detail::from_batch_first(out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, none, obs), n.batched,
-                                             cfg.batch_first);
-    add_forward(result.output.ptr(), result.output.ptr(), residual, result.output.numel());
+  // context -> out_proj (+ residual), in the caller's layout. The context is (B, L, E), or (L, B, E)
+  // when attend_in_place computed a sequence-first batch in its own row order; otherwise a
+  // sequence-first residual is added once the rows are back in the caller's order.
+  auto project_out = [&](Stage<T>& context, bool in_place) {
+    const bool caller_rows = in_place && rows_seq_first(cfg, n);
+    const bool add_after = residual && rows_seq_first(cfg, n) && !in_place;
+    const T* res = add_after ? nullptr : residual;
+    Tensor<T> out = out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, res, obs);
+    if (caller_rows)
+      out.shape = {n.L, n.B, n.E};
+    else
+      out = detail::from_batch_first(std::move(out), n.batched, cfg.batch_first);
+    if (add_after) add_forward(out.ptr(), out.ptr(), residual, out.numel());
+    result.output = std::move(out);
   };
   if (fused && packed_self(cfg, in) && !cfg.add_zero_attn) {
-    Stage<T> context = attend_in_place(cfg, w, in, masks, n);  // (L, B, E) when rows_seq_first
-    result.output = out_proj(context.ptr(), n.B, n.L, n.E, w, cfg.bias, residual, obs);
-    if (rows_seq_first(cfg, n))
-      result.output.shape = {n.L, n.B, n.E};
-    else
-      result.output = detail::from_batch_first(std::move(result.output), n.batched, cfg.batch_first);
+    Stage<T> context = attend_in_place(cfg, w, in, masks, n);
+    project_out(context, true);
     return result;
   }
   Heads<T> heads = project_qkv(cfg, w, in, n, obs != nullptr);
@@ -809,7 +807,7 @@ MhaOutputs<T> detail::mha_attend(const MhaConfig& cfg, const MhaForward& fwd, co
   heads.release();
   Stage<T> context = merge_heads(std::move(ctx_heads), n, obs != nullptr);
   context.show(obs, "context");
-  project_out(context);
+  project_out(context, false);
   if (fwd.need_weights) result.attn_weights = returned_weights(std::move(weights), fwd, n, obs);
   return result;
 }

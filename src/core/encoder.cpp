@@ -56,6 +56,15 @@ Tensor<T> encoder_layer(const EncoderConfig& cfg, const EncoderWeights<T>& w, co
   return x;
 }
 
+// Whether a batch sequence-first is computed in its own row order: unobserved on the fast path, more
+// than one element. Every step but the attention works row by row, and the attention reads and writes
+// that order in place (attention.cpp, attend_in_place; its other paths make their own batch-first
+// copies): no copy to batch-first and back.
+template <class T>
+bool in_own_row_order(const EncoderConfig& cfg, const Tensor<T>& src, bool batched, const Observer<T>* obs) {
+  return batched && !cfg.batch_first && src.size(1) > 1 && !obs && core_path() == CorePath::Fast;
+}
+
 // Shape checks of src and its layout: batched or not, and the batch-first view.
 template <class T>
 bool check_src(const Tensor<T>& src, int64_t d, const std::string& name) {
@@ -74,10 +83,7 @@ Tensor<T> encoder_layer_forward(const EncoderConfig& cfg, const EncoderWeights<T
                                 Observer<T>* obs) {
   detail::check_layer(cfg, w, "");
   const bool batched = detail::check_src(in.src, cfg.d_model, "src");
-  // A batch sequence-first, unobserved on the fast path, is computed in its own row order: every step
-  // but the attention works row by row, and the attention reads and writes that order in place
-  // (attention.cpp, attend_in_place; other attention paths make their own batch-first copies).
-  if (batched && !cfg.batch_first && in.src.size(1) > 1 && !obs && core_path() == CorePath::Fast) {
+  if (detail::in_own_row_order(cfg, in.src, batched, obs)) {
     const Mask<T> kpm =
         detail::batch_key_padding(in.src_key_padding_mask, true, in.src.size(0), "src_key_padding_mask");
     return detail::encoder_layer(cfg, w, in.src, in.src_mask, kpm, obs, true);
@@ -107,8 +113,7 @@ Tensor<T> encoder_forward(const EncoderStackConfig& cfg, const EncoderStackWeigh
     detail::need(w.norm_bias, "norm.bias", {lc.d_model});
   }
   const bool batched = detail::check_src(in.src, lc.d_model, "src");
-  // sequence-first in its own row order as in encoder_layer_forward
-  const bool seq_first = batched && !lc.batch_first && in.src.size(1) > 1 && !obs && core_path() == CorePath::Fast;
+  const bool seq_first = detail::in_own_row_order(lc, in.src, batched, obs);
   Tensor<T> x = seq_first ? Tensor<T>() : detail::to_batch_first(in.src, batched, lc.batch_first);
   const Mask<T> kpm = detail::batch_key_padding(in.src_key_padding_mask, batched,
                                                 seq_first ? in.src.size(0) : x.size(1), "src_key_padding_mask");
