@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <set>
@@ -10,6 +11,7 @@
 #include "tparity/compare/baseline.hpp"
 #include "tparity/compare/legs.hpp"
 #include "tparity/compare/report.hpp"
+#include "tparity/harness/problem.hpp"
 #include "tparity/harness/rng.hpp"
 
 using namespace tparity;
@@ -501,6 +503,43 @@ TEST_CASE("noise model: rms and n_eff of sampled errors", "[compare]") {
   e = estimate_noise({{&ref, &ref}, {&nan, &ref}});
   CHECK(e.rms == 0);
   CHECK(e.n_eff == 399);
+}
+
+TEST_CASE("noise model: a jittered problem moves each float32 value as nextafter and two coins say", "[compare]") {
+  // The rule as noise-model.md states it, spelled with the branches: each nonzero finite float32 value
+  // moved to a neighbouring float32 with probability 1/2, up or down; zeros and non-finite values kept.
+  const float fmax = std::numeric_limits<float>::max(), tiny = std::numeric_limits<float>::denorm_min();
+  const std::vector<double> edges = {0.0,   -0.0,  kInf,        -kInf,         kNaN,      double(fmax), -double(fmax),
+                                     tiny,  -tiny, 1e-40,       -1e-40,        1.0,       -1.0,         0.1,
+                                     -0.1,  1e300, 1.17549435e-38, -1.17549435e-38, 3.0e-45, 1e-50};
+  Problem p;
+  DTensor w;
+  w.dtype = DType::Float32;
+  Rng values(11);
+  for (int r = 0; r < 40; ++r) w.data.insert(w.data.end(), edges.begin(), edges.end());
+  for (int i = 0; i < 4000; ++i) w.data.push_back(values.normal() * (i % 2 ? 1e-3 : 10));
+  w.shape = {int64_t(w.data.size())};
+  p.state_dict["w"] = w;
+  for (uint64_t seed : {1ULL, 2ULL, 77ULL, 0x9e3779b97f4a7c15ULL}) {
+    CAPTURE(seed);
+    const Problem q = jittered(p, seed);
+    Rng rng(seed);
+    const std::vector<double>& got = q.state_dict.at("w").data;
+    REQUIRE(got.size() == w.data.size());
+    int64_t wrong = 0, moved = 0, movable = 0;
+    for (size_t i = 0; i < w.data.size(); ++i) {
+      double want = w.data[i];
+      const float f = float(want);
+      if (f != 0 && std::isfinite(f)) {
+        ++movable;
+        if (rng.coin()) want = double(std::nextafter(f, rng.coin() ? INFINITY : -INFINITY)), ++moved;
+      }
+      // the same bits (a NaN is kept as it came; the sign of a zero counts)
+      if (std::memcmp(&want, &got[i], sizeof want) != 0) ++wrong;
+    }
+    CHECK(wrong == 0);
+    CHECK(std::abs(double(moved) / double(movable) - 0.5) < 0.05);
+  }
 }
 
 TEST_CASE("gates: the float32 bound is built from LibTorch's sampled noise, not from one lucky sample", "[compare]") {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <set>
@@ -881,12 +882,29 @@ namespace tparity {
 Problem jittered(const Problem& p, uint64_t seed) {
   Problem q = p;
   Rng rng(seed);
+  // Each nonzero finite float32 value: `if (coin()) x = nextafter(f, coin() ? +inf : -inf)`, written
+  // without a branch on either coin (Rng::coin_then_coin). One step towards +inf adds 1 to a positive
+  // float's bits and 1 to a negative one's magnitude's opposite: +1 or -1 on the bits, carries included
+  // (FLT_MAX up is +inf; the smallest subnormal down is +0, its negative up -0: nextafter's results).
   auto jitter = [&](DTensor& t) {
     if (t.dtype != DType::Float32 && t.dtype != DType::Float64) return;
     for (double& x : t.data) {
       const float f = float(x);
-      if (f == 0 || !std::isfinite(f) || !rng.coin()) continue;
-      x = double(std::nextafter(f, rng.coin() ? INFINITY : -INFINITY));
+      if (f == 0 || !std::isfinite(f)) continue;
+      bool up = false;
+      const bool move = rng.coin_then_coin(up);
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      const bool positive = bits >> 31 == 0;
+      bits += uint32_t(move) * (up == positive ? 1u : ~0u);
+      float moved;
+      std::memcpy(&moved, &bits, sizeof moved);
+      // x = move ? moved : x, as a select on the bits (a conditional move would be compiled as a branch)
+      const double m = double(moved);
+      uint64_t xb, mb;
+      std::memcpy(&xb, &x, sizeof xb), std::memcpy(&mb, &m, sizeof mb);
+      xb ^= (xb ^ mb) & (uint64_t(0) - uint64_t(move));
+      std::memcpy(&x, &xb, sizeof x);
     }
   };
   for (auto& [name, t] : q.state_dict) jitter(t);
