@@ -506,39 +506,61 @@ TEST_CASE("noise model: rms and n_eff of sampled errors", "[compare]") {
 }
 
 TEST_CASE("noise model: a jittered problem moves each float32 value as nextafter and two coins say", "[compare]") {
-  // The rule as noise-model.md states it, spelled with the branches: each nonzero finite float32 value
-  // moved to a neighbouring float32 with probability 1/2, up or down; zeros and non-finite values kept.
+  // The rule spelled with branches, as jittered() was first written: each nonzero finite float32 value
+  // of the float weights (state_dict in name order), then of the float inputs (in the module's input
+  // order), moved to a neighbouring float32 if a coin says so, up or down as a second coin says; zeros,
+  // non-finite values, other dtypes and the masks kept, and no draw taken for them.
   const float fmax = std::numeric_limits<float>::max(), tiny = std::numeric_limits<float>::denorm_min();
   const std::vector<double> edges = {0.0,   -0.0,  kInf,        -kInf,         kNaN,      double(fmax), -double(fmax),
                                      tiny,  -tiny, 1e-40,       -1e-40,        1.0,       -1.0,         0.1,
                                      -0.1,  1e300, 1.17549435e-38, -1.17549435e-38, 3.0e-45, 1e-50};
-  Problem p;
-  DTensor w;
-  w.dtype = DType::Float32;
   Rng values(11);
-  for (int r = 0; r < 40; ++r) w.data.insert(w.data.end(), edges.begin(), edges.end());
-  for (int i = 0; i < 4000; ++i) w.data.push_back(values.normal() * (i % 2 ? 1e-3 : 10));
-  w.shape = {int64_t(w.data.size())};
-  p.state_dict["w"] = w;
+  auto tensor = [&](DType dtype, int n) {
+    DTensor t;
+    t.dtype = dtype;
+    for (int r = 0; r < 10; ++r) t.data.insert(t.data.end(), edges.begin(), edges.end());
+    for (int i = 0; i < n; ++i)
+      t.data.push_back(dtype == DType::Int64 ? double(i % 7) : values.normal() * (i % 2 ? 1e-3 : 10));
+    t.shape = {int64_t(t.data.size())};
+    return t;
+  };
+  Problem p;  // nn.MultiheadAttention: query, key and value are float inputs, attn_mask a mask
+  p.state_dict["a"] = tensor(DType::Float32, 2000);
+  p.state_dict["b"] = tensor(DType::Int64, 50);
+  p.state_dict["c"] = tensor(DType::Float64, 1000);
+  p.inputs["value"] = tensor(DType::Float32, 300);
+  p.inputs["query"] = tensor(DType::Float32, 300);
+  p.inputs["attn_mask"] = tensor(DType::Float32, 300);
+  const std::vector<std::pair<bool, std::string>> order = {
+      {true, "a"}, {true, "b"}, {true, "c"}, {false, "query"}, {false, "value"}};  // what is drawn for, in order
   for (uint64_t seed : {1ULL, 2ULL, 77ULL, 0x9e3779b97f4a7c15ULL}) {
     CAPTURE(seed);
     const Problem q = jittered(p, seed);
     Rng rng(seed);
-    const std::vector<double>& got = q.state_dict.at("w").data;
-    REQUIRE(got.size() == w.data.size());
     int64_t wrong = 0, moved = 0, movable = 0;
-    for (size_t i = 0; i < w.data.size(); ++i) {
-      double want = w.data[i];
-      const float f = float(want);
-      if (f != 0 && std::isfinite(f)) {
-        ++movable;
-        if (rng.coin()) want = double(std::nextafter(f, rng.coin() ? INFINITY : -INFINITY)), ++moved;
+    auto same_bits = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+    for (const auto& [weight, name] : order) {
+      CAPTURE(name);
+      const DTensor& from = weight ? p.state_dict.at(name) : p.inputs.at(name);
+      const DTensor& got = weight ? q.state_dict.at(name) : q.inputs.at(name);
+      REQUIRE(got.data.size() == from.data.size());
+      const bool floating = from.dtype == DType::Float32 || from.dtype == DType::Float64;
+      for (size_t i = 0; i < from.data.size(); ++i) {
+        double want = from.data[i];
+        const float f = float(want);
+        if (floating && f != 0 && std::isfinite(f)) {
+          ++movable;
+          if (rng.coin()) want = double(std::nextafter(f, rng.coin() ? INFINITY : -INFINITY));
+          moved += same_bits(got.data[i], from.data[i]) ? 0 : 1;
+        }
+        // the same bits (a NaN is kept as it came; the sign of a zero counts)
+        if (!same_bits(want, got.data[i])) ++wrong;
       }
-      // the same bits (a NaN is kept as it came; the sign of a zero counts)
-      if (std::memcmp(&want, &got[i], sizeof want) != 0) ++wrong;
     }
     CHECK(wrong == 0);
-    CHECK(std::abs(double(moved) / double(movable) - 0.5) < 0.05);
+    CHECK(std::abs(double(moved) / double(movable) - 0.5) < 0.05);  // about half of them moved
+    const std::vector<double>& mask = q.inputs.at("attn_mask").data;
+    CHECK(std::memcmp(mask.data(), p.inputs.at("attn_mask").data.data(), mask.size() * sizeof(double)) == 0);
   }
 }
 

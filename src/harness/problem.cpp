@@ -883,9 +883,9 @@ Problem jittered(const Problem& p, uint64_t seed) {
   Problem q = p;
   Rng rng(seed);
   // Each nonzero finite float32 value: `if (coin()) x = nextafter(f, coin() ? +inf : -inf)`, written
-  // without a branch on either coin (Rng::coin_then_coin). One step towards +inf adds 1 to a positive
-  // float's bits and 1 to a negative one's magnitude's opposite: +1 or -1 on the bits, carries included
-  // (FLT_MAX up is +inf; the smallest subnormal down is +0, its negative up -0: nextafter's results).
+  // without a branch on either coin (Rng::coin_then_coin). On a nonzero finite float's bits, a step
+  // towards +inf is +1 when it is positive and -1 when negative, towards -inf the reverse, carries
+  // included (FLT_MAX up is +inf; the smallest subnormal down is +0, its negative up -0: nextafter's).
   auto jitter = [&](DTensor& t) {
     if (t.dtype != DType::Float32 && t.dtype != DType::Float64) return;
     for (double& x : t.data) {
@@ -899,7 +899,7 @@ Problem jittered(const Problem& p, uint64_t seed) {
       bits += uint32_t(move) * (up == positive ? 1u : ~0u);
       float moved;
       std::memcpy(&moved, &bits, sizeof moved);
-      // x = move ? moved : x, as a select on the bits (a conditional move would be compiled as a branch)
+      // x = move ? moved : x, as a select on the bits (GCC 12 compiled the ?: to a branch)
       const double m = double(moved);
       uint64_t xb, mb;
       std::memcpy(&xb, &x, sizeof xb), std::memcpy(&mb, &m, sizeof mb);
