@@ -297,7 +297,7 @@ TEST_CASE("cli: check passes the committed fixtures and fails a tampered one wit
   }
 }
 
-TEST_CASE("cli: run prints every default case / and its JSON has the documented shape", "[cli][torch]") {
+TEST_CASE("cli: run prints every default case / and its JSON has the documented shape", "[cli][torch][long]") {
   if (!with_torch()) {
     CHECK(cli("run").code == 2);  // says it was built without LibTorch
     return;
@@ -435,7 +435,8 @@ TEST_CASE("cli: gate's JUnit files a failure under its own component / whatever 
   CHECK_THAT(x, Catch::Contains("failures=\"1\""));  // one testcase failed: output
 }
 
-TEST_CASE("cli: gate --update-baseline writes the same bytes twice / and only from a passing run", "[cli][torch]") {
+TEST_CASE("cli: gate --update-baseline writes the same bytes twice / and only from a passing run",
+          "[cli][torch][long]") {
   if (!with_torch()) return;
   const fs::path dir = scratch() / "gate_fixtures";
   fs::create_directories(dir);
@@ -481,7 +482,7 @@ TEST_CASE("cli: gate refuses a bad baseline or factor with one line", "[cli]") {
   }
 }
 
-TEST_CASE("cli: selftest catches every injected defect and the clean core raises no alarm", "[cli][torch]") {
+TEST_CASE("cli: selftest catches every injected defect and the clean core raises no alarm", "[cli][torch][longest]") {
   if (!with_torch()) return;
   const Result r = cli("selftest --format json");
   CHECK(r.code == 0);
@@ -693,7 +694,7 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
 }
 
 TEST_CASE("cli: a baseline recorded under one kernel setting and ISA passes the gate under two others",
-          "[cli][torch]") {
+          "[cli][torch][long]") {
   if (!with_torch()) return;
   // Recorded on the AVX-512 core with the reference's own kernels; gated on the AVX2 core with the
   // reference's kernels for an AVX2 CPU, and on the scalar core with another kernel family. (Across
@@ -781,7 +782,7 @@ TEST_CASE("cli: bench --gemm times the GEMM alone on each case's products and a 
 }
 
 TEST_CASE("cli: bench judges the targets against both references, profiles op by op, pins a generic OpenBLAS",
-          "[cli]") {
+          "[cli][long]") {
   if (!with_torch()) {  // the torch-free build: no LibTorch to time, said up front
     const Result r = cli("bench --quick --case seed_block --other-reference " + tparity_bin());
     CHECK(r.code == 2);

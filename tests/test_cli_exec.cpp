@@ -148,7 +148,8 @@ TEST_CASE("exec: bfloat16 and float16 runs are judged against LibTorch's own err
   }
 }
 
-TEST_CASE("exec: a bad program gets one line per case naming what went wrong / and the run goes on", "[cli][torch]") {
+TEST_CASE("exec: a bad program gets one line per case naming what went wrong / and the run goes on",
+          "[cli][torch][long]") {
   if (!with_torch()) return;
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"crash", "the program exited with code 3"},
@@ -203,7 +204,8 @@ TEST_CASE("exec: usage errors exit 2 with one line", "[cli]") {
   }
 }
 
-TEST_CASE("export: problem files that check passes / judge reads what a program wrote elsewhere", "[cli][torch]") {
+TEST_CASE("export: problem files that check passes / judge reads what a program wrote elsewhere",
+          "[cli][torch][long]") {
   if (!with_torch()) return;
   for (const char* tensors : {"inline", "safetensors"}) {
     CAPTURE(tensors);

@@ -827,7 +827,7 @@ TEST_CASE("parity: the numeric defects fail the float32 gate alone / the float64
 TEST_CASE(
     "parity: a reference memo reuses LibTorch's run of the same problem only / a changed weight, input, "
     "config or forward option is run again",
-    "[parity]") {
+    "[parity][long]") {
   const CaseSpec s = test::default_case("block");
   const Problem p = make_problem(s);
   // Each of these changes what LibTorch computes. Were a memo to serve the first problem's runs (or the
