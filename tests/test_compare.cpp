@@ -524,15 +524,17 @@ TEST_CASE("noise model: a jittered problem moves each float32 value as nextafter
     t.shape = {int64_t(t.data.size())};
     return t;
   };
-  Problem p;  // nn.MultiheadAttention: query, key and value are float inputs, attn_mask a mask
+  Problem p;
+  p.module = ModuleKind::MultiheadAttention;  // query, key and value float inputs, in that order; attn_mask a mask
   p.state_dict["a"] = tensor(DType::Float32, 2000);
   p.state_dict["b"] = tensor(DType::Int64, 50);
   p.state_dict["c"] = tensor(DType::Float64, 1000);
   p.inputs["value"] = tensor(DType::Float32, 300);
   p.inputs["query"] = tensor(DType::Float32, 300);
+  p.inputs["key"] = tensor(DType::Float32, 300);  // by name before query: the module's order is drawn in
   p.inputs["attn_mask"] = tensor(DType::Float32, 300);
   const std::vector<std::pair<bool, std::string>> order = {
-      {true, "a"}, {true, "b"}, {true, "c"}, {false, "query"}, {false, "value"}};  // what is drawn for, in order
+      {true, "a"}, {true, "b"}, {true, "c"}, {false, "query"}, {false, "key"}, {false, "value"}};  // in draw order
   for (uint64_t seed : {1ULL, 2ULL, 77ULL, 0x9e3779b97f4a7c15ULL}) {
     CAPTURE(seed);
     const Problem q = jittered(p, seed);
@@ -560,6 +562,7 @@ TEST_CASE("noise model: a jittered problem moves each float32 value as nextafter
     CHECK(wrong == 0);
     CHECK(std::abs(double(moved) / double(movable) - 0.5) < 0.05);  // about half of them moved
     const std::vector<double>& mask = q.inputs.at("attn_mask").data;
+    REQUIRE(mask.size() == p.inputs.at("attn_mask").data.size());
     CHECK(std::memcmp(mask.data(), p.inputs.at("attn_mask").data.data(), mask.size() * sizeof(double)) == 0);
   }
 }

@@ -899,7 +899,7 @@ Problem jittered(const Problem& p, uint64_t seed) {
       bits += uint32_t(move) * (up == positive ? 1u : ~0u);
       float moved;
       std::memcpy(&moved, &bits, sizeof moved);
-      // x = move ? moved : x, as a select on the bits (GCC 12 compiled the ?: to a branch)
+      // x = move ? moved : x, as a select on the bits (GCC 12 -O2 compiled the ?: to a branch)
       const double m = double(moved);
       uint64_t xb, mb;
       std::memcpy(&xb, &x, sizeof xb), std::memcpy(&mb, &m, sizeof mb);
