@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 namespace clitest {
@@ -27,14 +28,24 @@ inline std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// A directory of this test process's own (ctest runs each case in its own process).
+// A directory of this test process's own (ctest runs each case in its own process): a new one from
+// mkdtemp, so nothing an earlier process of the same pid left can stand in for a file a test expects,
+// and removed with its contents when the process ends (the exports in it weigh ~300 MB; a suite
+// leaked one per case until the disk filled).
 inline fs::path scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("tparity_cli_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
+  static const struct Dir {
+    fs::path path;
+    Dir() {
+      std::string tmpl = (fs::temp_directory_path() / "tparity_cli_XXXXXX").string();
+      if (!::mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a scratch directory " + tmpl);
+      path = tmpl;
+    }
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } dir;
+  return dir.path;
 }
 
 inline Result shell(const std::string& cmd) {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "bench.hpp"
@@ -46,15 +47,22 @@ OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& 
   // Its own decisions about OpenBLAS's kernels: none of this run's bookkeeping passed down (an
   // OPENBLAS_CORETYPE this run pinned is, to the child, an override it drops, then pins itself if
   // its OpenBLAS falls back too). Its standard error kept apart, for the one line of an error.
-  const std::string err_file = fmt::format("/tmp/tparity-bench-other-{}.err", ::getpid());
+  // In a folder of its own from mkdtemp: a fixed name in a shared /tmp could be a stranger's link.
+  std::string dir = (std::filesystem::temp_directory_path() / "tparity-bench-other-XXXXXX").string();
+  if (!::mkdtemp(dir.data())) throw InputError("tparity bench: cannot create a temporary directory in " + dir);
+  const std::string err_file = dir + "/stderr";
   std::string cmd = "env -u TPARITY_BENCH_PINNED -u TPARITY_BENCH_UNSET " + shell_quote(o.other) +
                     " bench --torch-only --format json --reps " + std::to_string(o.reps);
   for (const BenchCase& c : cases) cmd += " --case " + c.name;
   if (o.quick) cmd += " --quick";
   if (o.threads) cmd += " --threads " + std::to_string(o.threads);
-  cmd += " 2>" + err_file;
+  cmd += " 2>" + shell_quote(err_file);
   std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) throw InputError("option --other-reference: could not run \"" + o.other + "\"");
+  std::error_code ec;
+  if (!pipe) {
+    std::filesystem::remove_all(dir, ec);
+    throw InputError("option --other-reference: could not run \"" + o.other + "\"");
+  }
   std::string out;
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
@@ -64,7 +72,7 @@ OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& 
     std::ifstream in(err_file);
     std::getline(in, err);
   }
-  std::remove(err_file.c_str());
+  std::filesystem::remove_all(dir, ec);
   const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
   if (status != 0 || j.is_discarded() || !j.is_object() || !j.contains("cases") || !j.contains("environment"))
     throw InputError(
