@@ -30,8 +30,9 @@ inline std::string slurp(const fs::path& p) {
 
 // A directory of this test process's own (ctest runs each case in its own process): a new one from
 // mkdtemp, so nothing an earlier process of the same pid left can stand in for a file a test expects,
-// and removed with its contents when the process ends (the exports in it weigh ~300 MB; a suite
-// leaked one per case until the disk filled).
+// and removed with its contents when the process exits normally, failed checks included (the exports
+// in it weigh ~300 MB; a suite leaked one per case until the disk filled; a process killed by a
+// signal or ctest's timeout still leaves its folder).
 inline fs::path scratch() {
   static const struct Dir {
     fs::path path;

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -373,15 +374,23 @@ TEST_CASE("fixtures: an output that cannot be written leaves nothing behind", "[
   CHECK_THROWS_WITH(write_json_file("/nonexistent-dir/out.json", nlohmann::json::object()),
                     Catch::StartsWith("/nonexistent-dir/out.json: cannot write output: its folder /nonexistent-dir "
                                       "does not exist"));
-  const fs::path dir = fs::temp_directory_path() / "tparity_write_test";
-  fs::create_directories(dir);
-  const std::string out = (dir / "r.json").string();
+  // A folder of its own (mkdtemp: nothing another run left in it), removed however the test ends.
+  struct Dir {
+    fs::path path;
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } dir;
+  std::string tmpl = (fs::temp_directory_path() / "tparity_write_test_XXXXXX").string();
+  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+  dir.path = tmpl;
+  const std::string out = (dir.path / "r.json").string();
   write_json_file(out, {{"a", 1}});
   CHECK(nlohmann::json::parse(slurp(out)) == nlohmann::json{{"a", 1}});
   size_t files = 0;
-  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  for (const auto& e : fs::directory_iterator(dir.path)) files += e.is_regular_file();
   CHECK(files == 1);  // no temporary left
-  fs::remove_all(dir);
 }
 
 TEST_CASE("fixtures: a row whose every key is masked is NaN, as Python PyTorch 1.13 gives it", "[fixture]") {

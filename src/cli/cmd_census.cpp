@@ -277,6 +277,13 @@ nlohmann::json run_worker(const CensusOptions& o, const std::string& kernel) {
 
 nlohmann::json spawn_worker(const CensusOptions& o, const KernelSetting& k) {
   const fs::path out = fs::temp_directory_path() / fmt::format("tparity_census_{}_{}.json", ::getpid(), k.name);
+  struct Remove {  // the worker's document, gone however this ends (a failed worker, a bad document)
+    const fs::path& path;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  } remove{out};
   std::vector<std::string> args{"/proc/self/exe",  "census",
                                 "--worker-kernel", k.name,
                                 "--points",        std::to_string(o.points),
@@ -310,9 +317,7 @@ nlohmann::json spawn_worker(const CensusOptions& o, const KernelSetting& k) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !in)
     throw std::runtime_error(fmt::format("census: the worker for kernel setting {} failed (exit {})", k.name,
                                          WIFEXITED(status) ? WEXITSTATUS(status) : -1));
-  nlohmann::json j = nlohmann::json::parse(in);
-  fs::remove(out);
-  return j;
+  return nlohmann::json::parse(in);
 }
 
 // The table of merged worker documents: reference x kernel x ISA x case, points and alarms, then

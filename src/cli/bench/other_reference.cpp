@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -49,7 +51,9 @@ OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& 
   // its OpenBLAS falls back too). Its standard error kept apart, for the one line of an error.
   // In a folder of its own from mkdtemp: a fixed name in a shared /tmp could be a stranger's link.
   std::string dir = (std::filesystem::temp_directory_path() / "tparity-bench-other-XXXXXX").string();
-  if (!::mkdtemp(dir.data())) throw InputError("tparity bench: cannot create a temporary directory in " + dir);
+  if (!::mkdtemp(dir.data()))
+    throw InputError(fmt::format("tparity bench: cannot create a temporary directory in {}: {}",
+                                 std::filesystem::temp_directory_path().string(), std::strerror(errno)));
   const std::string err_file = dir + "/stderr";
   std::string cmd = "env -u TPARITY_BENCH_PINNED -u TPARITY_BENCH_UNSET " + shell_quote(o.other) +
                     " bench --torch-only --format json --reps " + std::to_string(o.reps);
