@@ -39,14 +39,16 @@ echo "numpy example: $(echo "$out" | summary), every default case"
 fi
 [ "$parts" = numpy ] && exit 0
 
-# 2. Its broken copy must fail, and name the scores as the first divergence.
+# 2. Its broken copy must fail, and name the scores as the first divergence. (grep -q reads a
+# here-string, not a pipe from echo: it exits at its match, and echo's next write into the closed pipe
+# would fail the line under pipefail when the output runs past one write, as it does here.)
 if out=$("$build/tparity" exec --tensors safetensors --case multihead --case block --name "numpy example, broken" \
   -- "$python" examples/numpy_attention/broken.py {problem} {out} {dtype}); then
   fail "broken.py passed: the scale by 1/sqrt(E) went unseen"
 fi
-echo "$out" | grep -q "first divergence: component scores" || fail "broken.py: no first divergence at scores: $out"
-echo "$out" | grep -q "first divergence: component sa.scores" || fail "broken.py: no first divergence at sa.scores"
-echo "$out" | grep -q "^FAIL  multihead  first divergence scores (local_hand64: " ||
+grep -q "first divergence: component scores" <<<"$out" || fail "broken.py: no first divergence at scores: $out"
+grep -q "first divergence: component sa.scores" <<<"$out" || fail "broken.py: no first divergence at sa.scores"
+grep -q "^FAIL  multihead  first divergence scores (local_hand64: " <<<"$out" ||
   fail "broken.py: the summary line does not name scores: $out"
 echo "numpy example, broken: $(echo "$out" | summary), first divergence at scores and sa.scores"
 
@@ -70,9 +72,9 @@ if out=$("$build/tparity" exec "${wide[@]}" --dtype float16 --name "numpy exampl
   -- "$python" examples/numpy_attention/half_accumulate.py {problem} {out} {dtype}); then
   fail "half_accumulate.py passed: float16 accumulation went unseen"
 fi
-echo "$out" | grep -q "FAIL case multihead/float16: component q: leg handf16_vs_torch64" ||
+grep -q "FAIL case multihead/float16: component q: leg handf16_vs_torch64" <<<"$out" ||
   fail "half_accumulate.py: q (the first projection) did not fail: $out"
-echo "$out" | grep -q "FAIL case block/float16: component sa.q: leg handf16_vs_torch64" ||
+grep -q "FAIL case block/float16: component sa.q: leg handf16_vs_torch64" <<<"$out" ||
   fail "half_accumulate.py: sa.q did not fail"
 echo "numpy example with float16 accumulators: $(echo "$out" | summary), failing from q and sa.q"
 
