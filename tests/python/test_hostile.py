@@ -2,6 +2,7 @@
 fix it names (the code under test does not choose the expected values)."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -220,9 +221,11 @@ def test_a_hooked_submodule_that_runs_twice_is_named():
 
 
 def test_the_calling_process_killed_leaves_no_exec_or_work_directory(tmp_path):
+    import shutil
     import signal
     import subprocess
     import sys
+    import tempfile
     import time
     script = tmp_path / "slow.py"
     script.write_text("import time, tparity\n"
@@ -230,19 +233,24 @@ def test_the_calling_process_killed_leaves_no_exec_or_work_directory(tmp_path):
                       "    print('computing', flush=True)\n"
                       "    time.sleep(60)\n"
                       "tparity.check(function=slow, case='softmax', dtypes=['float64'])\n")
-    work = tmp_path / "tmp"
-    work.mkdir()
-    p = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ, TMPDIR=str(work)),
-                         stdout=subprocess.PIPE, text=True)
+    # The killed process's TMPDIR: short enough that its relay socket's folder goes there too (under a
+    # long one it goes in /tmp, and a SIGKILL lets no finally remove it), removed when the test ends.
+    work = Path(tempfile.mkdtemp(prefix="tparity-killed-", dir="/tmp" if len(tempfile.gettempdir()) > 40 else None))
     try:
-        assert p.stdout.readline() == "computing\n"
+        p = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ, TMPDIR=str(work)),
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline() == "computing\n"
+            assert len(list(work.glob("tparity-py-*"))) == 1  # the relay's folder, here and not in /tmp
+        finally:
+            p.send_signal(signal.SIGKILL)  # no finally of its own runs: exec must learn it from its parent's death
+            p.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline and (list(work.glob("tparity-exec-*")) or _running_in(work)):
+            time.sleep(0.1)
+        assert list(work.glob("tparity-exec-*")) == [] and not _running_in(work)
     finally:
-        p.send_signal(signal.SIGKILL)  # no finally of its own runs: exec must learn it from its parent's death
-        p.wait()
-    deadline = time.time() + 10
-    while time.time() < deadline and (list(work.glob("tparity-exec-*")) or _running_in(work)):
-        time.sleep(0.1)
-    assert list(work.glob("tparity-exec-*")) == [] and not _running_in(work)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _running_in(folder):
