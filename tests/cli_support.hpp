@@ -9,8 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <stdexcept>
 #include <string>
+
+#include "temp_dir.hpp"
 
 namespace clitest {
 
@@ -34,18 +35,7 @@ inline std::string slurp(const fs::path& p) {
 // in it weigh ~300 MB; a suite leaked one per case until the disk filled; a process killed by a
 // signal or ctest's timeout still leaves its folder).
 inline fs::path scratch() {
-  static const struct Dir {
-    fs::path path;
-    Dir() {
-      std::string tmpl = (fs::temp_directory_path() / "tparity_cli_XXXXXX").string();
-      if (!::mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a scratch directory " + tmpl);
-      path = tmpl;
-    }
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  } dir;
+  static const testutil::TempDir dir("tparity_cli_");
   return dir.path;
 }
 

@@ -3,7 +3,6 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -12,6 +11,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "temp_dir.hpp"
 #include "tparity/compare/legs.hpp"
 #include "tparity/fixture/fixture.hpp"
 #include "tparity/fixture/outputs.hpp"
@@ -374,17 +374,7 @@ TEST_CASE("fixtures: an output that cannot be written leaves nothing behind", "[
   CHECK_THROWS_WITH(write_json_file("/nonexistent-dir/out.json", nlohmann::json::object()),
                     Catch::StartsWith("/nonexistent-dir/out.json: cannot write output: its folder /nonexistent-dir "
                                       "does not exist"));
-  // A folder of its own (mkdtemp: nothing another run left in it), removed however the test ends.
-  struct Dir {
-    fs::path path;
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  } dir;
-  std::string tmpl = (fs::temp_directory_path() / "tparity_write_test_XXXXXX").string();
-  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-  dir.path = tmpl;
+  const testutil::TempDir dir("tparity_write_test_");  // nothing another run left in it
   const std::string out = (dir.path / "r.json").string();
   write_json_file(out, {{"a", 1}});
   CHECK(nlohmann::json::parse(slurp(out)) == nlohmann::json{{"a", 1}});

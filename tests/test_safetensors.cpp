@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 
+#include "temp_dir.hpp"
 #include "tparity/fixture/safetensors.hpp"
 
 using namespace tparity;
@@ -84,17 +85,8 @@ void check_values(const DTensor& t, const std::vector<double>& expected) {
 }
 
 // A scratch directory, removed with its contents at the end of the scope.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("tparity_st_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;  // a destructor must not throw
-    fs::remove_all(path, ec);
-  }
+struct TempDir : testutil::TempDir {
+  TempDir() : testutil::TempDir("tparity_st_") {}
   std::vector<std::string> listing() const {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
