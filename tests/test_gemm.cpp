@@ -248,6 +248,65 @@ TEMPLATE_TEST_CASE("gemm over several MC KC and NC blocks and on two or three th
   }
 }
 
+TEMPLATE_TEST_CASE("gemm on several threads, rows dealt out or in fixed shares, gives one thread's bits", "[gemm]",
+                   float, double) {
+  // On more than one thread the rows of C are dealt out slice by slice as the threads come for them
+  // (gemm_detail::set_row_dealing, on by default), or each thread takes a fixed share. Either way C
+  // must be one thread's C bit for bit: every row computed once, by the same kernels, in the same
+  // slices. Shapes over several mc, kc and nc blocks, M ragged against mr, both transposes, the
+  // fused epilogue (bias, ReLU, residual) and one with an activation function, and the operand swap
+  // (a few rows against a large transposed B). C starts as NaN (beta 0) and its padding as 7: a row
+  // no thread computed stays NaN, a row computed twice or written past shows in the padding.
+  using T = TestType;
+  Rng rng(616);
+  struct Restore {
+    ~Restore() { gemm_detail::set_row_dealing(true); }
+  } restore;
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const GemmBlocking bs = gemm_detail::kernel_info<T>(isa).blocking;
+    struct Shape {
+      int64_t M, N, K;
+      bool trans_a, trans_b;
+    };
+    const int64_t mc = bs.mc, nc = bs.nc, kc = bs.kc, mr = bs.mr, nr = bs.nr;
+    for (const Shape s : {Shape{2 * mc + mr + 1, nr + 3, kc + 1, false, true}, Shape{5 * mr + 1, nc + nr + 1, 2 * kc + 1, false, true},
+                          Shape{mc + 5, 2 * nr + 1, 2 * kc + 3, true, false}, Shape{97, 3 * nr + 7, 33, true, true},
+                          Shape{2 * nr, 3000, kc + 9, false, true}})
+      for (int variant = 0; variant < 3; ++variant) {
+        const int64_t lda = (s.trans_a ? s.M : s.K) + 3, ldb = (s.trans_b ? s.K : s.N) + 1, ldc = s.N + 2;
+        std::vector<T> A(size_t((s.trans_a ? s.K : s.M) * lda)), B(size_t((s.trans_b ? s.N : s.K) * ldb));
+        std::vector<T> bias(size_t(s.N)), res(size_t(s.M * s.N));
+        for (T& x : A) x = T(rng.normal());
+        for (T& x : B) x = T(rng.normal());
+        for (T& x : bias) x = T(rng.normal());
+        for (T& x : res) x = T(rng.normal());
+        GemmEpilogue<T> ep;
+        if (variant == 1) ep.bias = bias.data(), ep.relu = true, ep.residual = res.data(), ep.ldr = s.N;
+        if (variant == 2) ep.bias = bias.data(), ep.activation = &gelu_forward<T>;
+        auto run = [&](int threads, bool dealt) {
+          std::vector<T> C(size_t(s.M * ldc), T(7));
+          for (int64_t i = 0; i < s.M; ++i)
+            for (int64_t j = 0; j < s.N; ++j) C[size_t(i * ldc + j)] = T(kNaN);
+          gemm_detail::set_row_dealing(dealt);
+          gemm<T>(s.trans_a, s.trans_b, s.M, s.N, s.K, T(1), A.data(), lda, B.data(), ldb, T(0), C.data(), ldc,
+                  variant ? &ep : nullptr, threads);
+          return C;
+        };
+        const std::vector<T> one = run(1, true);
+        size_t nan = 0;
+        for (T x : one) nan += std::isnan(x);
+        REQUIRE(nan == 0);  // the one-thread result is whole: NaN below could only come from a skipped row
+        for (int threads : {2, 3, 4})
+          for (bool dealt : {true, false}) {
+            CAPTURE(to_string(isa), s.M, s.N, s.K, s.trans_a, s.trans_b, variant, threads, dealt);
+            const std::vector<T> c = run(threads, dealt);
+            CHECK(std::memcmp(c.data(), one.data(), one.size() * sizeof(T)) == 0);
+          }
+      }
+  }
+}
+
 TEMPLATE_TEST_CASE("gemm with alpha 0 or K 0 reads neither A nor B and beta 0 clears NaN", "[gemm]", float, double) {
   using T = TestType;
   for (GemmIsa isa : available_isas()) {

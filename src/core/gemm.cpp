@@ -254,8 +254,8 @@ WorkspaceShape workspace_shape(const GemmBlocking& bs, int64_t M, int64_t N, int
 }
 
 template <class T>
-Workspace<T> carve(T* base, const WorkspaceShape& s) {
-  return {base, base + s.b, s.a_stride};
+Workspace<T> carve(T* base, const WorkspaceShape& s, RowDealer* dealer = nullptr) {
+  return {base, base + s.b, s.a_stride, dealer};
 }
 
 // --- the calls that need no kernel ---------------------------------------------------------------
@@ -379,15 +379,46 @@ void gemm_low(bool, bool, int64_t, int64_t, int64_t, double, const double*, int6
 // --- gemm ------------------------------------------------------------------------------------------
 
 namespace gemm_impl {
+
+struct RowDealer {
+  std::unique_ptr<std::atomic<int64_t>[]> next;  // per slice of the sum: its first row not yet dealt
+};
+
+// Guided: a chunk is an mr-rounded 1 / (2 * nthreads) of the rows left, at least 4 * mr (no more
+// than `most`), so the first chunks are about as large as a fixed share's blocks and the last ones
+// small enough to even the threads out at the slice's end.
+bool next_rows(RowDealer* dealer, int64_t slice, int64_t M, int64_t mr, int64_t most, int nthreads, int64_t* begin,
+               int64_t* end) {
+  std::atomic<int64_t>& next = dealer->next[size_t(slice)];
+  int64_t row = next.load(std::memory_order_relaxed);
+  for (;;) {
+    if (row >= M) return false;
+    const int64_t share = round_up((M - row + 2 * nthreads - 1) / (2 * nthreads), mr);
+    const int64_t stop = min64(M, row + std::clamp(share, min64(4 * mr, most), most));
+    // relaxed: the rows' data are published by the barriers around the slice, not by this counter
+    if (next.compare_exchange_weak(row, stop, std::memory_order_relaxed)) {
+      *begin = row, *end = stop;
+      return true;
+    }
+  }
+}
+
 namespace {
 
 std::atomic<bool> swap_operands{true};
+std::atomic<bool> deal_rows{true};
 
-// The five loops on one problem, its packing buffers from this thread's scratch.
+// The five loops on one problem, its packing buffers from this thread's scratch. On more than one
+// thread the rows of C are dealt out slice by slice (next_rows), one counter per slice of the sum.
 template <class T>
 void run_problem(const Path<T>& path, const Problem<T>& p, int threads) {
   const WorkspaceShape shape = workspace_shape(path.blocking, p.M, p.N, p.K, threads);
-  const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape);
+  const GemmBlocking& bs = path.blocking;
+  RowDealer dealer;
+  const bool dealt = threads > 1 && deal_rows.load(std::memory_order_relaxed);
+  if (dealt) dealer.next.reset(new std::atomic<int64_t>[size_t((p.N + bs.nc - 1) / bs.nc * ((p.K + bs.kc - 1) / bs.kc))]());
+  const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape,
+                                dealt ? &dealer : nullptr);
   run_on_threads(threads, [&](int tid, int nthreads, Barrier* barrier) {
     path.run(p, path.blocking, ws, tid, nthreads, barrier);
   });
@@ -504,6 +535,7 @@ KernelInfo<T> kernel_info(GemmIsa isa) {
 }
 
 void set_operand_swap(bool on) { swap_operands.store(on, std::memory_order_relaxed); }
+void set_row_dealing(bool on) { deal_rows.store(on, std::memory_order_relaxed); }
 
 template <class T>
 void reference_microkernel(int mr, int nr, int64_t kc, const T* A, int64_t rs_a, int64_t cs_a, const T* B, T* C,

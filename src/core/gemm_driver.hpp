@@ -173,6 +173,8 @@ void five_loops(const Problem<typename Lanes::T>& p, const GemmBlocking& bs, con
   T* const Ap = ws.packed_a + tid * ws.packed_a_stride;
   T* const Bp = ws.packed_b;
   const bool in_place = read_a_in_place(p);
+  // rows of A one thread's packing buffer holds (workspace_shape): the most the dealer may hand out
+  const int64_t mc_room = round_up(min64(MC, rows), MR);
 
   for (int64_t jc = 0; jc < p.N; jc += NC) {  // loop 5: NC columns of C and op(B)
     const int64_t nc = min64(NC, p.N - jc);
@@ -188,8 +190,11 @@ void five_loops(const Problem<typename Lanes::T>& p, const GemmBlocking& bs, con
         pack_b_panel<Lanes, NR>(int(min64(NR, p.N - j)), kc, src, p.ldb, p.trans_b, Bp + q * NR * kc);
       }
       if (nthreads > 1) barrier_wait(barrier);
-      for (int64_t ic = m_begin; ic < m_end; ic += MC) {  // loop 3: MC rows of C and op(A)
-        const int64_t mc = min64(MC, m_end - ic);
+      const int64_t slice = (jc / NC) * ((p.K + KC - 1) / KC) + pc / KC;
+      int64_t ic = m_begin, block_end = m_end;
+      // loop 3: MC rows of C and op(A) at a time, of this thread's share or as the dealer hands them
+      while (ws.dealer ? next_rows(ws.dealer, slice, p.M, MR, mc_room, nthreads, &ic, &block_end) : ic < m_end) {
+        const int64_t mc = min64(MC, block_end - ic);
         APanels<T> A{Ap, kc, 1, MR, false};
         if (in_place) {
           A = {p.A + ic * p.lda + pc, p.lda, p.lda, 1, true};
@@ -201,6 +206,7 @@ void five_loops(const Problem<typename Lanes::T>& p, const GemmBlocking& bs, con
           }
         }
         macro_kernel<Lanes, MR, NV>(mc, nc, kc, A, Bp, p.C + ic * p.ldc + jc, p.ldc, p.alpha, beta, ep, ic, jc, Ap);
+        if (!ws.dealer) ic += mc;
       }
       if (nthreads > 1) barrier_wait(barrier);  // every thread is done with Bp before the next slice repacks it
     }

@@ -54,6 +54,16 @@ struct Problem {
   const GemmEpilogue<T>* epilogue;  // or null
 };
 
+// The rows of C dealt out to a call's threads as each comes for more (gemm.cpp): on a shared machine
+// one core runs slower than the other from one minute to the next, and a fixed half of the rows
+// each left the faster thread waiting at every slice's barrier. next_rows gives the calling thread
+// the next chunk [*begin, *end) of slice `slice`'s M rows (a whole number of mr, at most `most`,
+// shrinking as the rows run out), or false when none is left. Which thread computes a tile changes
+// no bit of it.
+struct RowDealer;
+bool next_rows(RowDealer* dealer, int64_t slice, int64_t M, int64_t mr, int64_t most, int nthreads, int64_t* begin,
+               int64_t* end);
+
 // Packing buffers, 64-byte aligned: packed_b holds kc x round_up(min(nc, N), nr) (shared by the
 // threads); thread t packs its A into packed_a + t * packed_a_stride, room for round_up(min(mc, M),
 // mr) x kc.
@@ -62,6 +72,7 @@ struct Workspace {
   T* packed_b;
   T* packed_a;
   int64_t packed_a_stride;
+  RowDealer* dealer;  // null: each thread takes its fixed share of rows (see next_rows)
 };
 
 // Where the threads of one call meet (parallel_team.hpp): barrier_wait returns once all of them have

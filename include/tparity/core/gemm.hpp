@@ -131,6 +131,10 @@ KernelInfo<T> kernel_info(GemmIsa isa);
 // Whether gemm() may swap its operands for a few rows against a large transposed B (gemm.cpp,
 // swap_pays): on by default; off for the tests that check it changes no bit.
 void set_operand_swap(bool on);
+// Whether gemm() on more than one thread deals the rows of C out as the threads come for them (on
+// by default) or gives each thread a fixed share (off: for the tests that check it changes no bit,
+// and for timing one against the other).
+void set_row_dealing(bool on);
 
 // The three-loop reference micro-kernel: the same contract for any mr, nr, in plain loops.
 template <class T>
