@@ -193,10 +193,11 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   // groups' keys and values are what would leave it: block-major, the seed block's (200 groups of
   // 100 keys, 2.5 MiB of k and v in rows of 768 bytes) were read from L3 once per block of queries,
   // 3% of the layer's time on an Emerald Rapids Xeon (interleaved runs, the same bits).
-  // Thread t of n takes units t, t + n, t + 2n, ...: dealt out, not cut into ranges, so that the
-  // threads share the work evenly when it is not even (a causal mask's early blocks of queries skip
-  // most key blocks). Each unit is computed alone: neither the order nor the thread count changes a
-  // bit.
+  // The units are dealt out in order to whichever thread comes for more (next_units), not cut into
+  // fixed shares: the threads share the work evenly when it is not even (a causal mask's early blocks
+  // of queries skip most key blocks) and when their cores are not (on a shared machine one core runs
+  // slower than the other from one minute to the next). Each unit is computed alone: neither the
+  // order nor the thread count changes a bit.
   const int64_t l2 = cpu_caches().l2_per_core();  // 0 when unknown: block-major, as before
   const int order = unit_order.load(std::memory_order_relaxed);  // the tests' override, or 0
   const bool block_major = masks.attn && masks.attn_group_stride == 0 &&
@@ -238,11 +239,31 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
     else
       parallel_for(kvG, threads, some_groups);
   }
-  auto run_units = [&](int64_t first, int64_t step) {
+  // Guided chunks of units: an n-th of half the units left, at least one granule, rounded down to
+  // granules. Group by group over many groups (16 per thread or more), a granule is a whole group, so
+  // that each thread computes the key statistics of its own groups only (with single units, every
+  // thread computed every group's: the seed block's 200 groups of 7 blocks). With few groups a granule
+  // is one unit: whole groups would leave a thread idle for up to a group at the end.
+  const int64_t n = std::min<int64_t>(threads, units);
+  const int64_t granule = !block_major && groups >= 16 * n ? blocks : 1;
+  std::atomic<int64_t> next_unit{0};
+  auto next_units = [&](int64_t* begin, int64_t* end) {
+    int64_t w = next_unit.load(std::memory_order_relaxed);
+    for (;;) {
+      if (w >= units) return false;
+      const int64_t chunk = std::max(granule, (units - w) / (2 * n) / granule * granule);
+      if (next_unit.compare_exchange_weak(w, std::min(units, w + chunk), std::memory_order_relaxed)) {
+        *begin = w, *end = std::min(units, w + chunk);
+        return true;
+      }
+    }
+  };
+  auto run_units = [&](int64_t first, int64_t last) {
     const BlockScratch<T> s = shape.carve(static_cast<T*>(scratch.get(size_t(shape.total()) * sizeof(T))));
     std::vector<KeyBlockStats<T>> own(skip && !block_major ? size_t(key_blocks) : 0);  // of kv group own_kg
     int64_t own_kg = -1;
-    for (int64_t w = first; w < units; w += step) {
+    for (int64_t w = first;; ++w) {
+      if (w == last && !(n > 1 && next_units(&w, &last))) break;
       // g: the group (stacked: the kv group, its heads g * rep ...), i0: the block's first row in it;
       // h: the (query) group of that row; kg: the kv group
       const int64_t g = block_major ? w % groups : w / blocks, i0 = (block_major ? w / groups : w % blocks) * br;
@@ -273,11 +294,8 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
       run_block(b, s);
     }
   };
-  const int64_t n = std::min<int64_t>(threads, units);
-  if (n <= 1) return run_units(0, 1);
-  parallel_for(n, int(n), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) run_units(t, n);
-  });
+  if (n <= 1) return run_units(0, units);
+  parallel_for(n, int(n), [&](int64_t, int64_t) { run_units(0, 0); });
 }
 
 namespace fused_attention_detail {
