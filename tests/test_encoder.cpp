@@ -8,6 +8,7 @@
 #include "support.hpp"
 #include "tparity/core/encoder.hpp"
 #include "tparity/core/gemm.hpp"
+#include "tparity/core/parallel.hpp"
 #include "tparity/harness/rng.hpp"
 
 using namespace tparity;
@@ -212,8 +213,13 @@ TEST_CASE("encoder: a batch whose feed-forward runs in passes of rows equals sta
   // 5120 rows of a 128-wide hidden layer (5 MiB in double) with weights of 32 KiB: on a CPU with
   // 256 KiB to 16 MiB of L2 per core the fast feed-forward takes the rows in passes (blocks.hpp,
   // ffn_rows_per_pass: both weights within an eighth of L2, the hidden rows past a quarter), each
-  // single batch element's 64 rows in one; the bits must not change.
+  // single batch element's 64 rows in one; the bits must not change. On 2 and 3 threads the passes
+  // are dealt out to the threads, each running its own products inside the team: the same bits.
   Rng rng(74);
+  struct Threads {
+    const int saved = num_threads();
+    ~Threads() { set_num_threads(saved); }
+  } restore;
   const int64_t B = 80, T = 64, d = 16, F = 128;
   const int64_t l2 = cpu_caches().l2_per_core();
   if (l2 == 0)
@@ -226,7 +232,14 @@ TEST_CASE("encoder: a batch whose feed-forward runs in passes of rows equals sta
       const EncoderConfig c = config(d, 2, F, norm_first, act);
       const EncoderWeights<double> w = random_weights(c, rng);
       const Tensor<double> x = randn(rng, {B, T, d});
+      set_num_threads(1);
       const Tensor<double> all = encoder_layer_forward(c, w, EncoderInputs<double>{x, {}, {}});
+      for (int threads : {2, 3}) {
+        CAPTURE(threads);
+        set_num_threads(threads);
+        CHECK(encoder_layer_forward(c, w, EncoderInputs<double>{x, {}, {}}).data == all.data);
+      }
+      set_num_threads(1);
       int64_t differ = 0;
       for (int64_t b = 0; b < B; ++b) {
         const Tensor<double> xb({T, d},

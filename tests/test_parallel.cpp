@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <vector>
 
+#include "tparity/core/gemm.hpp"
 #include "tparity/core/parallel.hpp"
 
 using namespace tparity;
@@ -31,4 +32,40 @@ TEST_CASE("parallel: the thread count is positive", "[parallel]") {
   CHECK(num_threads() == 2);
   CHECK_THROWS_AS(set_num_threads(0), std::invalid_argument);
   set_num_threads(before);
+}
+
+TEST_CASE("parallel: a team call inside a team's share runs whole on that thread", "[parallel]") {
+  // The feed-forward deals its passes out to the team, and each pass calls gemm with the core's
+  // thread count: a call from inside a share must run on the calling thread alone (the team is busy
+  // with the outer call; waiting for it would never end). Each inner parallel_for is then one slice,
+  // and a gemm on "2 threads" inside a share gives one thread's C.
+  for (int threads : {2, 3}) {
+    CAPTURE(threads);
+    const int64_t outer = 4, inner = 1000;
+    std::vector<std::atomic<int>> seen(size_t(outer * inner));
+    std::atomic<int> inner_slices{0};
+    parallel_for(outer, threads, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o)
+        parallel_for(inner, threads, [&](int64_t ib, int64_t ie) {
+          ++inner_slices;
+          for (int64_t i = ib; i < ie; ++i) ++seen[size_t(o * inner + i)];
+        });
+    });
+    for (auto& s : seen) CHECK(s.load() == 1);
+    CHECK(inner_slices.load() == outer);
+
+    const int64_t M = 200, N = 70, K = 50;
+    std::vector<float> A(size_t(M * K)), B(size_t(N * K));
+    for (size_t i = 0; i < A.size(); ++i) A[i] = float(int(i % 13) - 6) / 8;
+    for (size_t i = 0; i < B.size(); ++i) B[i] = float(int(i % 11) - 5) / 4;
+    std::vector<float> alone(size_t(M * N)), inside(size_t(outer * M * N));
+    gemm<float>(false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, alone.data(), N, nullptr, 1);
+    parallel_for(outer, threads, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o)
+        gemm<float>(false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, inside.data() + o * M * N, N, nullptr,
+                    threads);
+    });
+    for (int64_t o = 0; o < outer; ++o)
+      CHECK(std::vector<float>(inside.begin() + o * M * N, inside.begin() + (o + 1) * M * N) == alone);
+  }
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <utility>
 
@@ -106,14 +107,33 @@ void add_feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1, 
       residual = std::move(out);
       return;
     }
-    Buffer<T> sum(rows * d);
-    for (int64_t r0 = 0; r0 < N; r0 += rows) {
-      const int64_t n = std::min(rows, N - r0);
-      linear_act_forward(hidden.ptr(), x.ptr() + r0 * d, w1.ptr(), b1.ptr(), n, d, F, act);
-      ep.residual = residual.ptr() + r0 * d;
-      gemm(false, true, n, d, F, T(1), hidden.ptr(), F, w2.ptr(), F, T(0), sum.ptr(), d, &ep, num_threads());
-      std::copy_n(sum.ptr(), n * d, residual.ptr() + r0 * d);
+    // Pass [r0, r0 + n) through the given buffers. On one thread, the passes in turn; on more, the
+    // passes go to whichever thread comes for more, each running its passes' products alone (a team
+    // call from inside the team runs on its thread: parallel_team.hpp) in buffers of its own, at most
+    // an n-th of a quarter of the rows each so that no thread is left waiting for a long last pass:
+    // the seed block's FFN on two threads ran its ten small products at 1.26x one thread's speed,
+    // each a call of the whole team.
+    auto pass = [&](int64_t r0, int64_t n, T* hid, T* out) {
+      GemmEpilogue<T> e = ep;
+      e.residual = residual.ptr() + r0 * d;
+      linear_act_forward(hid, x.ptr() + r0 * d, w1.ptr(), b1.ptr(), n, d, F, act);
+      gemm(false, true, n, d, F, T(1), hid, F, w2.ptr(), F, T(0), out, d, &e, num_threads());
+      std::copy_n(out, n * d, residual.ptr() + r0 * d);
+    };
+    const int threads = num_threads();
+    if (threads <= 1) {
+      Buffer<T> sum(rows * d);
+      for (int64_t r0 = 0; r0 < N; r0 += rows) pass(r0, std::min(rows, N - r0), hidden.ptr(), sum.ptr());
+      return;
     }
+    hidden.release();
+    const int64_t quarter = (N + 4 * threads - 1) / (4 * threads);
+    const int64_t per = std::min(rows, (quarter + 63) / 64 * 64);
+    std::atomic<int64_t> next{0};
+    parallel_for(threads, threads, [&](int64_t, int64_t) {
+      Buffer<T> hid(per * F), out(per * d);
+      for (int64_t r0 = next.fetch_add(per); r0 < N; r0 = next.fetch_add(per)) pass(r0, std::min(per, N - r0), hid.ptr(), out.ptr());
+    });
     return;
   }
   Shape hs = x.shape;

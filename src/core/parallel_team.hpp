@@ -33,7 +33,9 @@ class Barrier {
 void barrier_wait(Barrier* barrier);  // barrier->wait(), out of line for the kernel files
 
 // job(ctx, tid, n, barrier) for tid 0 (the caller) .. n - 1; n = threads unless the system refused a
-// thread; returns when every share is done. Team calls from different threads take turns.
+// thread; returns when every share is done. Team calls from different threads take turns. Called
+// from inside a team's job (a share that itself calls gemm or parallel_for), it runs job(ctx, 0, 1,
+// null) on the calling thread: the team is busy with the outer job.
 using TeamJob = void (*)(const void* ctx, int tid, int nthreads, Barrier* barrier);
 void run_team(int threads, TeamJob job, const void* ctx);
 
