@@ -1,6 +1,8 @@
 // The CLI as a user runs it: exit codes (0 pass, 1 fail, 2 bad usage or input), one-line errors,
 // the JSON document's shape, files written whole or not at all.
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -859,4 +861,39 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
   CHECK(qenv.at("unset") == "");
   CHECK(qenv.at("pinned") == "test");
   if (openblas) CHECK_THAT(qenv.at("reference").at("kernel").get<std::string>(), Catch::Contains("Haswell"));
+}
+
+TEST_CASE("cli: bench's other reference failing or interrupted: one line, or 128 + the signal, nothing left",
+          "[cli]") {
+  if (!with_torch()) return;  // the torch-free build times no LibTorch of its own
+  // A stand-in for another build: passes the --version check, then fails, or hangs until killed.
+  const fs::path fake = scratch() / "fake-tparity";
+  std::ofstream(fake) << "#!/bin/sh\n"
+                         "if [ \"$1\" = --version ]; then echo 'tparity 0.0 (reference: LibTorch fake)'; exit 0; fi\n"
+                         "if [ -n \"$FAKE_HANG\" ]; then echo $$ > \"$FAKE_HANG.tmp\"; mv \"$FAKE_HANG.tmp\" \"$FAKE_HANG\"; "
+                         "exec sleep 60; fi\n"
+                         "echo 'broken: cannot load its LibTorch' >&2; exit 3\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  const fs::path tmp = scratch() / "bench-tmp";
+  fs::create_directories(tmp);
+  const std::string bench = "TMPDIR=" + tmp.string() + " " + tparity_bin() +
+                            " bench --quick --reps 1 --no-check --case seed_block --other-reference " + fake.string();
+  const Result failed = shell(bench);
+  CHECK(failed.code == 2);
+  CHECK(one_line(failed.err));
+  CHECK_THAT(failed.err, Catch::Contains("exiting with code 3: broken: cannot load its LibTorch"));
+  CHECK(fs::is_empty(tmp));  // its standard error's folder removed
+
+  // SIGTERM to tparity while the other build runs: the other build's process group killed, the
+  // folder removed, the exit code 128 + 15.
+  const fs::path pid_file = scratch() / "fake.pid";
+  const Result stopped =
+      shell("{ FAKE_HANG=" + pid_file.string() + " " + bench + " & tp=$!; i=0; while [ ! -s " + pid_file.string() +
+            " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; kill -TERM $tp; wait $tp; echo \"code=$?\"; }");
+  CHECK_THAT(stopped.out, Catch::Contains("code=143"));
+  CHECK_THAT(stopped.err, Catch::Contains("stopped by signal 15"));
+  REQUIRE(fs::exists(pid_file));
+  const pid_t pid = pid_t(std::stol(slurp(pid_file)));
+  CHECK((::kill(pid, 0) != 0 && errno == ESRCH));  // the hanging "bench" is gone
+  CHECK(fs::is_empty(tmp));
 }

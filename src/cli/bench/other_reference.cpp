@@ -1,8 +1,13 @@
 // tparity bench's other reference: the LibTorch of another tparity build (e.g. build-debian/tparity
 // against Debian's 1.13) timed on the same cases by that build's own bench, in its own process (two
 // LibTorches cannot load in one), and this build's side of such a run (--torch-only).
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cerrno>
 #include <cstdio>
@@ -14,6 +19,7 @@
 #include "bench.hpp"
 #include "tparity/api.hpp"
 #include "tparity/core/parallel.hpp"
+#include "tparity/eval/foreign.hpp"
 #include "tparity/torch/reference.hpp"
 
 namespace tparity::cli::bench {
@@ -45,44 +51,113 @@ void check_other_reference(const std::string& exe) {
                     exe, out.substr(0, 120)));
 }
 
-OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& cases) {
-  // Its own decisions about OpenBLAS's kernels: none of this run's bookkeeping passed down (an
-  // OPENBLAS_CORETYPE this run pinned is, to the child, an override it drops, then pins itself if
-  // its OpenBLAS falls back too). Its standard error kept apart, for the one line of an error.
-  // In a folder of its own from mkdtemp: a fixed name in a shared /tmp could be a stranger's link.
+namespace {
+
+// What the other build's bench printed on its standard output, the first line of its standard error,
+// and how it ended.
+struct OtherRun {
+  std::string out, err;
+  int status = 0;
+};
+
+// args[0] (found on PATH when it names no folder) with args, in a process group of its own, its
+// environment this one's without TPARITY_BENCH_PINNED and TPARITY_BENCH_UNSET: none of this run's
+// bookkeeping about OpenBLAS's kernels passed down (an OPENBLAS_CORETYPE this run pinned is, to the
+// child, an override it drops, then pins itself if its OpenBLAS falls back too). Its standard error
+// goes to a file in a folder of its own from mkdtemp (a fixed name in a shared /tmp could be a
+// stranger's link), removed before this returns or throws. A SIGINT, SIGTERM or SIGHUP meanwhile
+// (InterruptGuard) kills its group and stops the bench (Interrupted), the folder removed.
+OtherRun run_other(std::vector<std::string> args) {
   std::string dir = (std::filesystem::temp_directory_path() / "tparity-bench-other-XXXXXX").string();
   if (!::mkdtemp(dir.data()))
     throw InputError(fmt::format("tparity bench: cannot create a temporary directory in {}: {}",
                                  std::filesystem::temp_directory_path().string(), std::strerror(errno)));
+  struct Remove {
+    std::string dir;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove{dir};
   const std::string err_file = dir + "/stderr";
-  std::string cmd = "env -u TPARITY_BENCH_PINNED -u TPARITY_BENCH_UNSET " + shell_quote(o.other) +
-                    " bench --torch-only --format json --reps " + std::to_string(o.reps);
-  for (const BenchCase& c : cases) cmd += " --case " + c.name;
-  if (o.quick) cmd += " --quick";
-  if (o.threads) cmd += " --threads " + std::to_string(o.threads);
-  cmd += " 2>" + shell_quote(err_file);
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::error_code ec;
-  if (!pipe) {
-    std::filesystem::remove_all(dir, ec);
-    throw InputError("option --other-reference: could not run \"" + o.other + "\"");
+  // Everything the child needs, made before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "TPARITY_BENCH_PINNED=", 21) != 0 && std::strncmp(*e, "TPARITY_BENCH_UNSET=", 20) != 0)
+      env_strings.push_back(*e);
+  std::vector<char*> envp, argv;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const InterruptGuard guard;
+  int out_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0)
+    throw InputError(fmt::format("option --other-reference: could not run \"{}\": pipe: {}", args[0], std::strerror(errno)));
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(out_pipe[0]), ::close(out_pipe[1]);
+    throw InputError(fmt::format("option --other-reference: could not run \"{}\": fork: {}", args[0], std::strerror(errno)));
   }
-  std::string out;
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(out_pipe[1], 1);
+    const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (err >= 0) ::dup2(err, 2);
+    struct sigaction dfl {};  // the guard's ignored SIGPIPE would outlive exec
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(SIGPIPE, &dfl, nullptr);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  ::close(out_pipe[1]);
+  OtherRun r;
   char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  std::string err;
-  {
-    std::ifstream in(err_file);
-    std::getline(in, err);
+  for (;;) {
+    if (interrupted()) break;
+    pollfd p{out_pipe[0], POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;  // a timeout, or EINTR: look at interrupted() again
+    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+    if (n > 0) r.out.append(buf, size_t(n));
   }
-  std::filesystem::remove_all(dir, ec);
+  ::close(out_pipe[0]);
+  if (const int sig = interrupted()) {
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    throw Interrupted(sig);
+  }
+  while (::waitpid(pid, &r.status, 0) < 0 && errno == EINTR) {
+  }
+  ::kill(-pid, SIGKILL);  // whatever it left running in its group
+  std::ifstream in(err_file);
+  std::getline(in, r.err);
+  return r;
+}
+
+}  // namespace
+
+OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& cases) {
+  std::vector<std::string> args{o.other, "bench", "--torch-only", "--format", "json", "--reps", std::to_string(o.reps)};
+  for (const BenchCase& c : cases) args.insert(args.end(), {"--case", c.name});
+  if (o.quick) args.push_back("--quick");
+  if (o.threads) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
+  const OtherRun run = run_other(args);
+  const std::string& out = run.out;
+  const std::string& err = run.err;
+  const int status = run.status;
   const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
   if (status != 0 || j.is_discarded() || !j.is_object() || !j.contains("cases") || !j.contains("environment"))
-    throw InputError(
-        fmt::format("option --other-reference: expected a tparity built against LibTorch (its \"bench "
-                    "--torch-only\" prints JSON), got \"{}\" exiting with status {}{}",
-                    o.other, status, err.empty() ? "" : ": " + err));
+    throw InputError(fmt::format(
+        "option --other-reference: expected a tparity built against LibTorch (its \"bench --torch-only\" prints "
+        "JSON), got \"{}\" {}{}",
+        o.other,
+        WIFSIGNALED(status) ? fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)))
+        : WIFEXITED(status) && WEXITSTATUS(status) == 127 && out.empty()
+            ? std::string("that could not be run")
+            : fmt::format("exiting with code {}", WIFEXITED(status) ? WEXITSTATUS(status) : -1),
+        err.empty() ? "" : ": " + err));
   OtherTimes t;
   const nlohmann::json& env = j.at("environment");
   t.line = env.value("reference_line", "");
