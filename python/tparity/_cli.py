@@ -130,16 +130,28 @@ def option_error(args, tparity=None):
     return lines[-1] if r.returncode == 2 and lines and "not expected" in lines[-1] else None
 
 
+def _bind(server, folder, path):
+    """Bind the relay's socket at path, in folder. A Unix socket's path holds at most 107 bytes: under
+    a longer $TMPDIR it is bound through this process's descriptor of the folder, a short path to the
+    same place (the relay connects from inside the folder), so that it stays in the private folder
+    $TMPDIR holds (it went to /tmp, where a SIGKILL left it)."""
+    if len(os.fsencode(path)) < 100:
+        return server.bind(path)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        server.bind("/proc/self/fd/%d/%s" % (fd, os.path.basename(path)))
+    finally:
+        os.close(fd)
+
+
 def run_exec(compute, args, tparity=None, echo=False):
     """`tparity exec ARGS -- relay`, serving compute(problem, dtype) -> (outputs, components, local):
     (exit code, the JSON report or None, standard error, {(case, dtype): what the code raised})."""
     exe = binary(tparity)
-    # A Unix socket's path holds at most 107 bytes: under a long $TMPDIR the folder goes in /tmp.
-    where = None if len(os.path.join(tempfile.gettempdir(), "tparity-py-XXXXXXXX", "relay.sock")) < 100 else "/tmp"
-    with tempfile.TemporaryDirectory(prefix="tparity-py-", dir=where) as tmp:
+    with tempfile.TemporaryDirectory(prefix="tparity-py-") as tmp:
         sock_path = os.path.join(tmp, "relay.sock")
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(sock_path)
+        _bind(server, tmp, sock_path)
         server.listen(4)
         server.settimeout(0.1)
         cmd = [exe, "exec", "--format", "json", *args, "--", sys.executable, "-I", str(RELAY), sock_path,

@@ -3,6 +3,7 @@ called tparity.check (over a Unix socket in that process's private folder) and w
 the outputs file. Standard library only; run as `python -I _relay.py SOCKET PROBLEM OUT DTYPE`."""
 
 import json
+import os
 import socket
 import sys
 
@@ -12,6 +13,9 @@ def main(argv):
         print("usage: _relay.py SOCKET PROBLEM OUT DTYPE", file=sys.stderr)
         return 2
     path, problem, out, dtype = argv
+    if len(os.fsencode(path)) >= 100:  # longer than a Unix socket's path holds: connect from its folder
+        os.chdir(os.path.dirname(path))
+        path = os.path.basename(path)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(path)
         s.sendall((json.dumps({"problem": problem, "out": out, "dtype": dtype}) + "\n").encode())

@@ -233,15 +233,17 @@ def test_the_calling_process_killed_leaves_no_exec_or_work_directory(tmp_path):
                       "    print('computing', flush=True)\n"
                       "    time.sleep(60)\n"
                       "tparity.check(function=slow, case='softmax', dtypes=['float64'])\n")
-    # The killed process's TMPDIR: short enough that its relay socket's folder goes there too (under a
-    # long one it goes in /tmp, and a SIGKILL lets no finally remove it), removed when the test ends.
-    work = Path(tempfile.mkdtemp(prefix="tparity-killed-", dir="/tmp" if len(tempfile.gettempdir()) > 40 else None))
+    # The killed process's TMPDIR, too long for a Unix socket's path: the relay's socket and its folder
+    # must still be in it (they went to /tmp, where the SIGKILL left them), removed when the test ends.
+    work = Path(tempfile.mkdtemp(prefix="tparity-killed-" + "x" * 100))
+    assert len(os.fsencode(os.path.join(str(work), "tparity-py-XXXXXXXX", "relay.sock"))) > 107
     try:
         p = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ, TMPDIR=str(work)),
                              stdout=subprocess.PIPE, text=True)
         try:
             assert p.stdout.readline() == "computing\n"
-            assert len(list(work.glob("tparity-py-*"))) == 1  # the relay's folder, here and not in /tmp
+            relay = list(work.glob("tparity-py-*"))  # the relay's folder, here and not in /tmp
+            assert len(relay) == 1 and (relay[0] / "relay.sock").is_socket()
         finally:
             p.send_signal(signal.SIGKILL)  # no finally of its own runs: exec must learn it from its parent's death
             p.wait()
