@@ -256,7 +256,8 @@ TEMPLATE_TEST_CASE("gemm on several threads, rows dealt out or in fixed shares, 
   // slices. Shapes over several mc, kc and nc blocks, M ragged against mr, both transposes, the
   // fused epilogue (bias, ReLU, residual) and one with an activation function, and the operand swap
   // (a few rows against a large transposed B). C starts as NaN (beta 0) and its padding as 7: a row
-  // no thread computed stays NaN, a row computed twice or written past shows in the padding.
+  // no thread computed stays NaN, a write past a row shows in the padding, and a row computed twice
+  // shows where its later slices add to C again (K > kc) or its epilogue is applied again.
   using T = TestType;
   Rng rng(616);
   struct Restore {

@@ -1,6 +1,12 @@
 // The hand core's threads: parallel_for covers its range exactly once, whatever the thread count.
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "tparity/core/gemm.hpp"
@@ -34,13 +40,12 @@ TEST_CASE("parallel: the thread count is positive", "[parallel]") {
   set_num_threads(before);
 }
 
-TEST_CASE("parallel: a team call inside a team's share runs whole on that thread", "[parallel]") {
-  // The feed-forward deals its passes out to the team, and each pass calls gemm with the core's
-  // thread count: a call from inside a share must run on the calling thread alone (the team is busy
-  // with the outer call; waiting for it would never end). Each inner parallel_for is then one slice,
-  // and a gemm on "2 threads" inside a share gives one thread's C.
+namespace {
+
+std::atomic<int> nested_failures{0};
+
+void nested_calls() {
   for (int threads : {2, 3}) {
-    CAPTURE(threads);
     const int64_t outer = 4, inner = 1000;
     std::vector<std::atomic<int>> seen(size_t(outer * inner));
     std::atomic<int> inner_slices{0};
@@ -51,8 +56,8 @@ TEST_CASE("parallel: a team call inside a team's share runs whole on that thread
           for (int64_t i = ib; i < ie; ++i) ++seen[size_t(o * inner + i)];
         });
     });
-    for (auto& s : seen) CHECK(s.load() == 1);
-    CHECK(inner_slices.load() == outer);
+    for (auto& s : seen) nested_failures += s.load() != 1;
+    nested_failures += inner_slices.load() != outer;
 
     const int64_t M = 200, N = 70, K = 50;
     std::vector<float> A(size_t(M * K)), B(size_t(N * K));
@@ -66,6 +71,46 @@ TEST_CASE("parallel: a team call inside a team's share runs whole on that thread
                     threads);
     });
     for (int64_t o = 0; o < outer; ++o)
-      CHECK(std::vector<float>(inside.begin() + o * M * N, inside.begin() + (o + 1) * M * N) == alone);
+      nested_failures += std::vector<float>(inside.begin() + o * M * N, inside.begin() + (o + 1) * M * N) != alone;
   }
 }
+
+}  // namespace
+
+TEST_CASE("parallel: a team call inside a team's share runs whole on that thread", "[parallel]") {
+  // The feed-forward deals its passes out to the team, and each pass calls gemm with the core's
+  // thread count: a call from inside a share must run on the calling thread alone (the team is busy
+  // with the outer call; waiting for it would never end). Each inner parallel_for is then one slice,
+  // and a gemm on "2 threads" inside a share gives one thread's C. Run on a thread of its own, so that
+  // a deadlock fails the test after a minute instead of hanging it.
+  const auto finished = std::make_shared<std::promise<void>>();
+  std::future<void> done = finished->get_future();
+  std::thread([finished] {
+    nested_calls();
+    finished->set_value();
+  }).detach();
+  REQUIRE(done.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  CHECK(nested_failures.load() == 0);
+}
+
+TEST_CASE("parallel: what a share throws reaches the caller once every share is done", "[parallel]") {
+  // A share's own buffers can run out of memory: the exception must reach the caller (a worker's
+  // used to end the process through std::terminate), and only after the other shares have finished
+  // with the job's data.
+  for (int threads : {2, 3}) {
+    CAPTURE(threads);
+    std::vector<std::atomic<int>> seen(300);
+    bool caught = false;
+    try {
+      parallel_for(300, threads, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) ++seen[size_t(i)];
+        if (e == 300) throw std::runtime_error("the last share's");  // a worker's share
+      });
+    } catch (const std::runtime_error& err) {
+      caught = std::string(err.what()) == "the last share's";
+    }
+    CHECK(caught);
+    for (auto& s : seen) CHECK(s.load() == 1);  // every share ran to its end before the throw arrived
+  }
+}
+

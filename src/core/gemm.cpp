@@ -241,7 +241,7 @@ thread_local Scratch scratch;
 
 // Elements of one workspace for an M x N x K problem split over nthreads row ranges.
 struct WorkspaceShape {
-  int64_t b, a_stride;
+  int64_t b, a_stride, a_rows;
   int64_t total(int nthreads) const { return b + nthreads * a_stride; }
 };
 
@@ -250,12 +250,12 @@ WorkspaceShape workspace_shape(const GemmBlocking& bs, int64_t M, int64_t N, int
   const int64_t nc = round_up(min64(bs.nc, N), bs.nr);
   const int64_t rows = round_up((M + nthreads - 1) / nthreads, bs.mr);
   const int64_t mc = round_up(min64(bs.mc, rows), bs.mr);
-  return {round_up(kc * nc, 16), round_up(mc * kc, 16)};
+  return {round_up(kc * nc, 16), round_up(mc * kc, 16), mc};
 }
 
 template <class T>
 Workspace<T> carve(T* base, const WorkspaceShape& s, RowDealer* dealer = nullptr) {
-  return {base, base + s.b, s.a_stride, dealer};
+  return {base, base + s.b, s.a_stride, s.a_rows, dealer};
 }
 
 // --- the calls that need no kernel ---------------------------------------------------------------
@@ -474,7 +474,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
   if (M == 0 || N == 0) return;
   const Path<T>& path = path_for<T>(gemm_isa());
   if (K == 0 || alpha == T(0)) return scale_only(M, N, beta, C, ldc, epilogue);
-  threads = threads < 1 ? 1 : threads;
+  threads = threads < 1 || detail::in_team() ? 1 : threads;  // inside a team's share: this thread alone
   if (swap_pays(path, trans_a, trans_b, M, N, beta))
     return gemm_swapped(path, M, N, K, alpha, A, lda, B, ldb, C, ldc, epilogue, threads);
   run_problem(path, p, threads);
@@ -499,7 +499,7 @@ void gemm_strided_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, 
   if (batch == 0 || M == 0 || N == 0) return;
   const Path<T>& path = path_for<T>(gemm_isa());
   const bool no_kernel = K == 0 || alpha == T(0);
-  threads = threads < 1 ? 1 : int(min64(threads, batch));
+  threads = threads < 1 || detail::in_team() ? 1 : int(min64(threads, batch));
   // Each thread takes every nthreads-th matrix, serially, in its own workspace.
   const WorkspaceShape shape = workspace_shape(path.blocking, M, N, K, 1);
   T* const base = static_cast<T*>(scratch.get(size_t(shape.total(1) * threads) * sizeof(T)));

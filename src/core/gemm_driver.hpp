@@ -166,15 +166,15 @@ void five_loops(const Problem<typename Lanes::T>& p, const GemmBlocking& bs, con
                 int tid, int nthreads, Barrier* barrier) {
   using T = typename Lanes::T;
   constexpr int NR = NV * Lanes::width;
-  const int64_t KC = bs.kc, MC = bs.mc, NC = bs.nc;
+  // MC no taller than one thread's packing buffer (ws.a_rows, sized for the threads asked for; fewer
+  // may have started, each then with more rows than that)
+  const int64_t KC = bs.kc, MC = min64(bs.mc, ws.a_rows), NC = bs.nc;
   // This thread's rows of C, a whole number of MR-tall panels.
   const int64_t rows = round_up((p.M + nthreads - 1) / nthreads, MR);
   const int64_t m_begin = min64(p.M, tid * rows), m_end = min64(p.M, m_begin + rows);
   T* const Ap = ws.packed_a + tid * ws.packed_a_stride;
   T* const Bp = ws.packed_b;
   const bool in_place = read_a_in_place(p);
-  // rows of A one thread's packing buffer holds (workspace_shape): the most the dealer may hand out
-  const int64_t mc_room = round_up(min64(MC, rows), MR);
 
   for (int64_t jc = 0; jc < p.N; jc += NC) {  // loop 5: NC columns of C and op(B)
     const int64_t nc = min64(NC, p.N - jc);
@@ -193,7 +193,7 @@ void five_loops(const Problem<typename Lanes::T>& p, const GemmBlocking& bs, con
       const int64_t slice = (jc / NC) * ((p.K + KC - 1) / KC) + pc / KC;
       int64_t ic = m_begin, block_end = m_end;
       // loop 3: MC rows of C and op(A) at a time, of this thread's share or as the dealer hands them
-      while (ws.dealer ? next_rows(ws.dealer, slice, p.M, MR, mc_room, nthreads, &ic, &block_end) : ic < m_end) {
+      while (ws.dealer ? next_rows(ws.dealer, slice, p.M, MR, MC, nthreads, &ic, &block_end) : ic < m_end) {
         const int64_t mc = min64(MC, block_end - ic);
         APanels<T> A{Ap, kc, 1, MR, false};
         if (in_place) {

@@ -72,6 +72,7 @@ struct Workspace {
   T* packed_b;
   T* packed_a;
   int64_t packed_a_stride;
+  int64_t a_rows;     // rows of A one thread's packed_a holds (a whole number of mr)
   RowDealer* dealer;  // null: each thread takes its fixed share of rows (see next_rows)
 };
 

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <system_error>
+#include <utility>
 
 #include "parallel_team.hpp"
 
@@ -62,13 +64,14 @@ class Workers {
       generation_.fetch_add(1);
     }
     wake_.notify_all();
-    {
-      const InTeam member;
-      job(ctx, 0, n, &barrier);
-    }
+    share(job, ctx, 0, n, &barrier);
     for (int spins = 0; spins < kSpins && pending_.load() != 0; ++spins) std::this_thread::yield();
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return pending_.load() == 0; });
+    // What a share threw (out of memory in a share's own buffers), thrown here once every share is
+    // done with the job's data: it unwound only that share (a job that meets at its barrier does not
+    // throw: the GEMM's buffers are made before its team starts).
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
@@ -86,16 +89,28 @@ class Workers {
       Barrier* const barrier = barrier_;
       const int n = team_;
       lock.unlock();
-      {
-        const InTeam member;
-        job(ctx, tid, n, barrier);
-      }
+      share(job, ctx, tid, n, barrier);
       lock.lock();
       if (pending_.fetch_sub(1) == 1) done_.notify_one();
     }
   }
 
+  // One member's share of the call, marked as inside the team; the first exception a share throws is
+  // kept for run() to throw, not let out of a worker's loop (std::terminate) or out of the caller's
+  // share while the workers still run on the job's data.
+  void share(Job job, const void* ctx, int tid, int n, Barrier* barrier) {
+    const InTeam member;
+    try {
+      job(ctx, tid, n, barrier);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+
   std::mutex call_mutex_;  // held for a whole call
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // the first exception a share of the current call threw
   int started_ = 0;        // workers, tids 1..started_
   std::mutex mutex_;       // guards the job and the waits
   std::condition_variable wake_, done_;
@@ -113,6 +128,8 @@ void run_team(int threads, TeamJob job, const void* ctx) {
   if (t_in_team) return job(ctx, 0, 1, nullptr);  // nested: this thread's share is the whole job
   Workers::get().run(threads, job, ctx);
 }
+
+bool in_team() { return t_in_team; }
 
 void barrier_wait(Barrier* barrier) { barrier->wait(); }
 

@@ -37,7 +37,11 @@ void barrier_wait(Barrier* barrier);  // barrier->wait(), out of line for the ke
 // from inside a team's job (a share that itself calls gemm or parallel_for), it runs job(ctx, 0, 1,
 // null) on the calling thread: the team is busy with the outer job.
 using TeamJob = void (*)(const void* ctx, int tid, int nthreads, Barrier* barrier);
+// What a share throws is thrown to the caller once every share has returned.
 void run_team(int threads, TeamJob job, const void* ctx);
+
+// Whether this thread is running a share of a team's job: a team call from here runs alone.
+bool in_team();
 
 // body(tid, nthreads, barrier) on the caller's thread and threads - 1 workers (nthreads says how
 // many ran; barrier is null when that is 1).
