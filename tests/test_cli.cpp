@@ -865,7 +865,10 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
 
 TEST_CASE("cli: bench's other reference failing or interrupted: one line, or 128 + the signal, nothing left",
           "[cli]") {
-  if (!with_torch()) return;  // the torch-free build times no LibTorch of its own
+  if (!with_torch()) {
+    WARN("skipped: the torch-free build times no LibTorch of its own");
+    return;
+  }
   // A stand-in for another build: passes the --version check, then fails, or hangs until killed.
   const fs::path fake = scratch() / "fake-tparity";
   std::ofstream(fake) << "#!/bin/sh\n"

@@ -7,14 +7,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
-
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "bench.hpp"
 #include "tparity/api.hpp"
@@ -26,47 +29,40 @@ namespace tparity::cli::bench {
 
 namespace {
 
-// s as one word for /bin/sh: in single quotes, each ' as '\''.
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return q + "'";
-}
-
-}  // namespace
-
-void check_other_reference(const std::string& exe) {
-  std::FILE* pipe = ::popen((shell_quote(exe) + " --version 2>/dev/null").c_str(), "r");
-  std::string out;
-  if (pipe) {
-    char buf[512];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-    ::pclose(pipe);
-  }
-  out = out.substr(0, out.find('\n'));  // its first line
-  if (out.rfind("tparity ", 0) != 0 || out.find("reference: LibTorch") == std::string::npos)
-    throw InputError(
-        fmt::format("option --other-reference: expected a tparity built against LibTorch, got \"{}\" "
-                    "(its --version printed \"{}\")",
-                    exe, out.substr(0, 120)));
-}
-
-namespace {
-
-// What the other build's bench printed on its standard output, the first line of its standard error,
-// and how it ended.
+// What the other build printed on its standard output, the first line of its standard error, and
+// how it ended (a wait status).
 struct OtherRun {
   std::string out, err;
   int status = 0;
 };
 
-// args[0] (found on PATH when it names no folder) with args, in a process group of its own, its
-// environment this one's without TPARITY_BENCH_PINNED and TPARITY_BENCH_UNSET: none of this run's
-// bookkeeping about OpenBLAS's kernels passed down (an OPENBLAS_CORETYPE this run pinned is, to the
-// child, an override it drops, then pins itself if its OpenBLAS falls back too). Its standard error
-// goes to a file in a folder of its own from mkdtemp (a fixed name in a shared /tmp could be a
-// stranger's link), removed before this returns or throws. A SIGINT, SIGTERM or SIGHUP meanwhile
-// (InterruptGuard) kills its group and stops the bench (Interrupted), the folder removed.
+// name as execve takes it: itself when it names a folder, else the first executable file of that
+// name on PATH (looked up before fork: after it, only async-signal-safe calls), else itself (execve
+// then fails and the child exits 127).
+std::string on_path(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  for (std::string dirs = path ? path : ""; !dirs.empty();) {
+    const size_t colon = dirs.find(':');
+    const std::string dir = dirs.substr(0, colon);
+    dirs = colon == std::string::npos ? "" : dirs.substr(colon + 1);
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return name;
+}
+
+// The other build with args (args[0] its path, found on PATH when it names no folder), without a
+// shell, in a process group of its own, its environment this one's without TPARITY_BENCH_PINNED and
+// TPARITY_BENCH_UNSET: none of this run's bookkeeping about OpenBLAS's kernels passed down (an
+// OPENBLAS_CORETYPE this run pinned is, to the child, an override it drops, then pins itself if its
+// OpenBLAS falls back too). Its standard error goes to a file in a folder of its own from mkdtemp (a
+// fixed name in a shared /tmp could be a stranger's link), removed before this returns or throws,
+// after the child is gone. Once the child has exited its group is killed (what it left running
+// there), and its standard output read for at most 2 s more (a process outside the group holding
+// it open does not hang the bench). A SIGINT, SIGTERM or SIGHUP meanwhile (InterruptGuard) kills
+// its group and stops the bench (Interrupted).
 OtherRun run_other(std::vector<std::string> args) {
   std::string dir = (std::filesystem::temp_directory_path() / "tparity-bench-other-XXXXXX").string();
   if (!::mkdtemp(dir.data()))
@@ -80,7 +76,8 @@ OtherRun run_other(std::vector<std::string> args) {
     }
   } remove{dir};
   const std::string err_file = dir + "/stderr";
-  // Everything the child needs, made before fork: after it, only async-signal-safe calls.
+  // Everything the child needs, made before fork.
+  const std::string exe = on_path(args[0]);
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e)
     if (std::strncmp(*e, "TPARITY_BENCH_PINNED=", 21) != 0 && std::strncmp(*e, "TPARITY_BENCH_UNSET=", 20) != 0)
@@ -96,47 +93,85 @@ OtherRun run_other(std::vector<std::string> args) {
     throw InputError(fmt::format("option --other-reference: could not run \"{}\": pipe: {}", args[0], std::strerror(errno)));
   const pid_t pid = ::fork();
   if (pid < 0) {
+    const int e = errno;
     ::close(out_pipe[0]), ::close(out_pipe[1]);
-    throw InputError(fmt::format("option --other-reference: could not run \"{}\": fork: {}", args[0], std::strerror(errno)));
+    throw InputError(fmt::format("option --other-reference: could not run \"{}\": fork: {}", args[0], std::strerror(e)));
   }
   if (pid == 0) {
     ::setpgid(0, 0);
     ::dup2(out_pipe[1], 1);
-    const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (err < 0) err = ::open("/dev/null", O_WRONLY | O_CLOEXEC);  // never into tparity's own line
     if (err >= 0) ::dup2(err, 2);
     struct sigaction dfl {};  // the guard's ignored SIGPIPE would outlive exec
     dfl.sa_handler = SIG_DFL;
     ::sigaction(SIGPIPE, &dfl, nullptr);
-    ::execvpe(argv[0], argv.data(), envp.data());
+    ::execve(exe.c_str(), argv.data(), envp.data());
     ::_exit(127);
   }
   ::setpgid(pid, pid);
   ::close(out_pipe[1]);
+  // Until it is reaped: on any way out, its group killed and the child reaped, before the folder goes.
+  struct Child {
+    pid_t pid;
+    int fd;
+    bool reaped = false;
+    ~Child() {
+      ::close(fd);
+      if (reaped) return;
+      ::kill(-pid, SIGKILL);
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  } child{pid, out_pipe[0]};
   OtherRun r;
+  bool eof = false, exited = false;
+  std::chrono::steady_clock::time_point deadline;
   char buf[4096];
-  for (;;) {
-    if (interrupted()) break;
-    pollfd p{out_pipe[0], POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;  // a timeout, or EINTR: look at interrupted() again
-    const ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
-    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
-    if (n > 0) r.out.append(buf, size_t(n));
+  while (!interrupted()) {
+    if (!exited) {
+      siginfo_t si{};  // exited, not yet reaped: its pid, hence its group's id, still taken
+      if (::waitid(P_PID, id_t(pid), &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid) {
+        exited = true;
+        ::kill(-pid, SIGKILL);  // what it left running in its group
+        deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      }
+    }
+    if (exited && (eof || std::chrono::steady_clock::now() > deadline)) break;
+    if (eof) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    pollfd p{child.fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 100);  // a signal ends the wait (poll is never restarted)
+    if (ready < 0 && errno != EINTR) eof = true;
+    if (ready <= 0) continue;
+    const ssize_t n = ::read(child.fd, buf, sizeof buf);
+    if (n > 0)
+      r.out.append(buf, size_t(n));
+    else if (n == 0 || (errno != EINTR && errno != EAGAIN))
+      eof = true;
   }
-  ::close(out_pipe[0]);
-  if (const int sig = interrupted()) {
-    ::kill(-pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    throw Interrupted(sig);
-  }
+  if (const int sig = interrupted()) throw Interrupted(sig);  // Child and Remove clean up
   while (::waitpid(pid, &r.status, 0) < 0 && errno == EINTR) {
   }
-  ::kill(-pid, SIGKILL);  // whatever it left running in its group
+  child.reaped = true;
   std::ifstream in(err_file);
   std::getline(in, r.err);
   return r;
 }
 
 }  // namespace
+
+void check_other_reference(const std::string& exe) {
+  std::string out = run_other({exe, "--version"}).out;
+  out = out.substr(0, out.find('\n'));  // its first line
+  if (out.rfind("tparity ", 0) != 0 || out.find("reference: LibTorch") == std::string::npos)
+    throw InputError(
+        fmt::format("option --other-reference: expected a tparity built against LibTorch, got \"{}\" "
+                    "(its --version printed \"{}\")",
+                    exe, out.substr(0, 120)));
+}
 
 OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& cases) {
   std::vector<std::string> args{o.other, "bench", "--torch-only", "--format", "json", "--reps", std::to_string(o.reps)};
