@@ -132,9 +132,9 @@ def option_error(args, tparity=None):
 
 def _bind(server, folder, path):
     """Bind the relay's socket at path, in folder. A Unix socket's path holds at most 107 bytes: under
-    a longer $TMPDIR it is bound through this process's descriptor of the folder, a short path to the
-    same place (the relay connects from inside the folder), so that it stays in the private folder
-    $TMPDIR holds (it went to /tmp, where a SIGKILL left it)."""
+    a longer $TMPDIR it is bound through this process's descriptor of the folder (Linux's
+    /proc/self/fd), a short path to the same place (the relay connects from inside the folder), so that
+    it stays in the private folder $TMPDIR holds (it went to /tmp, where a SIGKILL left it)."""
     if len(os.fsencode(path)) < 100:
         return server.bind(path)
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -148,7 +148,11 @@ def run_exec(compute, args, tparity=None, echo=False):
     """`tparity exec ARGS -- relay`, serving compute(problem, dtype) -> (outputs, components, local):
     (exit code, the JSON report or None, standard error, {(case, dtype): what the code raised})."""
     exe = binary(tparity)
-    with tempfile.TemporaryDirectory(prefix="tparity-py-") as tmp:
+    # A Unix socket's path holds at most 107 bytes: past that the socket is bound through a descriptor
+    # of its folder (_bind), on Linux; elsewhere the folder goes in /tmp.
+    long = len(os.fsencode(os.path.join(tempfile.gettempdir(), "tparity-py-XXXXXXXX", "relay.sock"))) >= 100
+    where = "/tmp" if long and not os.path.isdir("/proc/self/fd") else None
+    with tempfile.TemporaryDirectory(prefix="tparity-py-", dir=where) as tmp:
         sock_path = os.path.join(tmp, "relay.sock")
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         _bind(server, tmp, sock_path)
