@@ -2,6 +2,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <exception>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -86,10 +87,15 @@ TEST_CASE("parallel: a team call inside a team's share runs whole on that thread
   const auto finished = std::make_shared<std::promise<void>>();
   std::future<void> done = finished->get_future();
   std::thread([finished] {
-    nested_calls();
-    finished->set_value();
+    try {
+      nested_calls();
+      finished->set_value();
+    } catch (...) {
+      finished->set_exception(std::current_exception());
+    }
   }).detach();
   REQUIRE(done.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  CHECK_NOTHROW(done.get());
   CHECK(nested_failures.load() == 0);
 }
 
@@ -97,20 +103,21 @@ TEST_CASE("parallel: what a share throws reaches the caller once every share is 
   // A share's own buffers can run out of memory: the exception must reach the caller (a worker's
   // used to end the process through std::terminate), and only after the other shares have finished
   // with the job's data.
-  for (int threads : {2, 3}) {
-    CAPTURE(threads);
-    std::vector<std::atomic<int>> seen(300);
-    bool caught = false;
-    try {
-      parallel_for(300, threads, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) ++seen[size_t(i)];
-        if (e == 300) throw std::runtime_error("the last share's");  // a worker's share
-      });
-    } catch (const std::runtime_error& err) {
-      caught = std::string(err.what()) == "the last share's";
+  for (int threads : {2, 3})
+    for (bool callers : {false, true}) {  // the last share is a worker's, the first the caller's
+      CAPTURE(threads, callers);
+      std::vector<std::atomic<int>> seen(300);
+      bool caught = false;
+      try {
+        parallel_for(300, threads, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) ++seen[size_t(i)];
+          if (callers ? b == 0 : e == 300) throw std::runtime_error("one share's");
+        });
+      } catch (const std::runtime_error& err) {
+        caught = std::string(err.what()) == "one share's";
+      }
+      CHECK(caught);
+      for (auto& s : seen) CHECK(s.load() == 1);  // every share ran to its end before the throw arrived
     }
-    CHECK(caught);
-    for (auto& s : seen) CHECK(s.load() == 1);  // every share ran to its end before the throw arrived
-  }
 }
 

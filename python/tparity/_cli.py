@@ -151,7 +151,7 @@ def run_exec(compute, args, tparity=None, echo=False):
     # A Unix socket's path holds at most 107 bytes: past that the socket is bound through a descriptor
     # of its folder (_bind), on Linux; elsewhere the folder goes in /tmp.
     long = len(os.fsencode(os.path.join(tempfile.gettempdir(), "tparity-py-XXXXXXXX", "relay.sock"))) >= 100
-    where = "/tmp" if long and not os.path.isdir("/proc/self/fd") else None
+    where = "/tmp" if long and not (sys.platform.startswith("linux") and os.path.isdir("/proc/self/fd")) else None
     with tempfile.TemporaryDirectory(prefix="tparity-py-", dir=where) as tmp:
         sock_path = os.path.join(tmp, "relay.sock")
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -419,7 +419,9 @@ void run_problem(const Path<T>& path, const Problem<T>& p, int threads) {
   if (dealt) dealer.next.reset(new std::atomic<int64_t>[size_t((p.N + bs.nc - 1) / bs.nc * ((p.K + bs.kc - 1) / bs.kc))]());
   const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape,
                                 dealt ? &dealer : nullptr);
-  run_on_threads(threads, [&](int tid, int nthreads, Barrier* barrier) {
+  // noexcept: the threads meet at barriers, where a share that threw would leave the others waiting
+  // for ever (the team passes other jobs' exceptions to the caller); nothing here allocates or throws.
+  run_on_threads(threads, [&](int tid, int nthreads, Barrier* barrier) noexcept {
     path.run(p, path.blocking, ws, tid, nthreads, barrier);
   });
 }

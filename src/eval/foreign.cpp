@@ -190,6 +190,11 @@ InterruptGuard::~InterruptGuard() {
 
 int interrupted() { return g_signal; }
 
+void interrupt_kills(pid_t group) {
+  g_program = group;
+  if (group > 0 && g_signal) kill(-group, SIGKILL);  // a signal before the group was known
+}
+
 Problem with_reference(const Problem& problem, const std::string& where) {
   Problem p = problem;
   p.semantics.reset();

@@ -59,6 +59,9 @@ class InterruptGuard {
 };
 // The signal received under the guard, 0 when none.
 int interrupted();
+// The process group a signal under the guard kills at once (run_program sets its program's; a
+// caller running a child of its own sets that child's, in a group of its own); 0: none.
+void interrupt_kills(pid_t group);
 // Thrown by a run that stopped on a signal; the CLI exits with 128 + signal.
 struct Interrupted : std::runtime_error {
   explicit Interrupted(int sig) : std::runtime_error("interrupted"), signal(sig) {}

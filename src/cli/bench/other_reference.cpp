@@ -36,24 +36,8 @@ struct OtherRun {
   int status = 0;
 };
 
-// name as execve takes it: itself when it names a folder, else the first executable file of that
-// name on PATH (looked up before fork: after it, only async-signal-safe calls), else itself (execve
-// then fails and the child exits 127).
-std::string on_path(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
-  const char* path = std::getenv("PATH");
-  for (std::string dirs = path ? path : ""; !dirs.empty();) {
-    const size_t colon = dirs.find(':');
-    const std::string dir = dirs.substr(0, colon);
-    dirs = colon == std::string::npos ? "" : dirs.substr(colon + 1);
-    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return name;
-}
-
-// The other build with args (args[0] its path, found on PATH when it names no folder), without a
+// The other build with args (args[0] its path, as the option names it: relative to the current
+// folder when it names no folder, as the option's check that the file exists took it), without a
 // shell, in a process group of its own, its environment this one's without TPARITY_BENCH_PINNED and
 // TPARITY_BENCH_UNSET: none of this run's bookkeeping about OpenBLAS's kernels passed down (an
 // OPENBLAS_CORETYPE this run pinned is, to the child, an override it drops, then pins itself if its
@@ -77,7 +61,7 @@ OtherRun run_other(std::vector<std::string> args) {
   } remove{dir};
   const std::string err_file = dir + "/stderr";
   // Everything the child needs, made before fork.
-  const std::string exe = on_path(args[0]);
+  const std::string exe = args[0].find('/') == std::string::npos ? "./" + args[0] : args[0];
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e)
     if (std::strncmp(*e, "TPARITY_BENCH_PINNED=", 21) != 0 && std::strncmp(*e, "TPARITY_BENCH_UNSET=", 20) != 0)
@@ -111,17 +95,22 @@ OtherRun run_other(std::vector<std::string> args) {
   }
   ::setpgid(pid, pid);
   ::close(out_pipe[1]);
-  // Until it is reaped: on any way out, its group killed and the child reaped, before the folder goes.
+  // Until it is reaped: a signal kills its group at once (a second one would end tparity before the
+  // loop below saw the first); on any way out, its group killed and the child reaped (for at most
+  // 10 s: one stuck in the kernel does not hang the bench), before the folder goes.
+  interrupt_kills(pid);
   struct Child {
     pid_t pid;
     int fd;
     bool reaped = false;
     ~Child() {
+      interrupt_kills(0);
       ::close(fd);
       if (reaped) return;
       ::kill(-pid, SIGKILL);
-      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (::waitpid(pid, nullptr, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   } child{pid, out_pipe[0]};
   OtherRun r;
@@ -131,7 +120,9 @@ OtherRun run_other(std::vector<std::string> args) {
   while (!interrupted()) {
     if (!exited) {
       siginfo_t si{};  // exited, not yet reaped: its pid, hence its group's id, still taken
-      if (::waitid(P_PID, id_t(pid), &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid) {
+      const int w = ::waitid(P_PID, id_t(pid), &si, WEXITED | WNOHANG | WNOWAIT);
+      // ECHILD: reaped already (SIGCHLD ignored by whoever started tparity: the system reaps)
+      if ((w == 0 && si.si_pid == pid) || (w < 0 && errno == ECHILD)) {
         exited = true;
         ::kill(-pid, SIGKILL);  // what it left running in its group
         deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -153,8 +144,10 @@ OtherRun run_other(std::vector<std::string> args) {
       eof = true;
   }
   if (const int sig = interrupted()) throw Interrupted(sig);  // Child and Remove clean up
-  while (::waitpid(pid, &r.status, 0) < 0 && errno == EINTR) {
+  pid_t w;
+  while ((w = ::waitpid(pid, &r.status, 0)) < 0 && errno == EINTR) {
   }
+  if (w < 0) r.status = 0;  // reaped by the system: how it ended is unknown; its output tells
   child.reaped = true;
   std::ifstream in(err_file);
   std::getline(in, r.err);
