@@ -42,6 +42,12 @@ struct ForceIsa {
   ForceIsa& operator=(const ForceIsa&) = delete;
 };
 
+// Turns one of gemm_detail's switches back on (its default) when the scope ends.
+struct SwitchBackOn {
+  void (*set)(bool);
+  ~SwitchBackOn() { set(true); }
+};
+
 // A rows x cols matrix, row-major with row stride ld = cols + pad, starting off elements into its
 // buffer (off = 1 puts every row off the vector alignment). The padding holds NaN: a gemm that reads
 // it poisons C, one that writes it is caught by pads_untouched().
@@ -260,9 +266,7 @@ TEMPLATE_TEST_CASE("gemm on several threads, rows dealt out or in fixed shares, 
   // shows where its later slices add to C again (K > kc) or its epilogue is applied again.
   using T = TestType;
   Rng rng(616);
-  struct Restore {
-    ~Restore() { gemm_detail::set_row_dealing(true); }
-  } restore;
+  const SwitchBackOn restore{&gemm_detail::set_row_dealing};
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
     const GemmBlocking bs = gemm_detail::kernel_info<T>(isa).blocking;
@@ -448,9 +452,7 @@ TEMPLATE_TEST_CASE("gemm's operand swap for a few rows against a large transpose
   // the plain call with itself.)
   using T = TestType;
   Rng rng(515);
-  struct Restore {
-    ~Restore() { gemm_detail::set_operand_swap(true); }
-  } restore;
+  const SwitchBackOn restore{&gemm_detail::set_operand_swap};
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
     const GemmBlocking bs = gemm_detail::kernel_info<T>(isa).blocking;
