@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fused_attention_kernels.hpp"
+#include "parallel_team.hpp"
 #include "scratch.hpp"
 #include "tparity/core/parallel.hpp"
 
@@ -239,24 +240,17 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
     else
       parallel_for(kvG, threads, some_groups);
   }
-  // Guided chunks of units: an n-th of half the units left, at least one granule, rounded down to
-  // granules. Group by group over many groups (16 per thread or more), a granule is a whole group, so
-  // that each thread computes the key statistics of its own groups only (with single units, every
-  // thread computed every group's: the seed block's 200 groups of 7 blocks). With few groups a granule
-  // is one unit: whole groups would leave a thread idle for up to a group at the end.
+  // Guided chunks of units (detail::Dealer). Group by group over many groups (16 per thread or
+  // more), a granule is a whole group, so that each thread computes the key statistics of its own
+  // groups only (with single units, every thread computed every group's: the seed block's 200 groups
+  // of 7 blocks). With few groups a granule is one unit: whole groups would leave a thread idle for up
+  // to a group at the end.
   const int64_t n = std::min<int64_t>(threads, units);
   const int64_t granule = !block_major && groups >= 16 * n ? blocks : 1;
-  std::atomic<int64_t> next_unit{0};
+  detail::Dealer dealer;
   auto next_units = [&](int64_t* begin, int64_t* end) {
-    int64_t w = next_unit.load(std::memory_order_relaxed);
-    for (;;) {
-      if (w >= units) return false;
-      const int64_t chunk = std::max(granule, (units - w) / (2 * n) / granule * granule);
-      if (next_unit.compare_exchange_weak(w, std::min(units, w + chunk), std::memory_order_relaxed)) {
-        *begin = w, *end = std::min(units, w + chunk);
-        return true;
-      }
-    }
+    return dealer.take(units, granule, 1, std::numeric_limits<int64_t>::max() / 2 / granule * granule, int(n), begin,
+                       end);
   };
   auto run_units = [&](int64_t first, int64_t last) {
     const BlockScratch<T> s = shape.carve(static_cast<T*>(scratch.get(size_t(shape.total()) * sizeof(T))));

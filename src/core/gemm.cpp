@@ -381,26 +381,15 @@ void gemm_low(bool, bool, int64_t, int64_t, int64_t, double, const double*, int6
 namespace gemm_impl {
 
 struct RowDealer {
-  std::unique_ptr<std::atomic<int64_t>[]> next;  // per slice of the sum: its first row not yet dealt
+  std::unique_ptr<detail::Dealer[]> slices;  // one per slice of the sum
 };
 
-// Guided: a chunk is an mr-rounded 1 / (2 * nthreads) of the rows left, at least 4 * mr (no more
-// than `most`), so the first chunks are about as large as a fixed share's blocks and the last ones
-// small enough to even the threads out at the slice's end.
+// Guided (detail::Dealer): chunks of whole mr-tall panels, at least 4 of them and at most `most`
+// rows, so that the first chunks are about as large as a fixed share's blocks and the last ones small
+// enough to even the threads out at the slice's end. The barriers around the slice publish its rows.
 bool next_rows(RowDealer* dealer, int64_t slice, int64_t M, int64_t mr, int64_t most, int nthreads, int64_t* begin,
                int64_t* end) {
-  std::atomic<int64_t>& next = dealer->next[size_t(slice)];
-  int64_t row = next.load(std::memory_order_relaxed);
-  for (;;) {
-    if (row >= M) return false;
-    const int64_t share = round_up((M - row + 2 * nthreads - 1) / (2 * nthreads), mr);
-    const int64_t stop = min64(M, row + std::clamp(share, min64(4 * mr, most), most));
-    // relaxed: the rows' data are published by the barriers around the slice, not by this counter
-    if (next.compare_exchange_weak(row, stop, std::memory_order_relaxed)) {
-      *begin = row, *end = stop;
-      return true;
-    }
-  }
+  return dealer->slices[size_t(slice)].take(M, mr, 4, most, nthreads, begin, end);
 }
 
 namespace {
@@ -416,7 +405,7 @@ void run_problem(const Path<T>& path, const Problem<T>& p, int threads) {
   const GemmBlocking& bs = path.blocking;
   RowDealer dealer;
   const bool dealt = threads > 1 && deal_rows.load(std::memory_order_relaxed);
-  if (dealt) dealer.next.reset(new std::atomic<int64_t>[size_t((p.N + bs.nc - 1) / bs.nc * ((p.K + bs.kc - 1) / bs.kc))]());
+  if (dealt) dealer.slices.reset(new detail::Dealer[size_t((p.N + bs.nc - 1) / bs.nc * ((p.K + bs.kc - 1) / bs.kc))]);
   const Workspace<T> ws = carve(static_cast<T*>(scratch.get(size_t(shape.total(threads)) * sizeof(T))), shape,
                                 dealt ? &dealer : nullptr);
   // noexcept: the threads meet at barriers, where a share that threw would leave the others waiting

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <thread>
 
 namespace tparity::detail {
@@ -31,6 +32,34 @@ class Barrier {
 };
 
 void barrier_wait(Barrier* barrier);  // barrier->wait(), out of line for the kernel files
+
+// Work [0, end) dealt out to a team's threads as each comes for more (guided): take() hands the
+// calling thread the next chunk [*begin, *stop), an n-th of half of what is left (n: the team's
+// threads) rounded up to whole granules, at least `least` granules and at most `most` elements (a
+// whole number of granules), or false when nothing is left. The first chunks are about a fixed
+// share's size, the last small enough to even the threads out when their cores run at different
+// speeds. Relaxed: the work's data are published by whatever ends the team's call, not by this.
+class Dealer {
+ public:
+  bool take(int64_t end, int64_t granule, int64_t least, int64_t most, int threads, int64_t* begin, int64_t* stop) {
+    int64_t at = next_.load(std::memory_order_relaxed);
+    for (;;) {
+      if (at >= end) return false;
+      const int64_t share = (end - at + 2 * threads - 1) / (2 * threads);
+      int64_t chunk = (share + granule - 1) / granule * granule;
+      chunk = chunk < least * granule ? least * granule : chunk;
+      chunk = chunk > most ? most : chunk;
+      const int64_t to = end - at < chunk ? end : at + chunk;
+      if (next_.compare_exchange_weak(at, to, std::memory_order_relaxed)) {
+        *begin = at, *stop = to;
+        return true;
+      }
+    }
+  }
+
+ private:
+  std::atomic<int64_t> next_{0};
+};
 
 // job(ctx, tid, n, barrier) for tid 0 (the caller) .. n - 1; n = threads unless the system refused a
 // thread; returns when every share is done. Team calls from different threads take turns. Called
