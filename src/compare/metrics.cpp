@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "plain_pairs.hpp"
+
 namespace tparity {
 
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
@@ -43,12 +45,6 @@ double ratio(const ScaledNorm& a, const ScaledNorm& b) {
   return std::ldexp(ma / mb, ea - eb + a.exponent - b.exponent);
 }
 
-double scaled_difference(double x, double y, int k) {
-  const double d = x - y;
-  if (std::isfinite(d)) return k == 0 ? d : std::ldexp(d, -k);  // k is 0 for references of ordinary size
-  return std::ldexp(x * 0.5 - y * 0.5, 1 - k);
-}
-
 Metrics measure(const Tensor<double>& a, const Tensor<double>& b) {
   Metrics m;
   if (a.shape != b.shape) {
@@ -64,26 +60,45 @@ Metrics measure(const Tensor<double>& a, const Tensor<double>& b) {
   Norm2 diff, ref;
   double max_abs = 0;
   int64_t argmax = -1, first_mismatch = -1;
-  for (int64_t i = 0; i < count; ++i) {
-    const double x = xs[i], y = ys[i];
-    if (!std::isfinite(x) || !std::isfinite(y)) {
-      if (std::isnan(x) && std::isnan(y))
-        ++m.nan_matched;
-      else if (std::isinf(x) && x == y)
-        ++m.inf_matched;
-      else if (m.nonfinite_mismatch++ == 0)
-        first_mismatch = i;
+  // A block of plain pairs (detail::PlainPairs: finite, none tiny or huge) at a time, the rest one by
+  // one; the same sums in the same order either way.
+  constexpr int64_t kBlock = 256;
+  for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
+    const int64_t n = std::min(kBlock, count - i0);
+    double block_max = max_abs;
+    int64_t block_argmax = argmax;
+    const bool plain = detail::PlainPairs::add(diff, ref, xs + i0, ys + i0, n, [&](int64_t i, double d) {
+      if (block_argmax < 0 || d > block_max) {
+        block_max = d;
+        block_argmax = i0 + i;
+      }
+    });
+    if (plain) {
+      max_abs = block_max;
+      argmax = block_argmax;
       continue;
     }
-    const double d = std::fabs(x - y);
-    if (std::isfinite(d))
-      diff.add(d);
-    else  // beyond double's range: summed as 2 (x/2 - y/2), reported as inf
-      diff.add_doubled(x * 0.5 - y * 0.5);
-    ref.add(y);
-    if (argmax < 0 || d > max_abs) {
-      max_abs = d;
-      argmax = i;
+    for (int64_t i = i0; i < i0 + n; ++i) {
+      const double x = xs[i], y = ys[i];
+      if (!std::isfinite(x) || !std::isfinite(y)) {
+        if (std::isnan(x) && std::isnan(y))
+          ++m.nan_matched;
+        else if (std::isinf(x) && x == y)
+          ++m.inf_matched;
+        else if (m.nonfinite_mismatch++ == 0)
+          first_mismatch = i;
+        continue;
+      }
+      const double d = std::fabs(x - y);
+      if (std::isfinite(d))
+        diff.add(d);
+      else  // beyond double's range: summed as 2 (x/2 - y/2), reported as inf
+        diff.add_doubled(x * 0.5 - y * 0.5);
+      ref.add(y);
+      if (argmax < 0 || d > max_abs) {
+        max_abs = d;
+        argmax = i;
+      }
     }
   }
   m.max_abs = max_abs;

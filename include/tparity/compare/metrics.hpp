@@ -57,6 +57,10 @@ struct ScaledNorm {
 // only b is.
 double ratio(const ScaledNorm& a, const ScaledNorm& b);
 
+namespace detail {
+struct PlainPairs;
+}  // namespace detail
+
 // ||x||_2 accumulated in three ranges, each scaled away from double's limits (Blue's algorithm, as
 // LAPACK 3.10's dnrm2; Anderson, "Algorithm 978: Safe scaling in the Level 1 BLAS", 2017). Values of
 // every normal magnitude keep full precision; a tensor of subnormals alone (below 2.2e-308) keeps the
@@ -81,6 +85,7 @@ class Norm2 {
     big_ += s * s;
   }
   ScaledNorm norm() const;
+  friend struct detail::PlainPairs;  // sums blocks of plain values in registers (src/compare/plain_pairs.hpp)
 
   // Blue's thresholds and scales for double (LAPACK 3.10's la_constants): values above kBig are summed
   // times kScaleBig, below kSmall times kScaleSmall, the rest as they are.
@@ -92,8 +97,13 @@ class Norm2 {
   double small_ = 0, medium_ = 0, big_ = 0;
 };
 
-// (x - y) / 2^k without overflow: the difference of two finite values, scaled.
-double scaled_difference(double x, double y, int k);
+// (x - y) / 2^k without overflow: the difference of two finite values, scaled. Inline: the noise
+// model calls it once per element of every sample.
+inline double scaled_difference(double x, double y, int k) {
+  const double d = x - y;
+  if (std::isfinite(d)) return k == 0 ? d : std::ldexp(d, -k);  // k is 0 for references of ordinary size
+  return std::ldexp(x * 0.5 - y * 0.5, 1 - k);
+}
 
 // Flat row-major offset -> multi-index in `shape`.
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape);
