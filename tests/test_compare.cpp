@@ -5,13 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <iterator>
 #include <map>
 #include <set>
 
 #include "tparity/compare/baseline.hpp"
 #include "tparity/compare/legs.hpp"
-#include "tparity/compare/noise.hpp"
 #include "tparity/compare/report.hpp"
 #include "tparity/harness/problem.hpp"
 #include "tparity/harness/rng.hpp"
@@ -75,91 +73,6 @@ CaseReport judge(double hand64_err, double hand32_err, double torch32_err, bool 
 }
 
 }  // namespace
-
-TEST_CASE("metrics: blocks of plain values sum as one value at a time does, bit for bit", "[compare]") {
-  // measure() and estimate_noise() sum a block of "plain" pairs (finite, each |x - y| and |y| zero or
-  // of ordinary size) in registers and fall back to Norm2::add one value at a time for the rest: spelled
-  // out here with Norm2::add alone, over lengths across the 256-pair blocks, with values that send a
-  // block down each path (tiny, huge, subnormal and non-finite values, exact zeros and ties) scattered
-  // at random, the results must be the same bits.
-  const double odd[] = {0.0, -0.0, kNaN, kInf, -kInf, 1e-320, 0x1p-512, 0x1p-511, 0x1p486, 0x1p487, 1e300,
-                        -1e300, 1.7e308, 5e-324, 1e-160};
-  auto same = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; };
-  Rng rng(29);
-  for (int trial = 0; trial < 400; ++trial) {
-    // Four kinds of trial: values of ordinary size alone; odd values scattered; equal values but for a
-    // few differences below kSmall (beside references of ordinary size); every value below kSmall.
-    // A difference or reference below kSmall shows in the norm only where nothing larger is summed.
-    const int kind = trial % 4;
-    const int64_t n = 1 + int64_t(rng.next() % 1200);
-    const double p_odd = std::pow(10.0, -1 - 3 * rng.uniform());
-    const double scale = kind == 3 ? 1e-160 : kind == 2 ? 1e-150 : std::ldexp(1.0, int(rng.next() % 60) - 30);
-    Tensor<double> a({n}), b({n});
-    for (int64_t i = 0; i < n; ++i) {
-      b.data[i] = rng.normal() * scale;
-      a.data[i] = b.data[i];
-      if (kind == 0 || kind == 1) {
-        if (rng.coin(0.7)) a.data[i] += rng.normal() * scale * 1e-6;
-      } else if (kind == 3 || rng.coin(p_odd)) {
-        a.data[i] += rng.normal() * 1e-165;
-      }
-      if (kind == 1 && rng.coin(p_odd)) a.data[i] = odd[rng.next() % std::size(odd)];
-      if (kind == 1 && rng.coin(p_odd)) b.data[i] = odd[rng.next() % std::size(odd)];
-    }
-    CAPTURE(trial, n);
-    // measure(), one pair at a time
-    Norm2 diff, ref;
-    double max_abs = 0;
-    int64_t argmax = -1, nonfinite = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double x = a.data[i], y = b.data[i];
-      if (!std::isfinite(x) || !std::isfinite(y)) {
-        nonfinite += !(std::isnan(x) && std::isnan(y)) && !(std::isinf(x) && x == y);
-        continue;
-      }
-      const double d = std::fabs(x - y);
-      if (std::isfinite(d))
-        diff.add(d);
-      else
-        diff.add_doubled(x * 0.5 - y * 0.5);
-      ref.add(y);
-      if (argmax < 0 || d > max_abs) max_abs = d, argmax = i;
-    }
-    const Metrics m = measure(a, b);
-    CHECK(same(m.l2, diff.norm().value()));
-    CHECK(same(m.ref_l2, ref.norm().value()));
-    CHECK(same(m.rel_l2, ratio(diff.norm(), ref.norm())));
-    CHECK(same(m.max_abs, max_abs));
-    CHECK(m.max_abs_index == (argmax >= 0 ? std::vector<int64_t>{argmax} : std::vector<int64_t>{}));
-    CHECK(m.nonfinite_mismatch == nonfinite);
-    // estimate_noise()'s rms over two samples, one pair at a time over the positions finite in both
-    Tensor<double> a2 = a;
-    for (double& x : a2.data)
-      if (std::isfinite(x)) x += rng.normal() * scale * 1e-7;
-    double mean_sq = 0;
-    int used = 0;
-    for (const Tensor<double>* s : {&a, &a2}) {
-      Norm2 e2, r2;
-      for (int64_t i = 0; i < n; ++i) {
-        const bool ok = std::isfinite(a.data[i]) && std::isfinite(a2.data[i]) && std::isfinite(b.data[i]);
-        if (!ok) continue;
-        const double d = s->data[i] - b.data[i];
-        if (std::isfinite(d))
-          e2.add(d);
-        else
-          e2.add_doubled(s->data[i] * 0.5 - b.data[i] * 0.5);
-        r2.add(b.data[i]);
-      }
-      if (!(r2.norm().root > 0)) continue;
-      const double rel = ratio(e2.norm(), r2.norm());
-      mean_sq += rel * rel;
-      ++used;
-    }
-    const NoiseEstimate e = estimate_noise({{&a, &b}, {&a2, &b}});
-    CHECK(e.samples == used);
-    if (used) CHECK(same(e.rms, std::sqrt(mean_sq / used)));
-  }
-}
 
 TEST_CASE("legs: a case's legs, propagated then local, and the views of them", "[compare]") {
   auto names = [](const std::vector<LegSpec>& legs) {

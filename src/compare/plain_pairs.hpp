@@ -4,7 +4,9 @@
 // (its main cost in the test suites: a selftest spent 44% of its time there). In the common case,
 // every pair "plain", the two sums run in registers, two lanes checked at a time; otherwise nothing is
 // added and the caller takes the block one pair at a time through Norm2::add. The same sums, in the
-// same order, either way.
+// same order, either way, where the arithmetic is IEEE double as written (SSE2 or the like; the
+// comparator is compiled with -ffp-contract=off).
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 
@@ -27,6 +29,7 @@ struct PlainPairs {
   // on true.
   template <class OnDiff>
   static bool add(Norm2& diff, Norm2& ref, const double* x, const double* y, int64_t n, OnDiff&& on) {
+    assert(&diff != &ref);  // two sums, each in its own register
     double dm = diff.medium_, rm = ref.medium_;
     int64_t i = 0;
     bool ok = true;
