@@ -62,7 +62,7 @@ Metrics measure(const Tensor<double>& a, const Tensor<double>& b) {
   int64_t argmax = -1, first_mismatch = -1;
   // A block of plain pairs (detail::PlainPairs: finite, none tiny or huge) at a time, the rest one by
   // one; the same sums in the same order either way.
-  constexpr int64_t kBlock = 256;
+  constexpr int64_t kBlock = detail::PlainPairs::kBlock;
   for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
     const int64_t n = std::min(kBlock, count - i0);
     double block_max = max_abs;

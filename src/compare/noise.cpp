@@ -53,7 +53,7 @@ NoiseEstimate estimate_noise(const std::vector<std::pair<const Tensor<double>*, 
     Norm2 e2, r2;
     const double* xs = s->first->data.data();
     const double* ys = s->second->data.data();
-    constexpr size_t kBlock = 256;
+    constexpr size_t kBlock = size_t(detail::PlainPairs::kBlock);
     for (size_t i0 = 0; i0 < n; i0 += kBlock) {
       const size_t m = std::min(kBlock, n - i0);
       if (std::all_of(ok.begin() + i0, ok.begin() + i0 + m, [](char c) { return c != 0; }) &&

@@ -19,6 +19,10 @@
 namespace tparity::detail {
 
 struct PlainPairs {
+  // The block its callers offer at a time: a pair that is not plain sends the whole block through
+  // Norm2::add, so blocks stay short; long enough that the checks cost little beside the sums.
+  static constexpr int64_t kBlock = 256;
+
   // A value Norm2::add sums into its medium range alone: 0 (which adds nothing anywhere) or within
   // [kSmall, kBig]. False for NaN and infinities.
   static bool plain(double a) { return a == 0 || (a >= Norm2::kSmall && a <= Norm2::kBig); }

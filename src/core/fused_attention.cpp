@@ -248,9 +248,9 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   const int64_t n = std::min<int64_t>(threads, units);
   const int64_t granule = !block_major && groups >= 16 * n ? blocks : 1;
   detail::Dealer dealer;
+  const int64_t all_units = (units + granule - 1) / granule * granule;  // no cap on a chunk but the units left
   auto next_units = [&](int64_t* begin, int64_t* end) {
-    return dealer.take(units, granule, 1, std::numeric_limits<int64_t>::max() / 2 / granule * granule, int(n), begin,
-                       end);
+    return dealer.take(units, granule, 1, all_units, int(n), begin, end);
   };
   auto run_units = [&](int64_t first, int64_t last) {
     const BlockScratch<T> s = shape.carve(static_cast<T*>(scratch.get(size_t(shape.total()) * sizeof(T))));
