@@ -53,7 +53,8 @@ void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, i
   // unaligned row of NR elements may straddle into).
 #pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
-    __builtin_prefetch(C + r * ldc, 1);
+#pragma GCC unroll 8
+    for (int e = 0; e < NR; e += int(64 / sizeof(T))) __builtin_prefetch(C + r * ldc + e, 1);
     __builtin_prefetch(C + r * ldc + NR - 1, 1);
   }
 
