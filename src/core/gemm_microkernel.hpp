@@ -49,17 +49,17 @@ void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, i
   static_assert(NR <= NRB, "the kernel is wider than B's panels");
   const int tail = n - (NV - 1) * W;  // lanes of each row's last vector, 1..W
 
-  // The C tile is written at the end; ask for every line of it now (and the last element's line,
-  // which an unaligned row of NR elements straddles into). From the second kc slice on, each tile
-  // of C is read back from L3 or memory; with only the first and last line of each row asked for,
-  // the others were misses at the kernel's end. On Zen 5 (`tparity bench --gemm`, performance.md)
-  // the 2048-cubed product ran at 83-85% of the FMA peak with those two lines, 89-90% with every
-  // line; BERT's products at 85-90% and 91-94%.
+  // The C tile is written at the end; ask for every line of it now: its rows' starts one line
+  // apart, and the last element stored (n - 1), whose line an unaligned row may straddle into. From
+  // the second kc slice on, each tile of C is read back from L3 or memory, and lines not asked for
+  // were misses at the kernel's end (performance.md, Zen 5). Each element named is one the kernel
+  // stores: e <= (NV - 1) * W < n.
+  constexpr int line = int(64 / sizeof(T));
 #pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-    for (int e = 0; e < NR; e += int(64 / sizeof(T))) __builtin_prefetch(C + r * ldc + e, 1);
-    __builtin_prefetch(C + r * ldc + NR - 1, 1);
+    for (int e = 0; e < NR - W + 1; e += line) __builtin_prefetch(C + r * ldc + e, 1);
+    __builtin_prefetch(C + r * ldc + n - 1, 1);
   }
 
   const T* a[MR];  // (no row pointer is formed for kc == 0: A may be null then, and A + offset is UB)
