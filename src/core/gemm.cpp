@@ -433,10 +433,10 @@ void gemm_swapped(const Path<T>& path, int64_t M, int64_t N, int64_t K, T alpha,
                   int64_t ldb, T* C, int64_t ldc, const GemmEpilogue<T>* ep, int threads) {
   // op(B) is B^T with B (N, K) row-major; C^T (N, M) = B (N, K) . A^T (K, M), A (M, K) row-major.
   std::unique_ptr<T[]> ct(new T[size_t(N * M)]);  // every element written by the product
-  run_problem(path,
-              make_problem(false, true, N, M, K, alpha, B, ldb, A, lda, T(0), ct.get(), M,
-                           static_cast<const GemmEpilogue<T>*>(nullptr)),
-              threads);
+  Problem<T> p = make_problem(false, true, N, M, K, alpha, B, ldb, A, lda, T(0), ct.get(), M,
+                              static_cast<const GemmEpilogue<T>*>(nullptr));
+  p.a_streams = true;
+  run_problem(path, p, threads);
   const int64_t nr = path.blocking.nr;
   auto rows = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {

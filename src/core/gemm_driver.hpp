@@ -34,11 +34,14 @@ bool read_a_in_place(const Problem<T>& p) {
 // with `tparity bench --gemm --case llama7b_prefill` (the weight read in place after the operand
 // swap, M = 128: each block of it serves two micro-panels): the four products' time 2-9% lower
 // (median of four interleaved rounds about 5%) than without; the next panel's whole rows, or its
-// first two or eight lines, or the panel after it, did no better.
+// first two or eight lines, or the panel after it, did no better. The micro-kernel asks for the
+// rest of a streaming weight's rows a line at a time as its k loop runs (next_a,
+// gemm_microkernel.hpp): on Zen 5 the prefill's gate and up products 4-9% faster than with these
+// first lines alone (performance.md), where asking for every line here at once did no better.
 template <int MR, class T>
 void prefetch_rows(const T* a, int64_t rs, int64_t kc) {
   constexpr int64_t line = 64 / int64_t(sizeof(T));
-  const int64_t end = min64(kc, 4 * line);
+  const int64_t end = min64(kc, kAheadLines * line);
   for (int r = 0; r < MR; ++r)
     for (int64_t k = 0; k < end; k += line) __builtin_prefetch(a + r * rs + k, 0, 2);
 }
@@ -67,10 +70,13 @@ struct KernelsByWidth;
 template <class Lanes, int MR, int NR, int... I>
 struct KernelsByWidth<Lanes, MR, NR, std::integer_sequence<int, I...>> {
   using T = typename Lanes::T;
-  using WithEpilogue = void (*)(int64_t, const T*, int64_t, int64_t, const T*, T*, int64_t, int, T, T,
-                                const TileEpilogue<T>*);
+  // (kc, A, rs_a, cs_a, B, C, ldc, n, alpha, beta, the tile's epilogue, the next in-place A panel)
+  using Whole = void (*)(int64_t, const T*, int64_t, int64_t, const T*, T*, int64_t, int, T, T,
+                         const TileEpilogue<T>*, const T*);
   static constexpr MicroKernel<T> by_vectors[] = {&simd_microkernel<Lanes, MR, I + 1, NR>...};
-  static constexpr WithEpilogue by_vectors_ep[] = {&simd_microkernel_ep<Lanes, MR, I + 1, NR>...};
+  // whole MR-row tiles: with the epilogue (ep), or without (plain: its epilogue argument unread)
+  static constexpr Whole by_vectors_ep[] = {&simd_microkernel_ep<Lanes, MR, I + 1, NR, true>...};
+  static constexpr Whole by_vectors_plain[] = {&simd_microkernel_ep<Lanes, MR, I + 1, NR, false>...};
 };
 
 // op(A)'s rows as the macro-kernel hands them to the micro-kernel: the MR-tall panel starting at row
@@ -81,6 +87,7 @@ struct APanels {
   const T* base;
   int64_t row_step, rs, cs;
   bool in_place;
+  bool streams = false;  // in place and Problem::a_streams
 };
 
 // Loops 2 and 1: C(mc x nc) = alpha * A(mc x kc) * Bp(kc x nc) + beta * C, C pointing at C(ic, jc).
@@ -111,6 +118,7 @@ void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const APanels<typename Lan
     const int nv = (n + W - 1) / W;
     const MicroKernel<T> kernel = Kernels::by_vectors[nv - 1];
     const auto kernel_ep = Kernels::by_vectors_ep[nv - 1];
+    const auto kernel_plain = Kernels::by_vectors_plain[nv - 1];
     const T* b = Bp + jr * kc;
     int64_t ir = 0;
     if (nv == 1 && A.in_place)
@@ -121,7 +129,7 @@ void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const APanels<typename Lan
         const T* a = A.base + ir * A.row_step;
         if (fuse) {
           const TileEpilogue<T> te = tile_ep(ir, jr);
-          simd_microkernel_ep<Lanes, 2 * MR, 1, NR>(kc, a, A.rs, A.cs, b, c, ldc, n, alpha, beta, &te);
+          simd_microkernel_ep<Lanes, 2 * MR, 1, NR>(kc, a, A.rs, A.cs, b, c, ldc, n, alpha, beta, &te, nullptr);
           continue;
         }
         simd_microkernel<Lanes, 2 * MR, 1, NR>(kc, a, A.rs, A.cs, b, c, ldc, n, alpha, beta);
@@ -136,14 +144,18 @@ void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const APanels<typename Lan
         a = edge_a, rs = 1, cs = MR;
       }
       T* c = C + ir * ldc + jr;
-      if (A.in_place && jr == 0 && ir + 2 * MR <= mc) prefetch_rows<MR>(A.base + (ir + MR) * A.row_step, A.rs, kc);
+      // on the first pass over an in-place block, the next panel's rows: their first lines now; for
+      // a weight streaming from memory, the rest from the micro-kernel as its k loop goes
+      const T* next_a = A.in_place && jr == 0 && ir + 2 * MR <= mc ? A.base + (ir + MR) * A.row_step : nullptr;
+      if (next_a) prefetch_rows<MR>(next_a, A.rs, kc);
+      if (!A.streams) next_a = nullptr;
       if (m == MR && fuse) {
         const TileEpilogue<T> te = tile_ep(ir, jr);
-        kernel_ep(kc, a, rs, cs, b, c, ldc, n, alpha, beta, &te);
+        kernel_ep(kc, a, rs, cs, b, c, ldc, n, alpha, beta, &te, next_a);
         continue;
       }
       if (m == MR) {
-        kernel(kc, a, rs, cs, b, c, ldc, n, alpha, beta);
+        kernel_plain(kc, a, rs, cs, b, c, ldc, n, alpha, beta, nullptr, next_a);
       } else {
         alignas(64) T tile[MR * NR];
         if (beta != T(0))
@@ -197,7 +209,7 @@ void five_loops(const Problem<typename Lanes::T>& p, const GemmBlocking& bs, con
         const int64_t mc = min64(MC, block_end - ic);
         APanels<T> A{Ap, kc, 1, MR, false};
         if (in_place) {
-          A = {p.A + ic * p.lda + pc, p.lda, p.lda, 1, true};
+          A = {p.A + ic * p.lda + pc, p.lda, p.lda, 1, true, p.a_streams};
         } else {
           // Pack op(A)(ic : ic+mc, pc : pc+kc) into Ap, MR-tall panels.
           for (int64_t i = 0; i < mc; i += MR) {

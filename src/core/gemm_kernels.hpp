@@ -52,6 +52,9 @@ struct Problem {
   T* C;
   int64_t ldc;
   const GemmEpilogue<T>* epilogue;  // or null
+  // op(A) is a weight read once from memory where it lies (the operands swapped for a few rows):
+  // the micro-kernel also asks for the next panel's rows as it goes (gemm_microkernel.hpp, next_a)
+  bool a_streams = false;
 };
 
 // The rows of C dealt out to a call's threads as each comes for more (gemm.cpp): on a shared machine

@@ -31,6 +31,14 @@ namespace {
 // also gets, before it is stored, the bias, then ReLU, then the residual: the operations
 // apply_epilogue (gemm_driver.hpp) would do on the stored tile, in the same order, rounded alike,
 // without storing, reloading and storing the tile again.
+//
+// With next_a (the next panel of a weight read in place from memory, rows rs_a apart, on the
+// macro-kernel's first pass over a block of it: Problem::a_streams), each step k at the start of a
+// cache line also asks for one line of each of that panel's rows, kAheadLines lines past k, into
+// L2: the next tile's rows, new streams from memory, arrive while this one computes (prefetch_rows
+// in gemm_driver.hpp has asked for their first kAheadLines lines). A prefetch only: the same bits.
+constexpr int64_t kAheadLines = 4;
+
 template <class T>
 struct TileEpilogue {
   const T* bias;  // the tile's first column's bias, or null
@@ -42,7 +50,8 @@ struct TileEpilogue {
 template <class Lanes, int MR, int NV, int NRB, bool EP = true>
 void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a,
                          const typename Lanes::T* B, typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha,
-                         typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep) {
+                         typename Lanes::T beta, const TileEpilogue<typename Lanes::T>* ep,
+                         const typename Lanes::T* next_a) {
   using T = typename Lanes::T;
   using V = typename Lanes::V;
   constexpr int W = Lanes::width, NR = NV * W;
@@ -72,8 +81,8 @@ void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, i
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) acc[r][v] = Lanes::zero();
 
-#pragma GCC unroll 4
-  for (int64_t k = 0; k < kc; ++k) {
+  // one step of the sum: acc += A(:, k) B(k, :)
+  auto step = [&](int64_t k) __attribute__((always_inline)) {
     V b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) b[v] = Lanes::load(B + k * NRB + v * W);
@@ -83,6 +92,23 @@ void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, i
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[r][v] = Lanes::fma(ar, b[v], acc[r][v]);
     }
+  };
+  if (next_a) {
+    // a cache line's worth of steps at a time, each line of them asking for one line of each of
+    // the next panel's rows
+    constexpr int64_t ahead = kAheadLines * line;
+    for (int64_t k0 = 0; k0 < kc; k0 += line) {
+      if (k0 + ahead < kc) {
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r) __builtin_prefetch(next_a + r * rs_a + k0 + ahead, 0, 2);
+      }
+      const int64_t k1 = kc - k0 < line ? kc : k0 + line;
+#pragma GCC unroll 4
+      for (int64_t k = k0; k < k1; ++k) step(k);
+    }
+  } else {
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; ++k) step(k);
   }
 
   // C = alpha * acc + beta * C, vector v of row r; the last vector of a row may be partial.
@@ -116,7 +142,7 @@ void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, i
 template <class Lanes, int MR, int NV, int NRB>
 void simd_microkernel(int64_t kc, const typename Lanes::T* A, int64_t rs_a, int64_t cs_a, const typename Lanes::T* B,
                       typename Lanes::T* C, int64_t ldc, int n, typename Lanes::T alpha, typename Lanes::T beta) {
-  simd_microkernel_ep<Lanes, MR, NV, NRB, false>(kc, A, rs_a, cs_a, B, C, ldc, n, alpha, beta, nullptr);
+  simd_microkernel_ep<Lanes, MR, NV, NRB, false>(kc, A, rs_a, cs_a, B, C, ldc, n, alpha, beta, nullptr, nullptr);
 }
 
 }  // namespace
