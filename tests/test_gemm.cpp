@@ -459,8 +459,11 @@ TEMPLATE_TEST_CASE("gemm's operand swap for a few rows against a large transpose
     struct Shape {
       int64_t M, N, K;
     };
+    // (K 100 and kc + 37: slices of whole cache lines of k steps and a part of one, as the micro-kernel
+    // walks them when it asks for a streaming weight's next panel)
     for (const Shape s : {Shape{int64_t(bs.nr), int64_t(bs.nr) + 1, 5}, Shape{100, 3 * int64_t(bs.nr) + 7, bs.kc + 9},
-                          Shape{256, 700, 2 * int64_t(bs.kc) + 1}, Shape{130, 131, 64}, Shape{300, 900, 33}})
+                          Shape{256, 700, 2 * int64_t(bs.kc) + 1}, Shape{130, 131, 64}, Shape{300, 900, 33},
+                          Shape{128, 300, 100}, Shape{70, 2 * int64_t(bs.nr) + 11, bs.kc + 37}})
       for (int variant = 0; variant < 5; ++variant)
         for (int threads : {1, 2}) {
           CAPTURE(to_string(isa), s.M, s.N, s.K, variant, threads);

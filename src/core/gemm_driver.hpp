@@ -27,16 +27,16 @@ bool read_a_in_place(const Problem<T>& p) {
   return !p.trans_a;
 }
 
-// The first four cache lines of each of the next in-place A panel's MR rows, towards L2, before the
-// micro-kernel runs on this one. On the first pass over a block of A (jr = 0) its rows come from
-// memory: an MR-row panel starts MR new streams of kc elements each, and the hardware prefetcher
-// only follows a stream after its first misses, which the kernel would otherwise wait for. Measured
-// with `tparity bench --gemm --case llama7b_prefill` (the weight read in place after the operand
-// swap, M = 128: each block of it serves two micro-panels): the four products' time 2-9% lower
-// (median of four interleaved rounds about 5%) than without; the next panel's whole rows, or its
-// first two or eight lines, or the panel after it, did no better. The micro-kernel asks for the
+// The first kAheadLines (4) cache lines of each of the next in-place A panel's MR rows, towards
+// L2, before the micro-kernel runs on this one. On the first pass over a block of A (jr = 0) its
+// rows come from memory: an MR-row panel starts MR new streams of kc elements each, and the
+// hardware prefetcher only follows a stream after its first misses, which the kernel would
+// otherwise wait for. Measured with `tparity bench --gemm --case llama7b_prefill` (the weight read
+// in place after the operand swap, M = 128: each block of it serves two micro-panels): the four
+// products' time 2-9% lower (median of four interleaved rounds about 5%) than without; the next
+// panel's whole rows, or its first two or eight lines, or the panel after it, did no better. The micro-kernel asks for the
 // rest of a streaming weight's rows a line at a time as its k loop runs (next_a,
-// gemm_microkernel.hpp): on Zen 5 the prefill's gate and up products 4-9% faster than with these
+// gemm_microkernel.hpp): on Zen 5 the prefill's gate and up products 3-9% faster than with these
 // first lines alone (performance.md), where asking for every line here at once did no better.
 template <int MR, class T>
 void prefetch_rows(const T* a, int64_t rs, int64_t kc) {

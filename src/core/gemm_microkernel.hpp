@@ -33,10 +33,11 @@ namespace {
 // without storing, reloading and storing the tile again.
 //
 // With next_a (the next panel of a weight read in place from memory, rows rs_a apart, on the
-// macro-kernel's first pass over a block of it: Problem::a_streams), each step k at the start of a
-// cache line also asks for one line of each of that panel's rows, kAheadLines lines past k, into
-// L2: the next tile's rows, new streams from memory, arrive while this one computes (prefetch_rows
-// in gemm_driver.hpp has asked for their first kAheadLines lines). A prefetch only: the same bits.
+// macro-kernel's first pass over a block of it: Problem::a_streams), every 64 bytes' worth of k
+// steps also asks for one line of each of that panel's rows, kAheadLines lines past k, into L2
+// (and for each row's last line first, which an unaligned row straddles into): the next tile's
+// rows, new streams from memory, arrive while this one computes (prefetch_rows in gemm_driver.hpp
+// has asked for their first kAheadLines lines). A prefetch only: the same bits.
 constexpr int64_t kAheadLines = 4;
 
 template <class T>
@@ -97,6 +98,8 @@ void simd_microkernel_ep(int64_t kc, const typename Lanes::T* A, int64_t rs_a, i
     // a cache line's worth of steps at a time, each line of them asking for one line of each of
     // the next panel's rows
     constexpr int64_t ahead = kAheadLines * line;
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) __builtin_prefetch(next_a + r * rs_a + kc - 1, 0, 2);  // a row's last line
     for (int64_t k0 = 0; k0 < kc; k0 += line) {
       if (k0 + ahead < kc) {
 #pragma GCC unroll 32
