@@ -146,9 +146,9 @@ void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const APanels<typename Lan
       T* c = C + ir * ldc + jr;
       // on the first pass over an in-place block, the next panel's rows: their first lines now; for
       // a weight streaming from memory, the rest from the micro-kernel as its k loop goes
-      const T* next_a = A.in_place && jr == 0 && ir + 2 * MR <= mc ? A.base + (ir + MR) * A.row_step : nullptr;
-      if (next_a) prefetch_rows<MR>(next_a, A.rs, kc);
-      if (!A.streams) next_a = nullptr;
+      const T* next_panel = A.in_place && jr == 0 && ir + 2 * MR <= mc ? A.base + (ir + MR) * A.row_step : nullptr;
+      if (next_panel) prefetch_rows<MR>(next_panel, A.rs, kc);
+      const T* next_a = A.streams ? next_panel : nullptr;
       if (m == MR && fuse) {
         const TileEpilogue<T> te = tile_ep(ir, jr);
         kernel_ep(kc, a, rs, cs, b, c, ldc, n, alpha, beta, &te, next_a);
