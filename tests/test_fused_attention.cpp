@@ -351,6 +351,98 @@ TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give
   }
 }
 
+TEMPLATE_TEST_CASE("the few-query kernel gives the blocks' bits", "[fused]", float, double) {
+  // A group of at most half a vector of queries takes the few-query kernel (lanes over keys and
+  // value columns); switched off, the narrow blocks. Both compute every number alike, so each output
+  // must be the same bits (NaN: NaN in both; its payload may come from either operand of an FMA,
+  // which the compiler orders as it likes). L = 1 .. 9 queries per group (past half a vector on every
+  // path), key counts around the blocks (1, bc - 1, bc + 1, 2 bc + 3), D and Dv from 1 to 128 (vector
+  // tails, more value vectors than a tile holds), every mask kind, q divided by 1, a power of two or
+  // 3, rows all -inf (NaN, or zeros with zero_dead_rows), NaN in q, k or v, and decoding's stacked
+  // heads (repeat 2, 4 and 8, one query each), on one thread and on two.
+  using T = TestType;
+  const T ninf = -std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  struct Restore {
+    ~Restore() { fused_attention_detail::set_few_queries(true); }
+  } restore;
+  auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t e = 0; e < a.size(); ++e)
+      if (std::isnan(a[e]) ? !std::isnan(b[e]) : std::memcmp(&a[e], &b[e], sizeof(T)) != 0) {
+        UNSCOPED_INFO("element " << e << ": " << double(a[e]) << " against " << double(b[e]));
+        return false;
+      }
+    return true;
+  };
+  const int64_t dims[] = {1, 5, 16, 17, 64, 128};
+  const T divisors[] = {T(1), T(8), T(3)};
+  Rng rng(2024);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    int n = 0;
+    for (int64_t L = 1; L <= 9; ++L)
+      for (const int64_t S : {int64_t(1), int64_t(bs.bc) - 1, int64_t(bs.bc) + 1, 2 * int64_t(bs.bc) + 3}) {
+        const int64_t D = dims[n % 6], Dv = dims[(n / 6 + n) % 6];
+        const MaskKind kind = kMaskKinds[n % 6];
+        const T div = divisors[n % 3];
+        const int poison = n % 5;  // 0, 1: none; 2: NaN in q; 3: in k; 4: in v
+        const bool dead = n % 7 == 3, zero_dead = n % 2 == 0;
+        ++n;
+        CAPTURE(to_string(isa), L, S, D, Dv, name(kind), double(div), poison, dead, zero_dead);
+        Problem<T> p = make_problem<T>(rng, 4, L, S, D, Dv, kind);
+        if (poison == 2) p.q[size_t(rng.integer(0, int64_t(p.q.size()) - 1))] = nan;
+        if (poison == 3) p.k[size_t(rng.integer(0, int64_t(p.k.size()) - 1))] = nan;
+        if (poison == 4) p.v[size_t(rng.integer(0, int64_t(p.v.size()) - 1))] = nan;
+        if (dead) {  // batch element 1's keys all closed: its rows all -inf
+          p.bias.assign(size_t(2 * S), T(0));
+          std::fill(p.bias.begin() + S, p.bias.end(), ninf);
+        }
+        AttentionMasks<T> m = p.masks();
+        m.zero_dead_rows = zero_dead;
+        auto run = [&](bool few, int threads) {
+          fused_attention_detail::set_few_queries(few);
+          std::vector<T> out(size_t(p.G * L * Dv), T(-7));
+          fused_attention(out.data(), p.q.data(), p.k.data(), p.v.data(), p.G, L, S, D, Dv, p.scale, m, threads,
+                          AttentionLayout{}, div);
+          return out;
+        };
+        const std::vector<T> blocks = run(false, 1);
+        CHECK(same(run(true, 1), blocks));
+        CHECK(same(run(true, 2), blocks));
+        CHECK(std::none_of(blocks.begin(), blocks.end(), [](T x) { return x == T(-7); }));
+      }
+    // decoding: G heads of one query, `rep` of them sharing each kv group, 2 batch elements
+    for (const int64_t rep : {2, 4, 8}) {
+      const int64_t G = 16, S = 3 * bs.bc + 7, D = 128, Dv = 128;
+      CAPTURE(to_string(isa), rep);
+      Problem<T> p = make_problem<T>(rng, G / rep, 1, S, D, Dv, MaskKind::KeyBias);
+      p.G = G, p.heads = 8;
+      p.q.resize(size_t(G * D));
+      for (T& x : p.q) x = T(rng.normal());
+      p.bias.resize(size_t(2 * S));
+      for (T& x : p.bias) x = rng.coin(0.3) ? ninf : T(rng.normal());
+      auto run = [&](bool few) {
+        fused_attention_detail::set_few_queries(few);
+        std::vector<T> out(size_t(G * Dv), T(-7));
+        fused_attention(out.data(), p.q.data(), p.k.data(), p.v.data(), G, int64_t(1), S, D, Dv, p.scale, p.masks(), 2,
+                        AttentionLayout{rep, 8, {}, {0, S * D}, {0, S * Dv}, {}});
+        return out;
+      };
+      const std::vector<T> blocks = run(false);
+      CHECK(same(run(true), blocks));
+      // and both right: the twin of the same heads, each with its own copy of its kv group
+      Problem<T> copies = p;
+      copies.k.clear(), copies.v.clear();
+      for (int64_t g = 0; g < G; ++g) {
+        copies.k.insert(copies.k.end(), p.k.begin() + g / rep * S * D, p.k.begin() + (g / rep + 1) * S * D);
+        copies.v.insert(copies.v.end(), p.v.begin() + g / rep * S * Dv, p.v.begin() + (g / rep + 1) * S * Dv);
+      }
+      CHECK(count_bad(blocks, twin(copies, bs)) == 0);
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("fused attention reads a packed projection in place and writes the heads side by side", "[fused]",
                    float, double) {
   // AttentionLayout: q, k and v read as the thirds of one (B, L, 3E) projection, q divided by q_divisor

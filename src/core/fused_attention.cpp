@@ -67,6 +67,7 @@ thread_local Scratch scratch;
 thread_local Scratch mask_scratch;
 
 std::atomic<bool> skip_masked_blocks{true};
+std::atomic<bool> few_queries{true};
 std::atomic<int> unit_order{0};  // set_unit_order's: 0 by the mask's size, 1 block-major, -1 group-major
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -115,20 +116,23 @@ std::vector<int64_t> open_keys_of_mask(const T* mask, int64_t L, int64_t S, int6
 }
 
 // The parts of a BlockScratch, each rounded up to 64 bytes, carved from one buffer.
+// The few-query kernel's ot rows are Dv rounded up to a line (a whole number of vectors), and it
+// has a kt (D, bc).
 template <class T>
 struct ScratchShape {
-  int64_t qt, st, ot, vec;  // elements
-  ScratchShape(const FusedBlocking& bs, int64_t D, int64_t Dv) {
+  int64_t qt, st, ot, vec, kt;  // elements
+  ScratchShape(const FusedBlocking& bs, int64_t D, int64_t Dv, bool few) {
     const int64_t line = 64 / int64_t(sizeof(T));
     qt = round_up(std::max<int64_t>(D, 1) * bs.br, line);
-    st = round_up(int64_t(bs.bc) * bs.br, line);
-    ot = round_up(Dv * bs.br, line);
+    st = round_up(int64_t(bs.bc) * bs.br * (few ? kFewBlocks : 1), line);
+    ot = few ? round_up(Dv, line) * bs.br : round_up(Dv * bs.br, line);
     vec = round_up(bs.br, line);
+    kt = few ? round_up(std::max<int64_t>(D, 1) * bs.bc, line) : 0;
   }
-  int64_t total() const { return qt + st + ot + 3 * vec; }
+  int64_t total() const { return qt + st + ot + 3 * vec + kt; }
   BlockScratch<T> carve(T* base) const {
-    return {
-        base, base + qt, base + qt + st, base + qt + st + ot, base + qt + st + ot + vec, base + qt + st + ot + 2 * vec};
+    T* const m = base + qt + st + ot;
+    return {base, base + qt, base + qt + st, m, m + vec, m + 2 * vec, kt ? m + 3 * vec : nullptr};
   }
 };
 
@@ -182,10 +186,13 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
                       (masked && (rows_per_group < 2 * path.blocking.br || libm_exp));
   // the key statistics below are per key block of path.blocking.bc keys: the narrow blocks' too
   assert(path.narrow_blocking.bc == path.blocking.bc);
-  const FusedBlocking& blocking = narrow ? path.narrow_blocking : path.blocking;
-  const auto run_block = narrow ? path.run_narrow : path.run;
+  // At most a few queries per group (decoding's): the few-query kernel, lanes over keys and value
+  // columns instead of the queries (FewKernel); the same bits once more.
+  const bool few = rows_per_group <= path.few_blocking.br && few_queries.load(std::memory_order_relaxed);
+  const FusedBlocking& blocking = few ? path.few_blocking : narrow ? path.narrow_blocking : path.blocking;
+  const auto run_block = few ? path.run_few : narrow ? path.run_narrow : path.run;
   const int64_t br = blocking.br, blocks = (rows_per_group + br - 1) / br;
-  const ScratchShape<T> shape(blocking, D, Dv);
+  const ScratchShape<T> shape(blocking, D, Dv, few);
   // The units, (group, block of queries) pairs, in order: group by group, so that a group's keys and
   // values stay in cache while its blocks of queries pass; but block of queries by block of queries
   // when one (L, S) mask is shared and larger than a quarter of L2, so that its rows for a block
@@ -212,8 +219,8 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   T* mask_t = nullptr;
   const int64_t mask_t_ld = blocks * br, key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
   std::vector<int64_t> mask_open;
-  const bool skip = skip_masked_blocks.load(std::memory_order_relaxed) && masked;
-  if (masks.attn && masks.attn_group_stride == 0 && !block_major && mask_ld == S && groups > 1) {
+  const bool skip = skip_masked_blocks.load(std::memory_order_relaxed) && masked && !few;
+  if (masks.attn && masks.attn_group_stride == 0 && !block_major && mask_ld == S && groups > 1 && !few) {
     mask_t = static_cast<T*>(mask_scratch.get(size_t(S * mask_t_ld) * sizeof(T)));
     transpose_mask(masks.attn, L, S, mask_t_ld, mask_t);
     if (skip) mask_open = open_keys_of_mask(masks.attn, L, S, br, path.blocking.bc);  // open_keys' only use
@@ -305,6 +312,8 @@ FusedBlocking blocking(GemmIsa isa) {
 void set_skip_masked_blocks(bool skip) { skip_masked_blocks.store(skip, std::memory_order_relaxed); }
 
 void set_unit_order(int order) { unit_order.store(order, std::memory_order_relaxed); }
+
+void set_few_queries(bool on) { few_queries.store(on, std::memory_order_relaxed); }
 
 }  // namespace fused_attention_detail
 

@@ -50,10 +50,17 @@ struct QueryBlock {
 
 // A thread's scratch, each part 64-byte aligned: qt (D, br) the block's queries transposed, st
 // (bc, br) the scores then the weights of a key block transposed, ot (Dv, br) the output transposed,
-// and m, l, alpha (br): the running maximum, the running sum, the last rescaling factor.
+// and m, l, alpha (br): the running maximum, the running sum, the last rescaling factor. The
+// few-query kernel (FusedPath::run_few) holds its parts untransposed: qt (br, D) the queries, st (br,
+// bc) the scores then the weights, ot (br, Dv rounded up to 64 bytes) the output; and kt (D, bc) the
+// key block transposed (null for the others).
+// The few-query kernel computes the scores of this many key blocks before their softmax and context,
+// so that the keys, then the values, are read in runs of this many blocks (its st holds them all).
+constexpr int kFewBlocks = 16;
+
 template <class T>
 struct BlockScratch {
-  T *qt, *st, *ot, *m, *l, *alpha;
+  T *qt, *st, *ot, *m, *l, *alpha, *kt;
 };
 
 // One path: its block sizes and the function that computes one QueryBlock; and the same for blocks
@@ -70,6 +77,11 @@ struct FusedPath {
   // bc keys per block.
   void (*key_stats)(const T* k, const T* v, int64_t S, int64_t D, int64_t Dv, int64_t k_ld, int64_t v_ld,
                     KeyBlockStats<T>* stats);
+  // For a group of at most few_blocking.br queries (0: none, the scalar path), the few-query kernel
+  // (fused_attention_simd.hpp, FewKernel): the lanes over keys and value columns instead of queries;
+  // the same bits again. It skips no key block, so it needs no key_stats.
+  FusedBlocking few_blocking{0, 0, 0};
+  void (*run_few)(const QueryBlock<T>& b, const BlockScratch<T>& s) = nullptr;
 };
 
 // Defined in fused_attention_kernels_scalar.cpp, _avx2.cpp and _avx512.cpp; the last two are

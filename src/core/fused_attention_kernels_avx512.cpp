@@ -12,11 +12,12 @@ namespace tparity::fused_impl {
 
 template <>
 FusedPath<float> avx512_path<float>() {
-  return wide_and_narrow<FusedKernel<simd::F32x16, 4, 6, 64>, FusedKernel<simd::F32x16, 1, 8, 64>>();
+  return wide_narrow_few<FusedKernel<simd::F32x16, 4, 6, 64>, FusedKernel<simd::F32x16, 1, 8, 64>,
+                         FewKernel<simd::F32x16, 64>>();
 }
 template <>
 FusedPath<double> avx512_path<double>() {
-  return wide_and_narrow<FusedKernel<simd::F64x8, 4, 6, 64>, FusedKernel<simd::F64x8, 1, 8, 64>>();
+  return wide_narrow_few<FusedKernel<simd::F64x8, 4, 6, 64>, FusedKernel<simd::F64x8, 1, 8, 64>, FewKernel<simd::F64x8, 64>>();
 }
 
 }  // namespace tparity::fused_impl

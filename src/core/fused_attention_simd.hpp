@@ -414,12 +414,274 @@ struct FusedKernel {
   static FusedPath<T> path() { return {{BR, BC, MR}, &run, {BR, BC, MR}, &run, &key_stats}; }
 };
 
+// --- a few queries against all the keys: decoding's ------------------------------------------
+// A block of nq <= W / 2 queries (decoding's one query per head, a kv group's heads stacked) held
+// one vector wide would leave most of its lanes empty, and its products broadcast one key element,
+// or one value, per FMA: decoding a LLaMA-7B-shaped layer spent 6.4% of its time there, on 2.3% of
+// its bytes. Here the lanes run over keys in the scores (the key block transposed once into kt) and
+// over value columns in the context; each query's scores, then weights, are a row of s. Every number
+// is computed as FusedKernel computes it: a score is one FMA chain over d ascending from 0, then
+// * scale, + bias, + mask; the block's maximum, mu, alpha and exp as in softmax_block, the block's
+// sum in key order from 0, l = l alpha + sum (one FMA); an output element one FMA chain over the
+// block's keys from 0, then o alpha + that (one FMA), and o / l at the end: the same bits (tested).
+// No key block is skipped: computing a closed block is what a skip stands for.
+// Decoding reads the cache from memory: the scores of kFewBlocks key blocks come first (the keys one
+// stream), then each block's softmax and context (the values one stream), and each block asks for
+// the next block's keys or values as it reads its own (without: 30% slower from memory; two or four
+// blocks ahead: no faster). LLaMA-7B's decoding attention alone (32 heads over 8 kv heads, 2049
+// keys, D 128; a throwaway, medians of 15) on Zen 5: 0.75-0.80 ms -> 0.36-0.38 with the cache in L3,
+// 1.05-1.15 -> 0.66-0.71 from memory; in the whole layer 1.27 -> 1.04-1.07 ms (the profile's share).
+template <class L, int BC>
+struct FewKernel {
+  using T = typename L::T;
+  using V = typename L::V;
+  static constexpr int W = L::width, ROWS = W / 2, KVECS = BC / W;
+  static_assert(ROWS >= 1 && BC % W == 0, "FewKernel: a SIMD path, key blocks of whole vectors");
+  // accumulators: half the vector registers (32 zmm, 16 ymm); a power of two of key vectors (BC / W
+  // is one, so the tiles never read past kt's row) or at most eight value vectors per row
+  static constexpr int ACC = sizeof(V) >= 64 ? 16 : 8;
+  static constexpr int pow2_floor(int x) { return x >= 8 ? 8 : x >= 4 ? 4 : x >= 2 ? 2 : 1; }
+  static constexpr int key_vectors(int R) { return pow2_floor(ACC / R < KVECS ? ACC / R : KVECS); }
+  static constexpr int value_vectors(int R) { return ACC / R < 1 ? 1 : ACC / R < 8 ? ACC / R : 8; }
+  using Tiles = FusedKernel<L, 1, 1, BC>;  // its transpose_tile
+
+  static V load_n(const T* p, int64_t n) { return n >= W ? L::load(p) : L::load_first(p, int(n)); }
+  static void store_n(T* p, V x, int64_t n) {
+    if (n >= W)
+      L::store(p, x);
+    else
+      L::store_first(p, x, int(n));
+  }
+
+  // qs (R, D) = the queries (rows q_ld apart), each element divided as pack_queries divides it.
+  template <int R>
+  static void pack_queries(const T* q, int64_t q_ld, int64_t D, T div, T* qs) {
+    const bool divide = div != T(1);
+    int exponent;
+    const bool power_of_two = std::frexp(div, &exponent) == T(0.5) && exponent > -120 && exponent < 120;
+    const V dv = L::set1(div), inverse = L::set1(T(1) / div);
+    for (int i = 0; i < R; ++i)
+      for (int64_t d = 0; d < D; d += W) {
+        const V x = load_n(q + i * q_ld + d, D - d);
+        store_n(qs + i * D + d, !divide ? x : power_of_two ? L::mul(x, inverse) : L::div(x, dv), D - d);
+      }
+  }
+
+  // kt (D, BC) = the block's nk keys (rows k_ld apart) transposed, kt[d][j] = k_j[d], through key
+  // vector `vectors` - 1; the lanes past nk 0. The next block's first next_nk keys (k + BC k_ld on)
+  // are asked for into L2 tile by tile, as this block's are read.
+  static void pack_keys(const T* k, int64_t k_ld, int64_t nk, int64_t D, int64_t vectors, T* kt, int64_t next_nk) {
+    alignas(64) T tile[W * W];
+    for (int64_t c = 0; c < vectors; ++c) {
+      const int64_t m = nk - c * W < 0 ? 0 : nk - c * W < W ? nk - c * W : W;
+      const int64_t mn = next_nk - c * W < 0 ? 0 : next_nk - c * W < W ? next_nk - c * W : W;
+      for (int64_t d0 = 0; d0 < D; d0 += W) {
+        const int64_t md = D - d0 < W ? D - d0 : W;
+        for (int64_t r = 0; r < mn; ++r) __builtin_prefetch(k + (BC + c * W + r) * k_ld + d0, 0, 2);
+        if (m == W && md == W) {
+          L::transpose(k + c * W * k_ld + d0, k_ld, kt + d0 * BC + c * W, BC);
+          continue;
+        }
+        if (m == 0) {
+          for (int64_t d = 0; d < md; ++d) L::store(kt + (d0 + d) * BC + c * W, L::zero());
+          continue;
+        }
+        Tiles::transpose_tile(k + c * W * k_ld + d0, k_ld, m, md, tile);
+        for (int64_t d = 0; d < md; ++d) L::store(kt + (d0 + d) * BC + c * W, L::load(tile + d * W));
+      }
+    }
+  }
+
+  // s rows 0..R-1 (BC apart), keys 0..nk-1: s[i][j] = scale * (q_i . k_j) (+ bias[j]) (+ mask[i][j]),
+  // KV key vectors at a time; qs (R, D), kt (D, BC) as pack_keys leaves it.
+  template <int R>
+  static void scores(int64_t D, const T* qs, const T* kt, int64_t nk, T scale, const T* bias, const T* mask,
+                     int64_t mask_ld, T* s) {
+    constexpr int KV = key_vectors(R);
+    const int64_t vectors = (nk + W - 1) / W;
+    const V vs = L::set1(scale);
+    for (int64_t c0 = 0; c0 < vectors; c0 += KV) {
+      V acc[R][KV];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+        for (int c = 0; c < KV; ++c) acc[i][c] = L::zero();
+#pragma GCC unroll 4
+      for (int64_t d = 0; d < D; ++d) {
+        V kv[KV];
+#pragma GCC unroll 8
+        for (int c = 0; c < KV; ++c) kv[c] = L::load(kt + d * BC + (c0 + c) * W);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          const V a = L::set1(qs[i * D + d]);
+#pragma GCC unroll 8
+          for (int c = 0; c < KV; ++c) acc[i][c] = L::fma(a, kv[c], acc[i][c]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < KV; ++c) {
+        const int64_t j = (c0 + c) * W, n = nk - j;
+        if (n <= 0) break;
+        const V bj = bias ? load_n(bias + j, n) : L::zero();
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          V x = L::mul(vs, acc[i][c]);
+          if (bias) x = L::add(x, bj);
+          if (mask) x = L::add(x, load_n(mask + i * mask_ld + j, n));
+          L::store(s + i * BC + j, x);
+        }
+      }
+    }
+  }
+
+  // The online softmax over the block, softmax_block's with a query per row of s instead of per lane:
+  // s rows 0..R-1 become the weights; m, l, alpha (lanes 0..R-1, the others idle) as there.
+  template <int R>
+  static void softmax(T* s, int64_t nk, T* m, T* l, T* alpha) {
+    const int64_t vectors = (nk + W - 1) / W, tail = nk - (vectors - 1) * W;
+    alignas(64) T mb[W], mu[W], sum[W];
+    for (int i = 0; i < W; ++i) mb[i] = -INFINITY, sum[i] = T(0);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      V x = L::set1(-INFINITY);
+      for (int64_t c = 0; c + 1 < vectors; ++c) x = L::max_keep(L::load(s + i * BC + c * W), x);
+      x = L::max_keep(L::load_first_or(s + i * BC + (vectors - 1) * W, int(tail), -INFINITY), x);
+      mb[i] = L::hmax(x);
+    }
+    const V mo = L::load(m), mn = L::max_keep(L::load(mb), mo);
+    L::store(mu, L::neg_inf_to_zero(mn));
+    L::store(alpha, vmath_impl::vexp<L>(L::sub(mo, L::load(mu))));
+    L::store(m, mn);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const V mui = L::set1(mu[i]);
+      for (int64_t c = 0; c < vectors; ++c)
+        L::store(s + i * BC + c * W, vmath_impl::vexp<L>(L::sub(L::load(s + i * BC + c * W), mui)));
+    }
+    for (int64_t j = 0; j < nk; ++j)
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) sum[i] += s[i * BC + j];
+    L::store(l, L::fma(L::load(l), L::load(alpha), L::load(sum)));
+  }
+
+  // o rows 0..R-1 (o_ld apart), value vectors e0 .. e0 + n - 1 (n <= EV; the last one `last`
+  // elements; Whole: n = EV and last = W): o[i][e] = o[i][e] * alpha[i] + sum over the block's keys
+  // j of p[i][j] v[j][e].
+  template <int R, int EV, bool Whole>
+  static void context_tile(int64_t nk, const T* v, int64_t v_ld, const T* p, T* o, int64_t o_ld, const T* alpha,
+                           int n, int64_t last, int64_t next_nk) {
+    V acc[R][EV];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+      for (int u = 0; u < EV; ++u) acc[i][u] = L::zero();
+#pragma GCC unroll 2
+    for (int64_t j = 0; j < nk; ++j) {
+      const T* vj = v + j * v_ld;
+      if (j < next_nk)
+#pragma GCC unroll 8
+        for (int u = 0; u < EV; ++u)
+          if (Whole || u < n) __builtin_prefetch(vj + BC * v_ld + u * W, 0, 2);
+      V x[EV];
+#pragma GCC unroll 8
+      for (int u = 0; u < EV; ++u)
+        x[u] = Whole || u + 1 < n ? L::load(vj + u * W) : u < n ? load_n(vj + u * W, last) : L::zero();
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        const V a = L::set1(p[i * BC + j]);
+#pragma GCC unroll 8
+        for (int u = 0; u < EV; ++u)
+          if (Whole || u < n) acc[i][u] = L::fma(a, x[u], acc[i][u]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const V al = L::set1(alpha[i]);
+#pragma GCC unroll 8
+      for (int u = 0; u < EV; ++u)
+        if (Whole || u < n) L::store(o + i * o_ld + u * W, L::fma(L::load(o + i * o_ld + u * W), al, acc[i][u]));
+    }
+  }
+
+  template <int R>
+  static void run_rows(const QueryBlock<T>& b, const BlockScratch<T>& s) {
+    constexpr int EV = value_vectors(R);
+    Phases phase;
+    phase.to(profile::Op::Scores);
+    const int64_t D = b.D, Dv = b.Dv, o_ld = (Dv + W - 1) / W * W, dvecs = o_ld / W;
+    pack_queries<R>(b.q, b.q_ld, D, b.q_divisor, s.qt);
+    L::store(s.m, L::set1(-INFINITY)), L::store(s.l, L::zero());
+    for (int64_t e = 0; e < R * o_ld; e += W) L::store(s.ot + e, L::zero());
+    // kFewBlocks key blocks at a time: the scores of all of them (K read as one stream), then each
+    // block's softmax and context in turn (V as one stream)
+    for (int64_t g0 = 0; g0 < b.S; g0 += kFewBlocks * BC) {
+      const int64_t g1 = b.S - g0 < kFewBlocks * BC ? b.S : g0 + kFewBlocks * BC;
+      phase.to(profile::Op::Scores);
+      for (int64_t j0 = g0; j0 < g1; j0 += BC) {
+        const int64_t nk = b.S - j0 < BC ? b.S - j0 : BC, vectors = (nk + W - 1) / W;
+        const int64_t next_nk = b.S - j0 - BC < 0 ? 0 : b.S - j0 - BC < nk ? b.S - j0 - BC : nk;
+        pack_keys(b.k + j0 * b.k_ld, b.k_ld, nk, D, (vectors + key_vectors(R) - 1) / key_vectors(R) * key_vectors(R),
+                  s.kt, next_nk);
+        scores<R>(D, s.qt, s.kt, nk, b.scale, b.bias ? b.bias + j0 : nullptr, b.mask ? b.mask + j0 : nullptr,
+                  b.mask_ld, s.st + (j0 - g0) / BC * R * BC);
+      }
+      for (int64_t j0 = g0; j0 < g1; j0 += BC) {
+        const int64_t nk = b.S - j0 < BC ? b.S - j0 : BC;
+        const int64_t next_nk = b.S - j0 - BC < 0 ? 0 : b.S - j0 - BC < nk ? b.S - j0 - BC : nk;
+        T* const st = s.st + (j0 - g0) / BC * R * BC;
+        phase.to(profile::Op::Softmax);
+        softmax<R>(st, nk, s.m, s.l, s.alpha);
+        phase.to(profile::Op::Context);
+        const T* vb = b.v + j0 * b.v_ld;
+        for (int64_t e0 = 0; e0 < dvecs; e0 += EV) {
+          const int n = int(dvecs - e0 < EV ? dvecs - e0 : EV);
+          const int64_t last = Dv - (e0 + n - 1) * W;
+          if (n == EV && last == W)
+            context_tile<R, EV, true>(nk, vb + e0 * W, b.v_ld, st, s.ot + e0 * W, o_ld, s.alpha, n, last, next_nk);
+          else
+            context_tile<R, EV, false>(nk, vb + e0 * W, b.v_ld, st, s.ot + e0 * W, o_ld, s.alpha, n, last, next_nk);
+        }
+      }
+    }
+    // as FusedKernel::run: a row whose every score was -inf has l = 0 and O = 0
+    phase.to(profile::Op::Context);
+    if (b.zero_dead_rows)
+      for (int i = 0; i < R; ++i)
+        if (s.l[i] == T(0)) s.l[i] = T(1);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const V li = L::set1(s.l[i]);
+      for (int64_t e = 0; e < Dv; e += W) store_n(b.out + i * b.out_ld + e, L::div(L::load(s.ot + i * o_ld + e), li), Dv - e);
+    }
+    phase.end();
+  }
+
+  template <class Rows>
+  struct ByRows;
+  template <int... I>
+  struct ByRows<std::integer_sequence<int, I...>> {
+    static constexpr void (*run[])(const QueryBlock<T>&, const BlockScratch<T>&) = {&run_rows<I + 1>...};
+  };
+  static void run(const QueryBlock<T>& b, const BlockScratch<T>& s) {
+    ByRows<std::make_integer_sequence<int, ROWS>>::run[b.nq - 1](b, s);
+  }
+};
+
 // A path from its wide kernel and its narrow one (FusedPath).
 template <class Wide, class Narrow>
 FusedPath<typename Wide::T> wide_and_narrow() {
   FusedPath<typename Wide::T> p = Wide::path();
   p.narrow_blocking = Narrow::path().blocking;
   p.run_narrow = &Narrow::run;
+  return p;
+}
+
+// The same with the few-query kernel for a few queries per group (FusedPath::run_few).
+template <class Wide, class Narrow, class Few>
+FusedPath<typename Wide::T> wide_narrow_few() {
+  FusedPath<typename Wide::T> p = wide_and_narrow<Wide, Narrow>();
+  p.few_blocking = {Few::ROWS, p.blocking.bc, 1};
+  p.run_few = &Few::run;
   return p;
 }
 

@@ -83,6 +83,9 @@ struct AttentionLayout {
 // keys) are skipped where that cannot change a bit (set_skip_masked_blocks, below).
 // threads: (group, block of queries) pairs dealt out to up to `threads` threads (parallel.hpp); the
 // result does not depend on it, bit for bit.
+// A group of at most half a vector of queries (decoding's) takes the few-query kernel: the lanes over
+// keys and value columns instead of queries, the same numbers computed in the same order (same bits);
+// its scratch adds D x bc (a key block transposed) and holds 16 key blocks' scores.
 // Memory: scratch of threads x br x (D + bc + Dv + 3) elements (blocking(), below), not L x S; with a
 // mask, up to G x ceil(S / bc) statistics of the key blocks besides; one shared (L, S) mask small
 // enough to stay in L2 (or any, when the tests force group-major order: set_unit_order(-1)) is also
@@ -118,6 +121,11 @@ void set_skip_masked_blocks(bool skip);
 // group by group. Each unit is computed alone, so the order changes no bit; the switch lets the
 // tests show it on both orders whatever this machine's L2.
 void set_unit_order(int order);
+// Whether a group of at most a few queries (up to half a vector: decoding's one query per head, a kv
+// group's heads stacked) takes the few-query kernel, whose lanes run over keys and value columns
+// instead of queries (on by default; the scalar path has none). It computes every number as the
+// blocks do, so the result is the same bit for bit either way; the switch lets the tests show it.
+void set_few_queries(bool on);
 
 }  // namespace fused_attention_detail
 }  // namespace tparity
