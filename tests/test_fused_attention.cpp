@@ -302,68 +302,80 @@ TEMPLATE_TEST_CASE("decoding's stacked kv-group heads and the narrow blocks give
   // as the rows of one narrow block. Each head alone (its own call, its kv group's keys) must give
   // the same bits, with every mask kind a decoding step can have; and a wide block's rows (L past
   // the narrow block's width) the same bits as each row's own one-query call.
+  // Both with the few-query kernel (which takes groups of up to half a vector of queries) and
+  // without it (the narrow blocks take them).
   using T = TestType;
   const T ninf = -std::numeric_limits<T>::infinity();
+  struct Restore {
+    ~Restore() { fused_attention_detail::set_few_queries(true); }
+  } restore;
   Rng rng(911);
-  for (GemmIsa isa : available_isas()) {
-    const ForceIsa force(isa);
-    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
-    for (MaskKind kind : {MaskKind::None, MaskKind::Shared2d, MaskKind::KeyBias, MaskKind::Shared2dAndKeyBias}) {
-      for (int64_t heads : {4, 8, 2}) {  // 2: a batch element's heads split a kv group, so not stacked
-        CAPTURE(to_string(isa), name(kind), heads);
-        const int64_t rep = 4, G = 8, S = 2 * bs.bc + 3, D = 9, Dv = 7;
-        Problem<T> p = make_problem<T>(rng, G / rep, 1, S, D, Dv, kind);  // k and v: one per kv group
-        p.G = G, p.heads = heads;
-        p.q.resize(size_t(G * D));
-        for (T& x : p.q) x = T(rng.normal());
-        if (!p.bias.empty()) {
-          p.bias.resize(size_t(G / heads * S));
-          for (T& x : p.bias) x = rng.coin(0.3) ? ninf : T(rng.normal());
+  for (GemmIsa isa : available_isas())
+    for (const bool few : {true, false}) {
+      fused_attention_detail::set_few_queries(few);
+      const ForceIsa force(isa);
+      const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+      for (MaskKind kind : {MaskKind::None, MaskKind::Shared2d, MaskKind::KeyBias, MaskKind::Shared2dAndKeyBias}) {
+        for (int64_t heads : {4, 8, 2}) {  // 2: a batch element's heads split a kv group, so not stacked
+          CAPTURE(to_string(isa), few, name(kind), heads);
+          const int64_t rep = 4, G = 8, S = 2 * bs.bc + 3, D = 9, Dv = 7;
+          Problem<T> p = make_problem<T>(rng, G / rep, 1, S, D, Dv, kind);  // k and v: one per kv group
+          p.G = G, p.heads = heads;
+          p.q.resize(size_t(G * D));
+          for (T& x : p.q) x = T(rng.normal());
+          if (!p.bias.empty()) {
+            p.bias.resize(size_t(G / heads * S));
+            for (T& x : p.bias) x = rng.coin(0.3) ? ninf : T(rng.normal());
+          }
+          std::vector<T> stacked(size_t(G * Dv), T(-7)), alone(stacked.size(), T(-7));
+          fused_attention(stacked.data(), p.q.data(), p.k.data(), p.v.data(), G, int64_t(1), S, D, Dv, p.scale,
+                          p.masks(),
+                          2, AttentionLayout{rep, 0, {}, {0, S * D}, {0, S * Dv}, {}});
+          for (int64_t g = 0; g < G; ++g) {
+            AttentionMasks<T> m;
+            m.attn = p.attn.empty() ? nullptr : p.attn.data();
+            m.key_bias = p.bias.empty() ? nullptr : p.bias.data() + g / heads * S;
+            fused_attention(alone.data() + g * Dv, p.q.data() + g * D, p.k.data() + g / rep * S * D,
+                            p.v.data() + g / rep * S * Dv, int64_t(1), int64_t(1), S, D, Dv, p.scale, m);
+          }
+          CHECK(identical(stacked, alone));
+          CHECK(std::all_of(stacked.begin(), stacked.end(), [](T x) { return x != T(-7); }));
         }
-        std::vector<T> stacked(size_t(G * Dv), T(-7)), alone(stacked.size(), T(-7));
-        fused_attention(stacked.data(), p.q.data(), p.k.data(), p.v.data(), G, int64_t(1), S, D, Dv, p.scale, p.masks(),
-                        2, AttentionLayout{rep, 0, {}, {0, S * D}, {0, S * Dv}, {}});
-        for (int64_t g = 0; g < G; ++g) {
+      }
+      // wide against narrow: rows in wide blocks under a shared mask, each row again alone
+      CAPTURE(to_string(isa));
+      Problem<T> p = make_problem<T>(rng, 2, wide_rows(bs) + 1, bs.bc + 5, 9, 7, MaskKind::Shared2d);
+      const std::vector<T> wide = p.run();
+      std::vector<T> rows(wide.size());
+      for (int64_t g = 0; g < p.G; ++g)
+        for (int64_t i = 0; i < p.L; ++i) {
           AttentionMasks<T> m;
-          m.attn = p.attn.empty() ? nullptr : p.attn.data();
-          m.key_bias = p.bias.empty() ? nullptr : p.bias.data() + g / heads * S;
-          fused_attention(alone.data() + g * Dv, p.q.data() + g * D, p.k.data() + g / rep * S * D,
-                          p.v.data() + g / rep * S * Dv, int64_t(1), int64_t(1), S, D, Dv, p.scale, m);
+          m.attn = p.attn.data() + i * p.S;
+          fused_attention(rows.data() + (g * p.L + i) * p.Dv, p.q.data() + (g * p.L + i) * p.D,
+                          p.k.data() + g * p.S * p.D, p.v.data() + g * p.S * p.Dv, int64_t(1), int64_t(1), p.S, p.D,
+                          p.Dv,
+                          p.scale, m);
         }
-        CHECK(identical(stacked, alone));
-        CHECK(std::all_of(stacked.begin(), stacked.end(), [](T x) { return x != T(-7); }));
-      }
+      CHECK(identical(wide, rows));
     }
-    // wide against narrow: rows in wide blocks under a shared mask, each row again alone
-    CAPTURE(to_string(isa));
-    Problem<T> p = make_problem<T>(rng, 2, wide_rows(bs) + 1, bs.bc + 5, 9, 7, MaskKind::Shared2d);
-    const std::vector<T> wide = p.run();
-    std::vector<T> rows(wide.size());
-    for (int64_t g = 0; g < p.G; ++g)
-      for (int64_t i = 0; i < p.L; ++i) {
-        AttentionMasks<T> m;
-        m.attn = p.attn.data() + i * p.S;
-        fused_attention(rows.data() + (g * p.L + i) * p.Dv, p.q.data() + (g * p.L + i) * p.D,
-                        p.k.data() + g * p.S * p.D, p.v.data() + g * p.S * p.Dv, int64_t(1), int64_t(1), p.S, p.D, p.Dv,
-                        p.scale, m);
-      }
-    CHECK(identical(wide, rows));
-  }
 }
 
 TEMPLATE_TEST_CASE("the few-query kernel gives the blocks' bits", "[fused]", float, double) {
   // A group of at most half a vector of queries takes the few-query kernel (lanes over keys and
   // value columns); switched off, the narrow blocks. Both compute every number alike, so each output
   // must be the same bits (NaN: NaN in both; its payload may come from either operand of an FMA,
-  // which the compiler orders as it likes). L = 1 .. 9 queries per group (past half a vector on every
-  // path), key counts around the blocks (1, bc - 1, bc + 1, 2 bc + 3), D and Dv from 1 to 128 (vector
-  // tails, more value vectors than a tile holds), every mask kind, q divided by 1, a power of two or
-  // 3, rows all -inf (NaN, or zeros with zero_dead_rows), NaN in q, k or v, and decoding's stacked
-  // heads (repeat 2, 4 and 8, one query each), on one thread and on two.
+  // which the two kernels give in the other order: q k against k q, p v against v p). L = 1 .. 9
+  // queries per group (past half a vector on every path), key counts around the blocks (1, bc - 1,
+  // bc + 1, 2 bc + 3), D and Dv from 1 to 128 (vector tails, more value vectors than a tile holds),
+  // every mask kind, q divided by 1, a power of two or 3, rows all -inf (NaN, or zeros with
+  // zero_dead_rows), NaN in q, k or v; and decoding's stacked heads (repeat 2, 4 and 8, one query
+  // each) over 16.5 and 32 key blocks (the kernel reads 16 blocks' keys at a time), a sliding
+  // window's bias closing all but a block and a bit (skipped, and computed: the same bits), on one
+  // thread and on two.
   using T = TestType;
   const T ninf = -std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
   struct Restore {
-    ~Restore() { fused_attention_detail::set_few_queries(true); }
+    ~Restore() { fused_attention_detail::set_few_queries(true), fused_attention_detail::set_skip_masked_blocks(true); }
   } restore;
   auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
     if (a.size() != b.size()) return false;
@@ -412,16 +424,20 @@ TEMPLATE_TEST_CASE("the few-query kernel gives the blocks' bits", "[fused]", flo
         CHECK(same(run(true, 2), blocks));
         CHECK(std::none_of(blocks.begin(), blocks.end(), [](T x) { return x == T(-7); }));
       }
-    // decoding: G heads of one query, `rep` of them sharing each kv group, 2 batch elements
+    // decoding: G heads of one query, `rep` of them sharing each kv group, 2 batch elements; keys
+    // in runs of 16 blocks and more (the kernel reads 16 blocks' keys at a time); batch element 1's
+    // bias closes all but its last bc + 5 keys (a sliding window: its blocks skipped)
     for (const int64_t rep : {2, 4, 8}) {
-      const int64_t G = 16, S = 3 * bs.bc + 7, D = 128, Dv = 128;
-      CAPTURE(to_string(isa), rep);
+      const int64_t G = 16, S = rep == 4 ? 32 * bs.bc + 3 : 16 * bs.bc + bs.bc / 2 + 1, D = 128;
+      const int64_t Dv = rep == 2 ? 72 : 128;
+      CAPTURE(to_string(isa), rep, S, Dv);
       Problem<T> p = make_problem<T>(rng, G / rep, 1, S, D, Dv, MaskKind::KeyBias);
       p.G = G, p.heads = 8;
       p.q.resize(size_t(G * D));
       for (T& x : p.q) x = T(rng.normal());
       p.bias.resize(size_t(2 * S));
       for (T& x : p.bias) x = rng.coin(0.3) ? ninf : T(rng.normal());
+      std::fill(p.bias.begin() + S, p.bias.end() - (bs.bc + 5), ninf);
       auto run = [&](bool few) {
         fused_attention_detail::set_few_queries(few);
         std::vector<T> out(size_t(G * Dv), T(-7));
@@ -431,6 +447,10 @@ TEMPLATE_TEST_CASE("the few-query kernel gives the blocks' bits", "[fused]", flo
       };
       const std::vector<T> blocks = run(false);
       CHECK(same(run(true), blocks));
+      fused_attention_detail::set_skip_masked_blocks(false);
+      const std::vector<T> computed = run(true);
+      fused_attention_detail::set_skip_masked_blocks(true);
+      CHECK(same(computed, blocks));
       // and both right: the twin of the same heads, each with its own copy of its kv group
       Problem<T> copies = p;
       copies.k.clear(), copies.v.clear();
@@ -439,6 +459,12 @@ TEMPLATE_TEST_CASE("the few-query kernel gives the blocks' bits", "[fused]", flo
         copies.v.insert(copies.v.end(), p.v.begin() + g / rep * S * Dv, p.v.begin() + (g / rep + 1) * S * Dv);
       }
       CHECK(count_bad(blocks, twin(copies, bs)) == 0);
+      // a NaN key inside a block the window closes to batch element 1 (kv group G / rep / 2 is its
+      // first): the block cannot be skipped, and its heads' outputs are NaN
+      p.k[size_t((G / rep / 2 * S + 1) * D + 3)] = nan;
+      const std::vector<T> poisoned = run(false);
+      CHECK(same(run(true), poisoned));
+      CHECK(std::isnan(poisoned[size_t(8 * Dv)]));
     }
   }
 }

@@ -116,8 +116,8 @@ std::vector<int64_t> open_keys_of_mask(const T* mask, int64_t L, int64_t S, int6
 }
 
 // The parts of a BlockScratch, each rounded up to 64 bytes, carved from one buffer.
-// The few-query kernel's ot rows are Dv rounded up to a line (a whole number of vectors), and it
-// has a kt (D, bc).
+// The few-query kernel's st holds kFewBlocks blocks' scores, its ot rows are Dv rounded up to whole
+// vectors (the allocation to a line per row), and it has a kt (D, bc).
 template <class T>
 struct ScratchShape {
   int64_t qt, st, ot, vec, kt;  // elements
@@ -171,7 +171,8 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   int64_t rows_per_group = L, groups = G, rep_left = rep, mask_ld = S, q_ld = ql.ld, out_ld = ol.ld;
   if (L == 1 && rep > 1 && (!masks.attn || masks.attn_group_stride == 0) && (!masks.key_bias || masks.heads % rep == 0))
     rows_per_group = rep, groups = kvG, rep_left = 1, mask_ld = 0, q_ld = ql.head, out_ld = ol.head;
-  // Few queries per group: the narrow blocks (one vector of queries), which compute no empty rows.
+  // Few queries per group (more than the few-query kernel's, below): the narrow blocks (one vector of
+  // queries), which compute no empty rows.
   // Also up to two wide blocks' worth under a mask: narrow blocks leave out more of the keys a mask
   // closes (a causal mask's diagonal, the run's open_keys), and fewer lanes go empty (measured at
   // the seed block's L = 100, causal: 7-9% faster in all on AVX-512; the same bits either way).
@@ -219,7 +220,7 @@ void fused_attention(T* out, const T* q, const T* k, const T* v, int64_t G, int6
   T* mask_t = nullptr;
   const int64_t mask_t_ld = blocks * br, key_blocks = (S + path.blocking.bc - 1) / path.blocking.bc;
   std::vector<int64_t> mask_open;
-  const bool skip = skip_masked_blocks.load(std::memory_order_relaxed) && masked && !few;
+  const bool skip = skip_masked_blocks.load(std::memory_order_relaxed) && masked;
   if (masks.attn && masks.attn_group_stride == 0 && !block_major && mask_ld == S && groups > 1 && !few) {
     mask_t = static_cast<T*>(mask_scratch.get(size_t(S * mask_t_ld) * sizeof(T)));
     transpose_mask(masks.attn, L, S, mask_t_ld, mask_t);

@@ -51,9 +51,10 @@ struct QueryBlock {
 // A thread's scratch, each part 64-byte aligned: qt (D, br) the block's queries transposed, st
 // (bc, br) the scores then the weights of a key block transposed, ot (Dv, br) the output transposed,
 // and m, l, alpha (br): the running maximum, the running sum, the last rescaling factor. The
-// few-query kernel (FusedPath::run_few) holds its parts untransposed: qt (br, D) the queries, st (br,
-// bc) the scores then the weights, ot (br, Dv rounded up to 64 bytes) the output; and kt (D, bc) the
-// key block transposed (null for the others).
+// few-query kernel (FusedPath::run_few) holds its parts untransposed: qt (nq, D) the queries, st
+// kFewBlocks blocks of (nq, bc) scores then weights, ot (nq, Dv rounded up to whole vectors) the
+// output, m, l and alpha a whole vector each (lanes nq.. idle); and kt (D, bc) the key block
+// transposed (null for the others).
 // The few-query kernel computes the scores of this many key blocks before their softmax and context,
 // so that the keys, then the values, are read in runs of this many blocks (its st holds them all).
 constexpr int kFewBlocks = 16;
@@ -64,9 +65,10 @@ struct BlockScratch {
 };
 
 // One path: its block sizes and the function that computes one QueryBlock; and the same for blocks
-// one vector wide (narrow), for calls with a few queries per group, decoding's: a wide block would
-// compute br rows for each one it has. Each query's row is computed alike in both, bit for bit (its
-// lane's sums run in the same order whatever the block's width).
+// one vector wide (narrow), for calls with a few queries per group: a wide block would compute br
+// rows for each one it has (the fewest, decoding's, take run_few, below). Each query's row is
+// computed alike in both, bit for bit (its lane's sums run in the same order whatever the block's
+// width).
 template <class T>
 struct FusedPath {
   FusedBlocking blocking;
@@ -79,7 +81,7 @@ struct FusedPath {
                     KeyBlockStats<T>* stats);
   // For a group of at most few_blocking.br queries (0: none, the scalar path), the few-query kernel
   // (fused_attention_simd.hpp, FewKernel): the lanes over keys and value columns instead of queries;
-  // the same bits again. It skips no key block, so it needs no key_stats.
+  // the same bits again, skipping closed key blocks as the others do.
   FusedBlocking few_blocking{0, 0, 0};
   void (*run_few)(const QueryBlock<T>& b, const BlockScratch<T>& s) = nullptr;
 };

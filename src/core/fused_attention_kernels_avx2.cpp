@@ -9,11 +9,13 @@ namespace tparity::fused_impl {
 
 template <>
 FusedPath<float> avx2_path<float>() {
-  return wide_narrow_few<FusedKernel<simd::F32x8, 2, 6, 64>, FusedKernel<simd::F32x8, 1, 8, 64>, FewKernel<simd::F32x8, 64>>();
+  return wide_narrow_few<FusedKernel<simd::F32x8, 2, 6, 64>, FusedKernel<simd::F32x8, 1, 8, 64>,
+                         FewKernel<simd::F32x8, 64>>();
 }
 template <>
 FusedPath<double> avx2_path<double>() {
-  return wide_narrow_few<FusedKernel<simd::F64x4, 2, 6, 64>, FusedKernel<simd::F64x4, 1, 8, 64>, FewKernel<simd::F64x4, 64>>();
+  return wide_narrow_few<FusedKernel<simd::F64x4, 2, 6, 64>, FusedKernel<simd::F64x4, 1, 8, 64>,
+                         FewKernel<simd::F64x4, 64>>();
 }
 
 }  // namespace tparity::fused_impl

@@ -17,7 +17,8 @@ FusedPath<float> avx512_path<float>() {
 }
 template <>
 FusedPath<double> avx512_path<double>() {
-  return wide_narrow_few<FusedKernel<simd::F64x8, 4, 6, 64>, FusedKernel<simd::F64x8, 1, 8, 64>, FewKernel<simd::F64x8, 64>>();
+  return wide_narrow_few<FusedKernel<simd::F64x8, 4, 6, 64>, FusedKernel<simd::F64x8, 1, 8, 64>,
+                         FewKernel<simd::F64x8, 64>>();
 }
 
 }  // namespace tparity::fused_impl

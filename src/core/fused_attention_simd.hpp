@@ -13,6 +13,7 @@
 // MR x NV fused multiply-adds.
 #pragma once
 
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -45,7 +46,7 @@ template <class L, int NV, int MR, int BC>
 struct FusedKernel {
   using T = typename L::T;
   using V = typename L::V;
-  static constexpr int W = L::width, BR = NV * W;
+  static constexpr int W = L::width, BR = NV * W, path_bc = BC;
 
   // S^T rows 0..M-1 of a key block: st[r][i] = scale * (k_r . q_i) + bias[r] (no bias when null).
   // k: the tile's first key, rows k_ld apart; qt: Q^T (D, BR). The dot product is one FMA chain over
@@ -417,28 +418,32 @@ struct FusedKernel {
 // --- a few queries against all the keys: decoding's ------------------------------------------
 // A block of nq <= W / 2 queries (decoding's one query per head, a kv group's heads stacked) held
 // one vector wide would leave most of its lanes empty, and its products broadcast one key element,
-// or one value, per FMA: decoding a LLaMA-7B-shaped layer spent 6.4% of its time there, on 2.3% of
+// or one value, per FMA: decoding a LLaMA-7B-shaped layer spent 6.1% of its time there, on 2.3% of
 // its bytes. Here the lanes run over keys in the scores (the key block transposed once into kt) and
 // over value columns in the context; each query's scores, then weights, are a row of s. Every number
 // is computed as FusedKernel computes it: a score is one FMA chain over d ascending from 0, then
 // * scale, + bias, + mask; the block's maximum, mu, alpha and exp as in softmax_block, the block's
 // sum in key order from 0, l = l alpha + sum (one FMA); an output element one FMA chain over the
 // block's keys from 0, then o alpha + that (one FMA), and o / l at the end: the same bits (tested).
-// No key block is skipped: computing a closed block is what a skip stands for.
+// Key blocks the masks close are skipped as FusedKernel::run skips them (a sliding window's, padding).
 // Decoding reads the cache from memory: the scores of kFewBlocks key blocks come first (the keys one
 // stream), then each block's softmax and context (the values one stream), and each block asks for
-// the next block's keys or values as it reads its own (without: 30% slower from memory; two or four
-// blocks ahead: no faster). LLaMA-7B's decoding attention alone (32 heads over 8 kv heads, 2049
-// keys, D 128; a throwaway, medians of 15) on Zen 5: 0.75-0.80 ms -> 0.36-0.38 with the cache in L3,
-// 1.05-1.15 -> 0.66-0.71 from memory; in the whole layer 1.27 -> 1.04-1.07 ms (the profile's share).
+// the next block's keys or values as it reads its own (without: 0.91-0.96 ms against 0.66-0.71 from
+// memory; two or four blocks ahead: 0.74-0.82). LLaMA-7B's decoding attention alone (32 heads over
+// 8 kv heads, 2049 keys, D 128; a throwaway, medians of 15) on Zen 5 (docs/performance.md): from
+// memory 0.66-0.71 ms, with the cache in L3 0.36-0.49 (the narrow blocks: 0.75-1.02); in the whole
+// layer the profile's share 6.1% -> 4.8-5.2%.
 template <class L, int BC>
 struct FewKernel {
   using T = typename L::T;
   using V = typename L::V;
   static constexpr int W = L::width, ROWS = W / 2, KVECS = BC / W;
-  static_assert(ROWS >= 1 && BC % W == 0, "FewKernel: a SIMD path, key blocks of whole vectors");
-  // accumulators: half the vector registers (32 zmm, 16 ymm); a power of two of key vectors (BC / W
-  // is one, so the tiles never read past kt's row) or at most eight value vectors per row
+  static constexpr int block = BC;
+  static_assert(ROWS >= 1 && BC % W == 0 && (KVECS & (KVECS - 1)) == 0,
+                "FewKernel: a SIMD path, key blocks of a power of two of vectors");
+  static_assert(sizeof(V) <= 64, "m, l and alpha hold W lanes: at most a line (ScratchShape's vec)");
+  // accumulators: 16 of the 32 zmm, 8 of the 16 ymm; a power of two of key vectors per tile (BC / W
+  // is a power of two, so the tiles never read past kt's row) or at most eight value vectors per row
   static constexpr int ACC = sizeof(V) >= 64 ? 16 : 8;
   static constexpr int pow2_floor(int x) { return x >= 8 ? 8 : x >= 4 ? 4 : x >= 2 ? 2 : 1; }
   static constexpr int key_vectors(int R) { return pow2_floor(ACC / R < KVECS ? ACC / R : KVECS); }
@@ -613,21 +618,37 @@ struct FewKernel {
     L::store(s.m, L::set1(-INFINITY)), L::store(s.l, L::zero());
     for (int64_t e = 0; e < R * o_ld; e += W) L::store(s.ot + e, L::zero());
     // kFewBlocks key blocks at a time: the scores of all of them (K read as one stream), then each
-    // block's softmax and context in turn (V as one stream)
+    // block's softmax and context in turn (V as one stream). A block the masks close to every query,
+    // or its closed keys at its end, are left out where FusedKernel::run leaves them out (the same
+    // test, the same bits): open[] holds each block's keys computed.
+    bool q_known = false, q_finite = false;
+    T qmax = T(0);
+    int64_t open[kFewBlocks];
     for (int64_t g0 = 0; g0 < b.S; g0 += kFewBlocks * BC) {
       const int64_t g1 = b.S - g0 < kFewBlocks * BC ? b.S : g0 + kFewBlocks * BC;
       phase.to(profile::Op::Scores);
       for (int64_t j0 = g0; j0 < g1; j0 += BC) {
-        const int64_t nk = b.S - j0 < BC ? b.S - j0 : BC, vectors = (nk + W - 1) / W;
-        const int64_t next_nk = b.S - j0 - BC < 0 ? 0 : b.S - j0 - BC < nk ? b.S - j0 - BC : nk;
+        const int64_t all = b.S - j0 < BC ? b.S - j0 : BC;
+        const int64_t next_nk = b.S - j0 - BC < 0 ? 0 : b.S - j0 - BC < all ? b.S - j0 - BC : all;
+        int64_t nk = all, keep;
+        T bmax;
+        if (b.key_stats && (keep = Tiles::open_keys(b, j0, all, bmax)) < all) {
+          if (!q_known) q_finite = Tiles::finite(s.qt, 1, R * D, 0, qmax), q_known = true;
+          const KeyBlockStats<T>& ks = b.key_stats[j0 / BC];
+          if (q_finite && ks.finite && Tiles::no_overflow(b.scale, D, qmax, ks.kmax, bmax)) nk = keep;
+        }
+        open[(j0 - g0) / BC] = nk;
+        if (nk == 0) continue;
+        const int64_t vectors = (nk + W - 1) / W;
         pack_keys(b.k + j0 * b.k_ld, b.k_ld, nk, D, (vectors + key_vectors(R) - 1) / key_vectors(R) * key_vectors(R),
                   s.kt, next_nk);
         scores<R>(D, s.qt, s.kt, nk, b.scale, b.bias ? b.bias + j0 : nullptr, b.mask ? b.mask + j0 : nullptr,
                   b.mask_ld, s.st + (j0 - g0) / BC * R * BC);
       }
       for (int64_t j0 = g0; j0 < g1; j0 += BC) {
-        const int64_t nk = b.S - j0 < BC ? b.S - j0 : BC;
-        const int64_t next_nk = b.S - j0 - BC < 0 ? 0 : b.S - j0 - BC < nk ? b.S - j0 - BC : nk;
+        const int64_t nk = open[(j0 - g0) / BC];
+        if (nk == 0) continue;
+        const int64_t next_nk = b.S - j0 - BC < 0 ? 0 : b.S - j0 - BC < BC ? b.S - j0 - BC : BC;
         T* const st = s.st + (j0 - g0) / BC * R * BC;
         phase.to(profile::Op::Softmax);
         softmax<R>(st, nk, s.m, s.l, s.alpha);
@@ -635,7 +656,7 @@ struct FewKernel {
         const T* vb = b.v + j0 * b.v_ld;
         for (int64_t e0 = 0; e0 < dvecs; e0 += EV) {
           const int n = int(dvecs - e0 < EV ? dvecs - e0 : EV);
-          const int64_t last = Dv - (e0 + n - 1) * W;
+          const int64_t last = Dv - (e0 + n - 1) * W < W ? Dv - (e0 + n - 1) * W : W;
           if (n == EV && last == W)
             context_tile<R, EV, true>(nk, vb + e0 * W, b.v_ld, st, s.ot + e0 * W, o_ld, s.alpha, n, last, next_nk);
           else
@@ -651,7 +672,8 @@ struct FewKernel {
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const V li = L::set1(s.l[i]);
-      for (int64_t e = 0; e < Dv; e += W) store_n(b.out + i * b.out_ld + e, L::div(L::load(s.ot + i * o_ld + e), li), Dv - e);
+      for (int64_t e = 0; e < Dv; e += W)
+        store_n(b.out + i * b.out_ld + e, L::div(L::load(s.ot + i * o_ld + e), li), Dv - e);
     }
     phase.end();
   }
@@ -663,6 +685,7 @@ struct FewKernel {
     static constexpr void (*run[])(const QueryBlock<T>&, const BlockScratch<T>&) = {&run_rows<I + 1>...};
   };
   static void run(const QueryBlock<T>& b, const BlockScratch<T>& s) {
+    assert(b.nq >= 1 && b.nq <= ROWS);
     ByRows<std::make_integer_sequence<int, ROWS>>::run[b.nq - 1](b, s);
   }
 };
@@ -679,8 +702,9 @@ FusedPath<typename Wide::T> wide_and_narrow() {
 // The same with the few-query kernel for a few queries per group (FusedPath::run_few).
 template <class Wide, class Narrow, class Few>
 FusedPath<typename Wide::T> wide_narrow_few() {
+  static_assert(Few::block == Wide::path_bc, "the key statistics are per block of the wide kernel's bc keys");
   FusedPath<typename Wide::T> p = wide_and_narrow<Wide, Narrow>();
-  p.few_blocking = {Few::ROWS, p.blocking.bc, 1};
+  p.few_blocking = {Few::ROWS, Few::block, 1};
   p.run_few = &Few::run;
   return p;
 }
