@@ -430,9 +430,9 @@ struct FusedKernel {
 // stream), then each block's softmax and context (the values one stream), and each block asks for
 // the next block's keys or values as it reads its own (without: 0.91-0.96 ms against 0.66-0.71 from
 // memory; two or four blocks ahead: 0.74-0.82). LLaMA-7B's decoding attention alone (32 heads over
-// 8 kv heads, 2049 keys, D 128; a throwaway, medians of 15) on Zen 5 (docs/performance.md): from
-// memory 0.66-0.71 ms, with the cache in L3 0.36-0.49 (the narrow blocks: 0.75-1.02); in the whole
-// layer the profile's share 6.1% -> 4.8-5.2%.
+// 8 kv heads, 2049 keys, D 128; a throwaway, medians of 15, the kernel switched on and off) on Zen
+// 5 (docs/performance.md): from memory 1.44-1.55 ms -> 0.67-0.71, with the cache in L3 0.75-0.86 ->
+// 0.35-0.37; in the whole layer the profile's share 6.1% -> 4.8-5.2%.
 template <class L, int BC>
 struct FewKernel {
   using T = typename L::T;
