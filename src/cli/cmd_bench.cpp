@@ -40,6 +40,7 @@ int run_bench(const bench::Options& o) {
     if (o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), c.name) != o.cases.end()) chosen.push_back(c);
   if (o.threads)
     for (bench::BenchCase& c : chosen) c.threads = o.threads;
+  if (o.huge_pages) bench::reexec_with_huge_pages();
   if (!o.child_side.empty()) return bench::child(o.child_side, chosen.at(0));
   if (o.gemm) {
     if (!o.other.empty() || o.profile)
@@ -76,6 +77,7 @@ int run_bench(const bench::Options& o) {
   }
   run.dropped = std::getenv("TPARITY_BENCH_UNSET");
   run.pinned = std::getenv("TPARITY_BENCH_PINNED");
+  run.heap = bench::heap_pages();
   run.ref = reference_info();
   bool parity_ok = true;
   for (const bench::Result& r : run.results) parity_ok = parity_ok && (r.parity == "PASS" || r.parity == "not checked");
@@ -99,6 +101,9 @@ void register_bench(CLI::App& app, Action& action) {
       ->check(CLI::Range(1, 256));
   cmd->add_option("--reps", o->reps, "Timed runs per side")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_flag("--quick", o->quick, "Small shapes and few runs: a smoke run for CI");
+  cmd->add_flag("--huge-pages", o->huge_pages,
+                "Every side's heap on transparent huge pages (glibc.malloc.hugetlb=1): the hand core, LibTorch, "
+                "the other reference and the bandwidth probe alike");
   cmd->add_option("--model", o->model,
                   "An export of tparity model (scripts/export_model.py): each layer's hand forward against "
                   "transformers' own, the whole check's time and peak memory");

@@ -52,6 +52,7 @@ struct Options {
   bool quick = false;
   bool check = true;
   bool profile = false;
+  bool huge_pages = false;  // --huge-pages: every side's heap on transparent huge pages (measure.cpp)
   Format format = Format::Table;
   std::string child_side;
   std::string other;        // --other-reference: a tparity built against the other LibTorch
@@ -137,6 +138,11 @@ int child(const std::string& side, const BenchCase& c);
 // fell back to a generic one. TPARITY_BENCH_UNSET and TPARITY_BENCH_PINNED say what was done.
 void reexec_without_openblas_overrides();
 void reexec_on_generic_openblas();
+// --huge-pages: runs itself again with glibc's malloc asking for transparent huge pages, unless
+// GLIBC_TUNABLES already says glibc.malloc.hugetlb.
+void reexec_with_huge_pages();
+// One line: the heap's pages as glibc was told (GLIBC_TUNABLES) and the kernel's THP mode.
+std::string heap_pages();
 
 // ---- the other reference (other_reference.cpp) ------------------------------------------------------
 
@@ -164,6 +170,7 @@ struct Run {
   ReferenceInfo ref;              // this build's LibTorch
   const char* dropped = nullptr;  // TPARITY_BENCH_UNSET: the OpenBLAS overrides this run dropped
   const char* pinned = nullptr;   // TPARITY_BENCH_PINNED: the OpenBLAS kernels this run pinned
+  std::string heap;               // heap_pages(): what pages the heap was asked for
 };
 
 // A multi-thread case's own scaling: its one-thread time over its many-thread time (0: one thread).

@@ -330,4 +330,42 @@ void reexec_on_generic_openblas() {
                            std::strerror(errno));
 }
 
+// --huge-pages. glibc's malloc reads the tunable glibc.malloc.hugetlb once, at start-up: 1 makes it
+// madvise(MADV_HUGEPAGE) the heap and every block it maps, so that the kernel (THP in "madvise" or
+// "always" mode) backs them with 2 MiB pages. The bench sets it and runs itself again; the variable
+// passes to the memory children and the other reference alike, so that every side (the hand core,
+// both LibTorches, the bandwidth probe) runs on the same pages. With 4 KiB pages a decode step's 0.7 GB
+// of weights costs a page walk per 4 KiB that its four weight rows at a time do not hide as well as
+// the probe's one stream does (docs/performance.md).
+void reexec_with_huge_pages() {
+  const char* t = std::getenv("GLIBC_TUNABLES");
+  const std::string have = t ? t : "";
+  if (have.find("glibc.malloc.hugetlb=") != std::string::npos) return;
+  const std::string tunables = (have.empty() ? "" : have + ":") + "glibc.malloc.hugetlb=1";
+  ::setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
+  ::execv("/proc/self/exe", g_argv);
+  throw std::runtime_error(std::string("bench: could not re-execute itself with huge pages asked for: ") +
+                           std::strerror(errno));
+}
+
+std::string heap_pages() {
+  std::string mode = "unknown";
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (std::getline(f, line)) {
+    const size_t a = line.find('['), b = line.find(']');
+    if (a != std::string::npos && b != std::string::npos && b > a) mode = line.substr(a + 1, b - a - 1);
+  }
+  const char* t = std::getenv("GLIBC_TUNABLES");
+  const std::string have = t ? t : "";
+  const size_t at = have.find("glibc.malloc.hugetlb=");
+  if (at == std::string::npos)
+    return fmt::format("heap pages: the system's default (the kernel's transparent huge pages: {}); --huge-pages "
+                       "asks for huge pages",
+                       mode);
+  const std::string value = have.substr(at, have.find(':', at) == std::string::npos ? std::string::npos
+                                                                                     : have.find(':', at) - at);
+  return fmt::format("heap pages: {} for every side (the kernel's transparent huge pages: {})", value, mode);
+}
+
 }  // namespace tparity::cli::bench

@@ -92,6 +92,7 @@ void print_json(const Options& o, const Run& run) {
                         {"bandwidth_bytes_s", bandwidth},
                         {"unset", dropped ? dropped : ""},
                         {"pinned", pinned ? pinned : ""},
+                        {"heap", run.heap},
                         {"caches", caches_line()},
                         {"other_reference", other ? nlohmann::json{{"line", other->line},
                                                                    {"short", other->short_name},
@@ -157,6 +158,7 @@ void print_table(const Options& o, const Run& run) {
   fmt::print("{}\n", dropped ? fmt::format("unset for this run, so OpenBLAS picks its own kernels: {}", dropped)
                              : std::string("no OpenBLAS overrides were set"));
   if (pinned) fmt::print("pinned for LibTorch in this run: {}\n", pinned);
+  if (!run.heap.empty()) fmt::print("{}\n", run.heap);
   if (other) {
     fmt::print("other reference: {} (timed by {} after this build's cases, same cases and runs)\n", other->line,
                o.other);
