@@ -723,7 +723,8 @@ TEMPLATE_TEST_CASE("fused attention skips masked-out key blocks without changing
   for (GemmIsa isa : available_isas()) {
     const ForceIsa force(isa);
     const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
-    for (const int64_t L : {wide_rows(bs) + 3, int64_t(bs.br) + 5}) {
+    // and one or two queries, the few-query kernel's (its skip takes the same test)
+    for (const int64_t L : {wide_rows(bs) + 3, int64_t(bs.br) + 5, int64_t(1), int64_t(2)}) {
       for (int c = 0; c < 10; ++c) {
         const int64_t G = 4, S = 3 * bs.bc + 2, D = 7, Dv = 5;
         CAPTURE(to_string(isa), L, c);

@@ -20,6 +20,7 @@ namespace tparity::cli {
 namespace {
 
 int run_bench(const bench::Options& o) {
+  if (o.huge_pages) bench::reexec_with_huge_pages();  // (every mode: --model's and --gemm's too)
   if (!o.model.empty()) {
     if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads || o.gemm)
       throw InputError("option --model: times a whole model's export alone; --case, --threads, --profile, --gemm "
@@ -40,7 +41,6 @@ int run_bench(const bench::Options& o) {
     if (o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), c.name) != o.cases.end()) chosen.push_back(c);
   if (o.threads)
     for (bench::BenchCase& c : chosen) c.threads = o.threads;
-  if (o.huge_pages) bench::reexec_with_huge_pages();
   if (!o.child_side.empty()) return bench::child(o.child_side, chosen.at(0));
   if (o.gemm) {
     if (!o.other.empty() || o.profile)

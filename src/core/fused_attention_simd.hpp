@@ -425,11 +425,12 @@ struct FusedKernel {
 // * scale, + bias, + mask; the block's maximum, mu, alpha and exp as in softmax_block, the block's
 // sum in key order from 0, l = l alpha + sum (one FMA); an output element one FMA chain over the
 // block's keys from 0, then o alpha + that (one FMA), and o / l at the end: the same bits (tested).
-// Key blocks the masks close are skipped as FusedKernel::run skips them (a sliding window's, padding).
+// Key blocks the masks close are skipped as FusedKernel::run skips them (a sliding window's, padding);
+// their keys and values are still read once, by the key statistics the skip needs.
 // Decoding reads the cache from memory: the scores of kFewBlocks key blocks come first (the keys one
 // stream), then each block's softmax and context (the values one stream), and each block asks for
-// the next block's keys or values as it reads its own (without: 0.91-0.96 ms against 0.66-0.71 from
-// memory; two or four blocks ahead: 0.74-0.82). LLaMA-7B's decoding attention alone (32 heads over
+// the next block's keys or values as it reads its own (without: 0.91-0.96 ms from memory; two or
+// four blocks ahead: 0.74-0.82). LLaMA-7B's decoding attention alone (32 heads over
 // 8 kv heads, 2049 keys, D 128; a throwaway, medians of 15, the kernel switched on and off) on Zen
 // 5 (docs/performance.md): from memory 1.44-1.55 ms -> 0.67-0.71, with the cache in L3 0.75-0.86 ->
 // 0.35-0.37; in the whole layer the profile's share 6.1% -> 4.8-5.2%.

@@ -103,7 +103,8 @@ int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
   }
   fmt::print(
       "tparity bench --gemm: the hand core's GEMM alone (x W^T, float32, {} path) | fp32 FMA peak {:.0f} GFLOP/s per "
-      "core ({}, best of {} runs: 5 before the products and 5 after each) | medians of {} runs after 2 warm-ups\n{}\n\n",
+      "core ({}, best of {} runs: 5 before the products and 5 after each) | medians of {} runs after 2 "
+      "warm-ups\n{}\n\n",
       to_string(gemm_isa()), peak, limits.isa, limits.runs(), o.reps, heap_pages());
   fmt::print("{:<20} {:<16} {:>18} {:>3} {:>24} {:>8} {:>8} {:>9}\n", "case", "product", "M x N x K", "thr",
              "ms (min-max)", "GFLOP/s", "of peak", "of square");

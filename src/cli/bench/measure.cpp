@@ -330,11 +330,12 @@ void reexec_on_generic_openblas() {
                            std::strerror(errno));
 }
 
-// --huge-pages. glibc's malloc reads the tunable glibc.malloc.hugetlb once, at start-up: 1 makes it
-// madvise(MADV_HUGEPAGE) the heap and every block it maps, so that the kernel (THP in "madvise" or
-// "always" mode) backs them with 2 MiB pages. The bench sets it and runs itself again; the variable
-// passes to the memory children and the other reference alike, so that every side (the hand core,
-// both LibTorches, the bandwidth probe) runs on the same pages. With 4 KiB pages a decode step's 0.7 GB
+// --huge-pages. glibc's malloc (2.35 on) reads the tunable glibc.malloc.hugetlb once, at start-up: 1
+// makes it madvise(MADV_HUGEPAGE) its heap and the blocks it maps, when the kernel's THP mode is
+// "madvise", so that the kernel backs them with 2 MiB pages (in "always" mode it does anyway; in
+// "never", not at all). The bench sets it and runs itself again; the variable passes to the memory
+// children and the other reference alike, so that every side (the hand core, both LibTorches, the
+// bandwidth probe) runs on the same pages, and the peak-memory figures count what they touched. With 4 KiB pages a decode step's 0.7 GB
 // of weights costs a page walk per 4 KiB that its four weight rows at a time do not hide as well as
 // the probe's one stream does (docs/performance.md).
 void reexec_with_huge_pages() {
@@ -365,7 +366,8 @@ std::string heap_pages() {
                        mode);
   const std::string value = have.substr(at, have.find(':', at) == std::string::npos ? std::string::npos
                                                                                      : have.find(':', at) - at);
-  return fmt::format("heap pages: {} for every side (the kernel's transparent huge pages: {})", value, mode);
+  return fmt::format("heap pages: {} asked of glibc for every side (the kernel's transparent huge pages: {})", value,
+                     mode);
 }
 
 }  // namespace tparity::cli::bench
