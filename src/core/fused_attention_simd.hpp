@@ -42,6 +42,23 @@ struct Phases {
   }
 };
 
+// A query element divided by div as the kernels pack it: one rounding, as dividing q first; left
+// alone when div is 1, which is exact. A power of two (sqrt(D) for D = 4, 16, 64, 256) is a
+// multiplication by its inverse, which is exact, hence x * (1 / div) is x / div correctly rounded,
+// the same bits, without a division per vector (on AVX-512 a vdivps costs several times a vmulps).
+template <class L>
+struct QueryDivisor {
+  using T = typename L::T;
+  using V = typename L::V;
+  bool divide, power_of_two;
+  V dv, inverse;
+  explicit QueryDivisor(T div) : divide(div != T(1)), dv(L::set1(div)), inverse(L::set1(T(1) / div)) {
+    int exponent;
+    power_of_two = std::frexp(div, &exponent) == T(0.5) && exponent > -120 && exponent < 120;
+  }
+  V operator()(V x) const { return !divide ? x : power_of_two ? L::mul(x, inverse) : L::div(x, dv); }
+};
+
 template <class L, int NV, int MR, int BC>
 struct FusedKernel {
   using T = typename L::T;
@@ -145,16 +162,10 @@ struct FusedKernel {
     L::transpose(tmp, W, tile, W);
   }
 
-  // qt (D, BR) = the block's queries (nq, D, rows ld apart) transposed, each divided by div (one
-  // rounding, as dividing q first; skipped when div is 1, which is exact); lanes nq..BR-1 zero. A
-  // power of two (sqrt(D) for D = 4, 16, 64, 256) is a multiplication by its inverse, which is
-  // exact, hence x * (1 / div) is x / div correctly rounded, the same bits, without a division per
-  // vector (on AVX-512 a vdivps costs several times a vmulps).
+  // qt (D, BR) = the block's queries (nq, D, rows ld apart) transposed, each divided by div
+  // (QueryDivisor); lanes nq..BR-1 zero.
   static void pack_queries(const T* q, int64_t nq, int64_t D, int64_t ld, T div, T* qt) {
-    const bool divide = div != T(1);
-    int exponent;
-    const bool power_of_two = std::frexp(div, &exponent) == T(0.5) && exponent > -120 && exponent < 120;
-    const V dv = L::set1(div), inverse = L::set1(T(1) / div);
+    const QueryDivisor<L> divided(div);
     alignas(64) T tile[W * W];
     for (int64_t i0 = 0; i0 < BR; i0 += W)
       for (int64_t d0 = 0; d0 < D; d0 += W) {
@@ -166,7 +177,7 @@ struct FusedKernel {
         transpose_tile(q + i0 * ld + d0, ld, nq - i0 < W ? nq - i0 : W, md, tile);
         for (int64_t d = 0; d < md; ++d) {
           const V x = L::load(tile + d * W);
-          L::store(qt + (d0 + d) * BR + i0, !divide ? x : power_of_two ? L::mul(x, inverse) : L::div(x, dv));
+          L::store(qt + (d0 + d) * BR + i0, divided(x));
         }
       }
   }
@@ -451,6 +462,13 @@ struct FewKernel {
   static constexpr int value_vectors(int R) { return ACC / R < 1 ? 1 : ACC / R < 8 ? ACC / R : 8; }
   using Tiles = FusedKernel<L, 1, 1, BC>;  // its transpose_tile
 
+  // Of n keys, how many fall in key vector c (W keys each): 0 .. W.
+  static int64_t keys_of_vector(int64_t n, int64_t c) { return n - c * W < 0 ? 0 : n - c * W < W ? n - c * W : W; }
+  // The next key block's keys after the block at j0 (0: none), for the prefetches.
+  static int64_t next_block_keys(int64_t S, int64_t j0) {
+    return S - j0 - BC < 0 ? 0 : S - j0 - BC < BC ? S - j0 - BC : BC;
+  }
+
   static V load_n(const T* p, int64_t n) { return n >= W ? L::load(p) : L::load_first(p, int(n)); }
   static void store_n(T* p, V x, int64_t n) {
     if (n >= W)
@@ -459,18 +477,12 @@ struct FewKernel {
       L::store_first(p, x, int(n));
   }
 
-  // qs (R, D) = the queries (rows q_ld apart), each element divided as pack_queries divides it.
+  // qs (R, D) = the queries (rows q_ld apart), each element divided by div (QueryDivisor).
   template <int R>
   static void pack_queries(const T* q, int64_t q_ld, int64_t D, T div, T* qs) {
-    const bool divide = div != T(1);
-    int exponent;
-    const bool power_of_two = std::frexp(div, &exponent) == T(0.5) && exponent > -120 && exponent < 120;
-    const V dv = L::set1(div), inverse = L::set1(T(1) / div);
+    const QueryDivisor<L> divided(div);
     for (int i = 0; i < R; ++i)
-      for (int64_t d = 0; d < D; d += W) {
-        const V x = load_n(q + i * q_ld + d, D - d);
-        store_n(qs + i * D + d, !divide ? x : power_of_two ? L::mul(x, inverse) : L::div(x, dv), D - d);
-      }
+      for (int64_t d = 0; d < D; d += W) store_n(qs + i * D + d, divided(load_n(q + i * q_ld + d, D - d)), D - d);
   }
 
   // kt (D, BC) = the block's nk keys (rows k_ld apart) transposed, kt[d][j] = k_j[d], through key
@@ -479,8 +491,7 @@ struct FewKernel {
   static void pack_keys(const T* k, int64_t k_ld, int64_t nk, int64_t D, int64_t vectors, T* kt, int64_t next_nk) {
     alignas(64) T tile[W * W];
     for (int64_t c = 0; c < vectors; ++c) {
-      const int64_t m = nk - c * W < 0 ? 0 : nk - c * W < W ? nk - c * W : W;
-      const int64_t mn = next_nk - c * W < 0 ? 0 : next_nk - c * W < W ? next_nk - c * W : W;
+      const int64_t m = keys_of_vector(nk, c), mn = keys_of_vector(next_nk, c);
       for (int64_t d0 = 0; d0 < D; d0 += W) {
         const int64_t md = D - d0 < W ? D - d0 : W;
         for (int64_t r = 0; r < mn; ++r) __builtin_prefetch(k + (BC + c * W + r) * k_ld + d0, 0, 2);
@@ -630,7 +641,6 @@ struct FewKernel {
       phase.to(profile::Op::Scores);
       for (int64_t j0 = g0; j0 < g1; j0 += BC) {
         const int64_t all = b.S - j0 < BC ? b.S - j0 : BC;
-        const int64_t next_nk = b.S - j0 - BC < 0 ? 0 : b.S - j0 - BC < all ? b.S - j0 - BC : all;
         int64_t nk = all, keep;
         T bmax;
         if (b.key_stats && (keep = Tiles::open_keys(b, j0, all, bmax)) < all) {
@@ -642,14 +652,14 @@ struct FewKernel {
         if (nk == 0) continue;
         const int64_t vectors = (nk + W - 1) / W;
         pack_keys(b.k + j0 * b.k_ld, b.k_ld, nk, D, (vectors + key_vectors(R) - 1) / key_vectors(R) * key_vectors(R),
-                  s.kt, next_nk);
+                  s.kt, next_block_keys(b.S, j0));
         scores<R>(D, s.qt, s.kt, nk, b.scale, b.bias ? b.bias + j0 : nullptr, b.mask ? b.mask + j0 : nullptr,
                   b.mask_ld, s.st + (j0 - g0) / BC * R * BC);
       }
       for (int64_t j0 = g0; j0 < g1; j0 += BC) {
         const int64_t nk = open[(j0 - g0) / BC];
         if (nk == 0) continue;
-        const int64_t next_nk = b.S - j0 - BC < 0 ? 0 : b.S - j0 - BC < BC ? b.S - j0 - BC : BC;
+        const int64_t next_nk = next_block_keys(b.S, j0);
         T* const st = s.st + (j0 - g0) / BC * R * BC;
         phase.to(profile::Op::Softmax);
         softmax<R>(st, nk, s.m, s.l, s.alpha);

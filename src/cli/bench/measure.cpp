@@ -335,9 +335,9 @@ void reexec_on_generic_openblas() {
 // "madvise", so that the kernel backs them with 2 MiB pages (in "always" mode it does anyway; in
 // "never", not at all). The bench sets it and runs itself again; the variable passes to the memory
 // children and the other reference alike, so that every side (the hand core, both LibTorches, the
-// bandwidth probe) runs on the same pages, and the peak-memory figures count what they touched. With 4 KiB pages a decode step's 0.7 GB
-// of weights costs a page walk per 4 KiB that its four weight rows at a time do not hide as well as
-// the probe's one stream does (docs/performance.md).
+// bandwidth probe) runs on the same pages, and the peak-memory figures count what they touched. With
+// 4 KiB pages a decode step's 0.7 GB of weights costs a page walk per 4 KiB that its four weight rows
+// at a time do not hide as well as the probe's one stream does (docs/performance.md).
 void reexec_with_huge_pages() {
   const char* t = std::getenv("GLIBC_TUNABLES");
   const std::string have = t ? t : "";
@@ -364,8 +364,8 @@ std::string heap_pages() {
     return fmt::format("heap pages: the system's default (the kernel's transparent huge pages: {}); --huge-pages "
                        "asks for huge pages",
                        mode);
-  const std::string value = have.substr(at, have.find(':', at) == std::string::npos ? std::string::npos
-                                                                                     : have.find(':', at) - at);
+  const size_t end = have.find(':', at);
+  const std::string value = have.substr(at, end == std::string::npos ? std::string::npos : end - at);
   return fmt::format("heap pages: {} asked of glibc for every side (the kernel's transparent huge pages: {})", value,
                      mode);
 }
