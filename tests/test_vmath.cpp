@@ -277,6 +277,12 @@ TEMPLATE_TEST_CASE("vmath softmax_rows special rows as softmax_forward_ref", "[v
   for (T& v : rows.back()) v += T(1e30);
   rows.push_back(r);
   for (T& v : rows.back()) v -= T(1e30);
+  // the lowest finite value beside finite entries (a mask's finfo.min): x - max overflows to -inf or
+  // falls far below the exp's range, exactly 0 there; a whole row of it: uniform
+  const T lowest = std::numeric_limits<T>::lowest();
+  rows.push_back(r);
+  for (int64_t j = 1; j < cols; j += 4) rows.back()[size_t(j)] = lowest;
+  rows.push_back(std::vector<T>(cols, lowest));
   const int64_t n = int64_t(rows.size());
   std::vector<T> x;
   for (const auto& row : rows) x.insert(x.end(), row.begin(), row.end());
@@ -294,6 +300,8 @@ TEMPLATE_TEST_CASE("vmath softmax_rows special rows as softmax_forward_ref", "[v
       if (j % 3 == 0) CHECK(fast[size_t(3 * cols + j)] == T(0));
       CHECK(fast[size_t(4 * cols + j)] == (j == 17 ? T(1) : T(0)));
       CHECK(std::isfinite(fast[size_t(5 * cols + j)]));
+      if (j % 4 == 1) CHECK(fast[size_t(7 * cols + j)] == T(0));
+      CHECK(fast[size_t(8 * cols + j)] == T(1) / T(cols));
     }
     int64_t mismatched_nan = 0;
     for (size_t e = 0; e < x.size(); ++e) mismatched_nan += std::isnan(fast[e]) != std::isnan(ref[e]);

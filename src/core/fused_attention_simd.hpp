@@ -243,14 +243,14 @@ struct FusedKernel {
     for (int u = 0; u < NV; ++u) {
       const V mo = L::load(m + u * W), mn = L::max_keep(mb[u], mo);
       mu[u] = L::neg_inf_to_zero(mn);
-      L::store(alpha + u * W, vmath_impl::vexp<L>(L::sub(mo, mu[u])));
+      L::store(alpha + u * W, vmath_impl::vexp_nonpositive<L>(L::sub(mo, mu[u])));
       L::store(m + u * W, mn);
     }
     for (j = 0; j < nk; ++j)
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u) {
         T* s = st + j * BR + u * W;
-        const V p = vmath_impl::vexp<L>(L::sub(L::load(s), mu[u]));
+        const V p = vmath_impl::vexp_nonpositive<L>(L::sub(L::load(s), mu[u]));
         L::store(s, p);
         sum[u] = L::add(sum[u], p);
       }
@@ -567,13 +567,13 @@ struct FewKernel {
     }
     const V mo = L::load(m), mn = L::max_keep(L::load(mb), mo);
     L::store(mu, L::neg_inf_to_zero(mn));
-    L::store(alpha, vmath_impl::vexp<L>(L::sub(mo, L::load(mu))));
+    L::store(alpha, vmath_impl::vexp_nonpositive<L>(L::sub(mo, L::load(mu))));
     L::store(m, mn);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const V mui = L::set1(mu[i]);
       for (int64_t c = 0; c < vectors; ++c)
-        L::store(s + i * BC + c * W, vmath_impl::vexp<L>(L::sub(L::load(s + i * BC + c * W), mui)));
+        L::store(s + i * BC + c * W, vmath_impl::vexp_nonpositive<L>(L::sub(L::load(s + i * BC + c * W), mui)));
     }
     for (int64_t j = 0; j < nk; ++j)
 #pragma GCC unroll 8

@@ -29,10 +29,9 @@ namespace {
 // on the scalar path (the same steps with the products and sums rounded apart). tests/test_vmath.cpp
 // holds every path to 0.99 ulp on millions of points.
 template <class L>
-typename L::V exp_f32(typename L::V x) {
+typename L::V exp_f32_unclamped(typename L::V x) {
   using V = typename L::V;
   const V lo = L::set1(-104.0f);
-  x = L::clamp(x, lo, L::set1(89.0f));
   const V n = L::round_nearest(L::mul(x, L::set1(1.44269504088896341f)));
   V r = L::fma(n, L::set1(-0.693145751953125f), x);
   r = L::fma(n, L::set1(-1.428606765330187045e-06f), r);
@@ -44,6 +43,25 @@ typename L::V exp_f32(typename L::V x) {
   u = L::fma(u, r, L::set1(0.5f));
   const V p = L::add(L::set1(1.0f), L::fma(L::mul(r, r), u, r));
   return L::scale2_above(p, n, x, lo);
+}
+
+template <class L>
+typename L::V exp_f32(typename L::V x) {
+  return exp_f32_unclamped<L>(L::clamp(x, L::set1(-104.0f), L::set1(89.0f)));
+}
+
+// exp of lanes each at most 0 or NaN: a softmax's x - max (max the largest non-NaN x, or 0 when it
+// is -inf, so x - max is -inf there). exp_f32 without its clamp, the same bits on every such lane:
+// the clamp leaves [-104, 0] as it is, and the lanes at or below -104 (-inf among them) get their 0
+// from scale2_above whatever n and p came to. Two of the exp's 16 vector instructions fewer: a
+// softmax pass over a 64 x 64 block of scores (AVX-512, a throwaway, Zen 5) 604 -> 539 ns. A lane
+// above 89 would give NaN for inf: not for other callers.
+template <class L>
+typename L::V vexp_nonpositive(typename L::V x) {
+  if constexpr (std::is_same<typename L::T, float>::value)
+    return exp_f32_unclamped<L>(x);
+  else
+    return L::exp_each(x);
 }
 
 // exp of each lane: the polynomial for float, the C library's exp for double (a vector double exp
@@ -91,12 +109,12 @@ void softmax_rows(typename L::T* out, const typename L::T* in, int64_t rows, int
     V sum[8];
     for (V& s : sum) s = L::zero();
     for (int64_t j = 0; j < full; j += W) {
-      const V e = vexp<L>(L::sub(L::load(x + j), mx));
+      const V e = vexp_nonpositive<L>(L::sub(L::load(x + j), mx));
       L::store(y + j, e);
       sum[(j / W) & 7] = L::add(sum[(j / W) & 7], e);
     }
     if (tail) {
-      const V e = vexp<L>(L::sub(L::load_first(x + full, tail), mx));
+      const V e = vexp_nonpositive<L>(L::sub(L::load_first(x + full, tail), mx));
       L::store_first(y + full, e, tail);
       sum[(full / W) & 7] = L::add(sum[(full / W) & 7], L::first_or_zero(e, tail));
     }
