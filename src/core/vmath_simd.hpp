@@ -50,6 +50,20 @@ typename L::V exp_f32(typename L::V x) {
   return exp_f32_unclamped<L>(L::clamp(x, L::set1(-104.0f), L::set1(89.0f)));
 }
 
+// exp of each lane: the polynomial for float, the C library's exp for double (a vector double exp
+// of the same accuracy needs a degree-11 polynomial or a table; the double instantiation is the
+// semantic check, not the fast path, so it keeps libm's correctly rounded-or-nearly result).
+// Nonpositive: every lane is at most 0 or NaN (vexp_nonpositive, below).
+template <class L, bool Nonpositive = false>
+typename L::V vexp(typename L::V x) {
+  if constexpr (!std::is_same<typename L::T, float>::value)
+    return L::exp_each(x);
+  else if constexpr (Nonpositive)
+    return exp_f32_unclamped<L>(x);
+  else
+    return exp_f32<L>(x);
+}
+
 // exp of lanes each at most 0 or NaN: a softmax's x - max (max the largest non-NaN x, or 0 when it
 // is -inf, so x - max is -inf there). exp_f32 without its clamp, the same bits on every such lane:
 // the clamp leaves [-104, 0] as it is, and the lanes at or below -104 (-inf among them) get their 0
@@ -58,21 +72,7 @@ typename L::V exp_f32(typename L::V x) {
 // above 89 would give NaN for inf: not for other callers.
 template <class L>
 typename L::V vexp_nonpositive(typename L::V x) {
-  if constexpr (std::is_same<typename L::T, float>::value)
-    return exp_f32_unclamped<L>(x);
-  else
-    return L::exp_each(x);
-}
-
-// exp of each lane: the polynomial for float, the C library's exp for double (a vector double exp
-// of the same accuracy needs a degree-11 polynomial or a table; the double instantiation is the
-// semantic check, not the fast path, so it keeps libm's correctly rounded-or-nearly result).
-template <class L>
-typename L::V vexp(typename L::V x) {
-  if constexpr (std::is_same<typename L::T, float>::value)
-    return exp_f32<L>(x);
-  else
-    return L::exp_each(x);
+  return vexp<L, true>(x);
 }
 
 template <class L>
