@@ -843,6 +843,42 @@ TEMPLATE_TEST_CASE("fused attention gives keys masked with -inf exactly zero wei
   }
 }
 
+TEMPLATE_TEST_CASE("fused attention gives keys biased by the lowest finite value exactly zero weight", "[fused]",
+                   float, double) {
+  // A mask of finfo.min (transformers' masks) rather than -inf: no block is skipped, each such score
+  // is computed and its exp's argument lies far below the exp's range (s - max overflows to -inf or
+  // x log2(e) does), where the softmax's exp has no clamp (vexp_nonpositive). Values at those keys
+  // 1e30 instead of 0: a weight not exactly 0 would show. One and two queries per group (the few-query
+  // kernel), a narrow block and a bit, and a wide call; key counts around the blocks.
+  using T = TestType;
+  const T lowest = std::numeric_limits<T>::lowest();
+  Rng rng(2020);
+  for (GemmIsa isa : available_isas()) {
+    const ForceIsa force(isa);
+    const FusedBlocking bs = fused_attention_detail::blocking<T>(isa);
+    CAPTURE(to_string(isa));
+    for (int64_t L : {int64_t(1), int64_t(2), int64_t(bs.br) + 2, wide_rows(bs) + 1})
+      for (int64_t S : {int64_t(3), int64_t(bs.bc) + 1, 2 * int64_t(bs.bc) + 3}) {
+        CAPTURE(L, S);
+        Problem<T> p = make_problem<T>(rng, 4, L, S, 5, 6, MaskKind::None);
+        p.bias.assign(size_t(2 * S), T(0));
+        p.bias[size_t(S - 1)] = lowest;  // batch element 0 (groups 0, 1), its last key
+        p.bias[size_t(S + 1)] = lowest;  // batch element 1 (groups 2, 3), key 1
+        Problem<T> zero = p, huge = p;
+        for (int64_t g = 0; g < p.G; ++g) {
+          const int64_t j = g < 2 ? S - 1 : 1;
+          for (int64_t e = 0; e < p.Dv; ++e) {
+            zero.v[size_t((g * S + j) * p.Dv + e)] = T(0);
+            huge.v[size_t((g * S + j) * p.Dv + e)] = T(1e30);
+          }
+        }
+        const std::vector<T> a = zero.run(), b = huge.run();
+        CHECK(std::none_of(a.begin(), a.end(), [](T x) { return std::isnan(x); }));
+        CHECK(identical(a, b));
+      }
+  }
+}
+
 TEMPLATE_TEST_CASE("fused attention does not depend on the thread count", "[fused]", float, double) {
   // The units (a group's block of queries) are dealt out to the threads in chunks: single units
   // over few groups, whole groups over many (16 per thread or more, group by group). Every output

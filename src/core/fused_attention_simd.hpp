@@ -572,8 +572,13 @@ struct FewKernel {
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const V mui = L::set1(mu[i]);
-      for (int64_t c = 0; c < vectors; ++c)
-        L::store(s + i * BC + c * W, vmath_impl::vexp_nonpositive<L>(L::sub(L::load(s + i * BC + c * W), mui)));
+      T* si = s + i * BC;
+      for (int64_t c = 0; c + 1 < vectors; ++c)
+        L::store(si + c * W, vmath_impl::vexp_nonpositive<L>(L::sub(L::load(si + c * W), mui)));
+      // the lanes past nk -inf, so that every lane's argument is at most 0 (vexp_nonpositive); their
+      // weights 0, never read
+      const int64_t last = (vectors - 1) * W;
+      L::store(si + last, vmath_impl::vexp_nonpositive<L>(L::sub(L::load_first_or(si + last, int(tail), -INFINITY), mui)));
     }
     for (int64_t j = 0; j < nk; ++j)
 #pragma GCC unroll 8

@@ -16,9 +16,11 @@ namespace {
 //   e^r ~ 1 + (r + r^2 P(r)) with P of degree 5 (the coefficients of SLEEF's expf, Boost Software
 //   License; the 1 is added last, so that r's bits are not rounded away before the polynomial's),
 //   and exp(x) = e^r 2^n by scale2, which rounds once: subnormal results are rounded, not flushed.
-// x is first clamped to [-104, 89]: below -104, exp(x) < 2^-150 rounds to 0; above 89 (> ln FLT_MAX
-// = 88.72), to inf; so -inf gives 0 and +inf gives inf. NaN passes the clamp and every step: NaN.
-// The lanes at -104 (-inf among them) are given their 0 directly (scale2_above), the same bits as
+// exp_f32 first clamps x to [-104, 89]: below -104, exp(x) < 2^-150 rounds to 0; above 89 (> ln
+// FLT_MAX = 88.72), to inf; so -inf gives 0 and +inf gives inf. NaN passes the clamp and every step:
+// NaN. exp_f32_unclamped is the steps after the clamp, for lanes known to be at most 0 or NaN
+// (vexp_nonpositive). The lanes at or below -104 (-inf among them) are given their 0 directly
+// (scale2_above, whatever n and p came to), the same bits as
 // scale2 rounds to, so that no scale2 underflows to 0: on Intel cores a result that underflows takes
 // a microcode assist, about 19 times a lane's whole exp (6.6 ns against 0.35 per float on an Emerald
 // Rapids Xeon; AMD's Zen 4 pays nothing), and a masked score (-inf) is such a lane, half of a causal
@@ -68,8 +70,10 @@ typename L::V vexp(typename L::V x) {
 // is -inf, so x - max is -inf there). exp_f32 without its clamp, the same bits on every such lane:
 // the clamp leaves [-104, 0] as it is, and the lanes at or below -104 (-inf among them) get their 0
 // from scale2_above whatever n and p came to. Two of the exp's 16 vector instructions fewer: a
-// softmax pass over a 64 x 64 block of scores (AVX-512, a throwaway, Zen 5) 604 -> 539 ns. A lane
-// above 89 would give NaN for inf: not for other callers.
+// softmax pass over a 64 x 64 block of scores (AVX-512, a throwaway, Zen 5) 604 -> 539 ns. Every
+// lane, used or not: a vector's lanes past the data are given -inf, not 0 (0 - max is positive for
+// a negative max, and a large one would reach AVX2's scale2 out of its range, which may underflow
+// and on Intel take a microcode assist). Not for other callers: a lane above 89 gives NaN for inf.
 template <class L>
 typename L::V vexp_nonpositive(typename L::V x) {
   return vexp<L, true>(x);
@@ -114,7 +118,7 @@ void softmax_rows(typename L::T* out, const typename L::T* in, int64_t rows, int
       sum[(j / W) & 7] = L::add(sum[(j / W) & 7], e);
     }
     if (tail) {
-      const V e = vexp_nonpositive<L>(L::sub(L::load_first(x + full, tail), mx));
+      const V e = vexp_nonpositive<L>(L::sub(L::load_first_or(x + full, tail, -INFINITY), mx));
       L::store_first(y + full, e, tail);
       sum[(full / W) & 7] = L::add(sum[(full / W) & 7], L::first_or_zero(e, tail));
     }
