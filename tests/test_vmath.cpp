@@ -282,7 +282,7 @@ TEMPLATE_TEST_CASE("vmath softmax_rows special rows as softmax_forward_ref", "[v
   const T lowest = std::numeric_limits<T>::lowest();
   rows.push_back(r);
   for (int64_t j = 1; j < cols; j += 4) rows.back()[size_t(j)] = lowest;
-  rows.push_back(std::vector<T>(cols, lowest));  // every x - max 0 (the tail's lanes past the row unused)
+  rows.push_back(std::vector<T>(cols, lowest));  // every x - max 0: uniform
   // finite entries far below the exp's range beside others: exactly 0; the same row shifted by -1e4
   // (a maximum below -179, the shift exact): the same bits as unshifted
   rows.push_back(r);

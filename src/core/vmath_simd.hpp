@@ -73,7 +73,8 @@ typename L::V vexp(typename L::V x) {
 // softmax pass over a 64 x 64 block of scores (AVX-512, a throwaway, Zen 5) 604 -> 539 ns. Every
 // lane, used or not: a vector's lanes past the data are given -inf, not 0 (0 - max is positive for
 // a negative max, and a large one would reach AVX2's scale2 out of its range, which may underflow
-// and on Intel take a microcode assist). Not for other callers: a lane above 89 gives NaN for inf.
+// and on Intel take a microcode assist). Not for other callers: a lane above 89 comes out wrong (NaN,
+// or past 179 on AVX2 a wrapped exponent), not inf.
 template <class L>
 typename L::V vexp_nonpositive(typename L::V x) {
   return vexp<L, true>(x);
