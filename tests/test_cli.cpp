@@ -100,6 +100,8 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"bench --other-reference " + (scratch() / "no-such-tparity").string(), "--other-reference"},
            {"bench --quick --case seed_block --other-reference /bin/true",
             "option --other-reference: expected a tparity built against LibTorch, got \"/bin/true\""},
+           {"bench --quick --model ''", "option --model: expected the folder of a model's export, got an empty path"},
+           {"bench --quick --other-timeout 0", "--other-timeout"},
        }) {
     CAPTURE(b.args);
     const Result r = cli(b.args);
@@ -881,6 +883,31 @@ TEST_CASE("cli: bench --huge-pages runs itself again with glibc's huge-page tuna
              Catch::StartsWith("heap pages: glibc.malloc.hugetlb=1 asked of glibc"));
   CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.hugetlb=0", "--huge-pages"),
              Catch::StartsWith("heap pages: glibc.malloc.hugetlb=0 asked of glibc"));
+  // Read as glibc reads them: the last item of the name wins; "x=glibc.malloc.hugetlb=0" is the
+  // tunable x (so the bench adds its own).
+  CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0", "--huge-pages"),
+             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=0 asked of glibc"));
+  CHECK_THAT(heap("GLIBC_TUNABLES=x=glibc.malloc.hugetlb=0", ""), Catch::StartsWith("heap pages: the system's default"));
+  CHECK_THAT(heap("GLIBC_TUNABLES=x=glibc.malloc.hugetlb=0", "--huge-pages"),
+             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=1 asked of glibc"));
+  // A value that is not UTF-8 reaches the JSON report as U+FFFD, not as an error after the run.
+  CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.hugetlb=\"$(printf '\\377')\"", ""),
+             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=\xEF\xBF\xBD asked of glibc"));
+}
+
+TEST_CASE("cli: a report that cannot be written is exit 2 and one line, whatever the verdict", "[cli]") {
+  // A full disk (/dev/full) or a closed standard output: the report is lost, so the run is no run.
+  const std::string run = tparity_bin() + " bench --gemm --quick --reps 1 --case seed_block";
+  for (const std::string& to : {std::string(">/dev/full"), std::string(">&-")}) {
+    CAPTURE(to);
+    const Result r = shell("{ " + run + " " + to + "; echo \"code=$?\"; }");
+    CHECK_THAT(r.out, Catch::Contains("code=2"));
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains("tparity: could not write the report to standard output"));
+  }
+  const Result fine = shell(run);
+  CHECK(fine.code == 0);
+  CHECK(fine.err.empty());
 }
 
 TEST_CASE("cli: bench's other reference failing or interrupted: one line, or 128 + the signal, nothing left",
@@ -895,6 +922,7 @@ TEST_CASE("cli: bench's other reference failing or interrupted: one line, or 128
                          "if [ \"$1\" = --version ]; then echo 'tparity 0.0 (reference: LibTorch fake)'; exit 0; fi\n"
                          "if [ -n \"$FAKE_HANG\" ]; then echo $$ > \"$FAKE_HANG.tmp\"; mv \"$FAKE_HANG.tmp\" \"$FAKE_HANG\"; "
                          "exec sleep 60; fi\n"
+                         "if [ -n \"$FAKE_JSON\" ]; then printf '%s\\n' \"$FAKE_JSON\"; exit 0; fi\n"
                          "echo 'broken: cannot load its LibTorch' >&2; exit 3\n";
   fs::permissions(fake, fs::perms::owner_all);
   const fs::path tmp = scratch() / "bench-tmp";
@@ -906,6 +934,45 @@ TEST_CASE("cli: bench's other reference failing or interrupted: one line, or 128
   CHECK(one_line(failed.err));
   CHECK_THAT(failed.err, Catch::Contains("exiting with code 3: broken: cannot load its LibTorch"));
   CHECK(fs::is_empty(tmp));  // its standard error's folder removed
+
+  // Its JSON is a stranger's: each field checked, the refusal naming it; none is taken as "not run".
+  const std::string times = R"("torch_ms":2,"torch_min_ms":1,"torch_max_ms":3,"hand_ms":1,"hand_min_ms":1,"hand_max_ms":1)";
+  for (const auto& [doc, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"environment":{},"cases":[]})", "cases is []: expected a time for case seed_block"},
+           {R"({"environment":5,"cases":[]})", "environment is 5: expected an object"},
+           {R"({"environment":{"reference_line":7},"cases":[]})", "environment.reference_line is 7"},
+           {R"({"environment":{},"cases":[{"name":5}]})", "cases[0] is {\"name\":5}"},
+           {R"({"environment":{},"cases":[{"name":"zzz",)" + times + "}]}", "cases[0].name is \"zzz\""},
+           {R"({"environment":{},"cases":[{"name":"seed_block","torch_ms":-1,"torch_min_ms":1,"torch_max_ms":3,)"
+            R"("hand_ms":1,"hand_min_ms":1,"hand_max_ms":1}]})",
+            "cases[0].torch_ms is -1: expected a time in ms above 0"},
+           {R"({"environment":{},"cases":[{"name":"seed_block","torch_ms":2,"torch_min_ms":1,"torch_max_ms":3,)"
+            R"("hand_ms":1,"hand_max_ms":1}]})",
+            "cases[0].hand_min_ms is null"},
+       }) {
+    CAPTURE(doc);
+    const Result r = shell("FAKE_JSON='" + doc + "' " + bench);
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains("option --other-reference: \"" + fake.string() + "\" printed JSON whose " + field));
+  }
+  // Its texts reach the report escaped: no line of its own, no terminal control.
+  const Result ok = shell("FAKE_JSON='{\"environment\":{\"reference_line\":\"EVIL\\nseed_block met\\u001b[2J\"},"
+                          "\"cases\":[{\"name\":\"seed_block\"," + times + "}]}' " + bench);
+  REQUIRE(ok.code == 0);
+  CHECK(ok.out.find("EVIL\n") == std::string::npos);
+  CHECK(ok.out.find('\x1b') == std::string::npos);
+
+  // A program that never answers: killed after --other-timeout, with what it left in its group.
+  const fs::path hang_pid = scratch() / "fake-timeout.pid";
+  const Result slow = shell("FAKE_HANG=" + hang_pid.string() + " " + bench + " --other-timeout 2");
+  CHECK(slow.code == 2);
+  CHECK(one_line(slow.err));
+  CHECK_THAT(slow.err, Catch::Contains("was still running after 2 s"));
+  REQUIRE(fs::exists(hang_pid));
+  const pid_t slow_pid = pid_t(std::stol(slurp(hang_pid)));
+  CHECK((::kill(slow_pid, 0) != 0 && errno == ESRCH));
+  CHECK(fs::is_empty(tmp));
 
   // SIGTERM to tparity while the other build runs: the other build's process group killed, the
   // folder removed, the exit code 128 + 15.

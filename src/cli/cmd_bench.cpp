@@ -48,7 +48,7 @@ int run_bench(const bench::Options& o) {
     return bench::bench_gemm(o, chosen);
   }
 
-  if (!o.other.empty()) bench::check_other_reference(o.other);
+  if (!o.other.empty()) bench::check_other_reference(o.other, o.other_timeout);
   bench::reexec_without_openblas_overrides();
   bench::reexec_on_generic_openblas();
   if (o.torch_only) return bench::torch_only(o, chosen);
@@ -119,12 +119,18 @@ void register_bench(CLI::App& app, Action& action) {
                   "Another tparity built against the other LibTorch (e.g. build-debian/tparity): its LibTorch is "
                   "timed on the same cases too, and each case is judged against the faster of the two")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--other-timeout", o->other_timeout,
+                  "Seconds the other reference may take for each of its runs before it is killed and refused "
+                  "(default: 120 for its --version, an hour per 15 --reps for its bench)")
+      ->check(CLI::Range(1, 1000000));
   cmd->add_flag("--torch-only", o->torch_only, "(internal) time LibTorch alone, as JSON")->group("");
   cmd->add_option("--child", o->child_side, "(internal) measure one side's peak memory")
       ->check(CLI::IsMember({"hand", "torch"}))
       ->group("");
-  cmd->callback([o, &action] {
-    if (o->quick && o->reps == 11) o->reps = 3;
+  cmd->callback([o, cmd, &action] {
+    if (o->quick && cmd->count("--reps") == 0) o->reps = 3;  // --quick's few runs, unless --reps says
+    if (cmd->count("--model") && o->model.empty())
+      throw InputError("option --model: expected the folder of a model's export, got an empty path");
     action = [o] { return run_bench(*o); };
   });
 }

@@ -397,7 +397,7 @@ int census(const CensusOptions& given) {
   }
   if (o.worker_kernel) {
     const nlohmann::json j = run_worker(o, *o.worker_kernel);
-    write_output_file(*o.json, j.dump() + "\n");
+    write_output_file(*o.json, j.dump(-1, ' ', false, kBadUtf8Replaced) + "\n");
     return kPass;
   }
   std::vector<KernelSetting> settings;
@@ -423,8 +423,10 @@ int census(const CensusOptions& given) {
     docs.push_back({"census worker " + k.name, spawn_worker(o, k)});
     workers.push_back(docs.back().second);
   }
-  if (o.json)
-    write_output_file(*o.json, nlohmann::json{{"format", "tparity.census.set"}, {"workers", workers}}.dump(1) + "\n");
+  if (o.json) {
+    const nlohmann::json set{{"format", "tparity.census.set"}, {"workers", workers}};
+    write_output_file(*o.json, set.dump(1, ' ', false, kBadUtf8Replaced) + "\n");
+  }
   return print_table(docs) ? kFail : kPass;
 }
 

@@ -281,7 +281,7 @@ int list_components(const ComponentsOptions& o) {
       doc["problems"].push_back(
           {{"name", l.name}, {"module", l.module}, {"description", l.description}, {"components", std::move(cs)}});
     }
-    fmt::print("{}\n", doc.dump(2));
+    fmt::print("{}\n", doc.dump(2, ' ', false, kBadUtf8Replaced));
     return kPass;
   }
   if (o.markdown) {

@@ -91,7 +91,7 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
     nlohmann::json sk = nlohmann::json::array();
     for (const auto& [n, why] : skipped) sk.push_back({{"name", n}, {"reason", why}});
     doc["skipped"] = sk;
-    std::fputs((doc.dump(2) + "\n").c_str(), stdout);
+    std::fputs((doc.dump(2, ' ', false, kBadUtf8Replaced) + "\n").c_str(), stdout);
   } else {
     print_reports(reports, stdout, false, j.report.full);
     for (const auto& [n, why] : skipped) fmt::print("skipped {}: {}\n", n, why);
@@ -112,7 +112,7 @@ int finish(std::vector<CaseReport> reports, const std::vector<std::pair<std::str
     }
     const Baseline b = make_baseline(
         reports, {{"torch", ref.torch}, {"blas", ref.blas}, {"kernel", ref.kernel}, {"implementation", rerun}});
-    out.add(j.baseline, baseline_to_json(b).dump(2) + "\n");
+    out.add(j.baseline, baseline_to_json(b).dump(2, ' ', false, kBadUtf8Replaced) + "\n");
     std::fprintf(stderr, "baseline %s: %zu entries\n", j.baseline.c_str(), b.entries.size());
   }
   if (!j.junit.empty()) {

@@ -105,7 +105,7 @@ int gate(const GateOptions& o) {
     }
     const Baseline b = make_baseline(reports, env);
     OutputFiles out;  // the baseline and the JUnit report, both or neither
-    out.add(o.baseline, baseline_to_json(b).dump(2) + "\n");
+    out.add(o.baseline, baseline_to_json(b).dump(2, ' ', false, kBadUtf8Replaced) + "\n");
     if (!o.junit.empty()) out.add(o.junit, junit_xml(gated, {}, ref));
     out.commit();
     fmt::print("baseline {}: {} entries from {} cases; reference: {}; hand core ISA {}\n", o.baseline, b.entries.size(),

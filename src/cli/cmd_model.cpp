@@ -159,7 +159,7 @@ int model(const ModelCliOptions& o) {
                                  mo.defect_layer));
   const ModelReport r = o.dump.empty() ? check_model(m, mo) : judge_dump(m, o.dump);
   if (o.format == Format::Json)
-    std::cout << to_json(r).dump(2) << "\n";
+    std::cout << to_json(r).dump(2, ' ', false, kBadUtf8Replaced) << "\n";
   else
     std::cout << render_model(r, o.full);
   return r.pass ? kPass : kFail;

@@ -100,7 +100,7 @@ int run(const RunOptions& o) {
   if (o.format == Format::Json) {
     nlohmann::json doc = to_json(reports);
     doc["skipped"] = skipped;
-    std::fputs((doc.dump(2) + "\n").c_str(), stdout);
+    std::fputs((doc.dump(2, ' ', false, kBadUtf8Replaced) + "\n").c_str(), stdout);
     return exit_code(reports) ? kFail : kPass;
   }
   return emit(reports, o.format, o.report.full);

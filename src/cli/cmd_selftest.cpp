@@ -68,7 +68,8 @@ int thresholds(const SelftestOptions& o) {
                  *std::min_element(eps.begin(), eps.end()), median(eps), lo, median(ratio), widest_ratio, widest);
     out.push_back({{"case", s.name}, {"components", comps}});
   }
-  if (o.format == Format::Json) fmt::print("{}\n", nlohmann::json{{"thresholds", out}}.dump(2));
+  if (o.format == Format::Json)
+    fmt::print("{}\n", nlohmann::json{{"thresholds", out}}.dump(2, ' ', false, kBadUtf8Replaced));
   return kPass;
 }
 
@@ -166,7 +167,7 @@ int selftest(const SelftestOptions& o) {
                           {"cases", jcases}});
     }
     const nlohmann::json doc = {{"pass", pass}, {"clean", jclean}, {"defects", jdefects}, {"seconds", seconds}};
-    fmt::print("{}\n", doc.dump(2));
+    fmt::print("{}\n", doc.dump(2, ' ', false, kBadUtf8Replaced));
     return pass ? kPass : kFail;
   }
 

@@ -322,7 +322,7 @@ int sweep(const SweepOptions& o) {
   std::vector<std::string> written;
   OutputFiles out;  // both or neither
   if (o.csv) out.add(*o.csv, csv), written.push_back(*o.csv);
-  if (o.json) out.add(*o.json, doc.dump() + "\n"), written.push_back(*o.json);
+  if (o.json) out.add(*o.json, doc.dump(-1, ' ', false, kBadUtf8Replaced) + "\n"), written.push_back(*o.json);
   out.commit();
 
   for (const std::string& f : failures) std::fputs((f + "\n").c_str(), stdout);

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <malloc.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -94,7 +95,17 @@ int main(int argc, char** argv) {
   auto line = [](const std::string& s) { return show_text(s, 2000); };
   try {
     app.parse(parsed, argv);
-    return action();
+    const int rc = action();
+    // The report is what the run is for: one that could not be written (a full disk, a closed
+    // descriptor) is no run, whatever the verdict.
+    const bool flushed = std::fflush(stdout) == 0;
+    const int e = errno;
+    if (!flushed || std::ferror(stdout)) {
+      std::fprintf(stderr, "tparity: could not write the report to standard output%s%s\n", flushed ? "" : ": ",
+                   flushed ? " (a write failed)" : std::strerror(e));
+      return rc == 0 || rc == 1 ? cli::kBadInput : rc;
+    }
+    return rc;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

@@ -59,7 +59,7 @@ std::string folder_of(const std::string& path) {
 void show_into(const nlohmann::json& j, std::string& out, int depth) {
   if (j.is_string()) {
     const std::string& s = j.get_ref<const std::string&>();
-    out += nlohmann::json(s.size() > 40 ? s.substr(0, 40) : s).dump();
+    out += nlohmann::json(s.size() > 40 ? s.substr(0, 40) : s).dump(-1, ' ', false, kBadUtf8Replaced);
     return;
   }
   if (!j.is_structured()) {
@@ -74,7 +74,10 @@ void show_into(const nlohmann::json& j, std::string& out, int depth) {
   out += array ? '[' : '{';
   for (auto it = j.begin(); it != j.end() && out.size() <= 40; ++it) {
     if (it != j.begin()) out += ',';
-    if (!array) out += nlohmann::json(it.key().size() > 40 ? it.key().substr(0, 40) : it.key()).dump() + ':';
+    if (!array)
+      out += nlohmann::json(it.key().size() > 40 ? it.key().substr(0, 40) : it.key())
+                 .dump(-1, ' ', false, kBadUtf8Replaced) +
+             ':';
     show_into(it.value(), out, depth - 1);
   }
   out += array ? ']' : '}';

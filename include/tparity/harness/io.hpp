@@ -42,6 +42,10 @@ nlohmann::json parse_json(const std::string& text, const std::string& where);
 std::string show_json(const nlohmann::json& j);
 // Text for a message: control characters escaped, cut to `max` characters with "...".
 std::string show_text(const std::string& s, size_t max = 80);
+// For nlohmann::json::dump's error handler: a string that is not UTF-8 (an environment variable's
+// value, a name cut inside a character) written with U+FFFD in place of its bad bytes, where the
+// default throws after the work is done. dump(indent, ' ', false, kBadUtf8Replaced).
+inline constexpr nlohmann::json::error_handler_t kBadUtf8Replaced = nlohmann::json::error_handler_t::replace;
 
 // A plain file name made from a name a file gave (a fixture's "name"): InputError naming `field`
 // unless it is 1 to 128 bytes, has no '/', '\\' or control character, and does not start with '.'.

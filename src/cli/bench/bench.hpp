@@ -56,6 +56,8 @@ struct Options {
   Format format = Format::Table;
   std::string child_side;
   std::string other;        // --other-reference: a tparity built against the other LibTorch
+  int other_timeout = 0;    // --other-timeout: seconds each of its runs may take (0: 120 for its
+                            // --version, an hour per 15 reps for its bench)
   bool torch_only = false;  // (internal) time LibTorch alone: the other reference's side of a run
   std::string model;        // --model EXPORT: a whole model's check (model.cpp)
   bool gemm = false;        // --gemm: the hand core's GEMM alone on the cases' products (gemm.cpp)
@@ -153,8 +155,9 @@ struct OtherTimes {
   std::map<std::string, Stats> hand;   // the hand core beside it in that process, by case (hand_time's way)
 };
 
-// Before any timing: --other-reference must be a tparity built against LibTorch (its --version says).
-void check_other_reference(const std::string& exe);
+// Before any timing: --other-reference must be a tparity built against LibTorch (its --version says,
+// within `seconds`, 0: the default).
+void check_other_reference(const std::string& exe, int seconds);
 // The other build's LibTorch on the same cases and repetitions (its own bench, --torch-only).
 OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& cases);
 // --torch-only: LibTorch alone on each case, as JSON for the bench that asked (time_other_reference).

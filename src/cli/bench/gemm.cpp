@@ -98,7 +98,7 @@ int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
                                       {"reps", o.reps},
                                       {"heap", heap_pages()},
                                       {"products", out}}
-                           .dump(2));
+                           .dump(2, ' ', false, kBadUtf8Replaced));
     return kPass;
   }
   fmt::print(

@@ -338,15 +338,40 @@ void reexec_on_generic_openblas() {
 // bandwidth probe) runs on the same pages, and the peak-memory figures count what they touched. With
 // 4 KiB pages a decode step's 0.7 GB of weights costs a page walk per 4 KiB that its four weight rows
 // at a time do not hide as well as the probe's one stream does (docs/performance.md).
-void reexec_with_huge_pages() {
+namespace {
+
+// The value glibc will take for glibc.malloc.hugetlb from GLIBC_TUNABLES, as glibc reads it: items
+// split at ':', each a name up to its first '=' and a value after it, the last item of that name
+// winning; none: no such item ("x=glibc.malloc.hugetlb=1" is the tunable x).
+std::optional<std::string> hugetlb_tunable(const std::string& tunables) {
+  std::optional<std::string> value;
+  size_t begin = 0;
+  while (begin <= tunables.size()) {
+    const size_t end = std::min(tunables.find(':', begin), tunables.size());
+    const std::string item = tunables.substr(begin, end - begin);
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos && item.compare(0, eq, "glibc.malloc.hugetlb") == 0) value = item.substr(eq + 1);
+    begin = end + 1;
+  }
+  return value;
+}
+
+std::string glibc_tunables() {
   const char* t = std::getenv("GLIBC_TUNABLES");
-  const std::string have = t ? t : "";
-  if (have.find("glibc.malloc.hugetlb=") != std::string::npos) return;
+  return t ? t : "";
+}
+
+}  // namespace
+
+void reexec_with_huge_pages() {
+  const std::string have = glibc_tunables();
+  if (hugetlb_tunable(have)) return;  // the user's own setting, whatever it is, stays
   const std::string tunables = (have.empty() ? "" : have + ":") + "glibc.malloc.hugetlb=1";
   ::setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
   ::execv("/proc/self/exe", g_argv);
-  throw std::runtime_error(std::string("bench: could not re-execute itself with huge pages asked for: ") +
-                           std::strerror(errno));
+  throw InputError(fmt::format("option --huge-pages: could not run tparity again with GLIBC_TUNABLES set to \"{}\" "
+                               "({} bytes): {}",
+                               show_text(tunables, 100), tunables.size(), std::strerror(errno)));
 }
 
 std::string heap_pages() {
@@ -357,17 +382,14 @@ std::string heap_pages() {
     const size_t a = line.find('['), b = line.find(']');
     if (a != std::string::npos && b != std::string::npos && b > a) mode = line.substr(a + 1, b - a - 1);
   }
-  const char* t = std::getenv("GLIBC_TUNABLES");
-  const std::string have = t ? t : "";
-  const size_t at = have.find("glibc.malloc.hugetlb=");
-  if (at == std::string::npos)
+  const std::optional<std::string> value = hugetlb_tunable(glibc_tunables());
+  if (!value)
     return fmt::format("heap pages: the system's default (the kernel's transparent huge pages: {}); --huge-pages "
                        "asks for huge pages",
                        mode);
-  const size_t end = have.find(':', at);
-  const std::string value = have.substr(at, end == std::string::npos ? std::string::npos : end - at);
-  return fmt::format("heap pages: {} asked of glibc for every side (the kernel's transparent huge pages: {})", value,
-                     mode);
+  return fmt::format("heap pages: glibc.malloc.hugetlb={} asked of glibc for every side (the kernel's transparent huge "
+                     "pages: {})",
+                     show_text(*value, 40), mode);
 }
 
 }  // namespace tparity::cli::bench

@@ -83,7 +83,7 @@ int bench_model(const Options& o, const std::string& dir) {
                         {"rss_start_bytes", rss_start}, {"rss_before_check_bytes", rss_before},
                         {"peak_rss_bytes", peak}, {"layer_float32_weight_bytes", layer_bytes},
                         {"reps", o.reps}, {"threads", 1}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, kBadUtf8Replaced) << "\n";
   } else {
     std::cout << fmt::format("bench model {}: {} layers, one thread each side, medians of {} calls\n", m.name,
                              rows.size(), o.reps);

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,12 @@ namespace tparity::cli::bench {
 
 namespace {
 
+std::string join_args(const std::vector<std::string>& args) {
+  std::string s;
+  for (const std::string& a : args) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
 // What the other build printed on its standard output, the first line of its standard error, and
 // how it ended (a wait status).
 struct OtherRun {
@@ -46,8 +53,15 @@ struct OtherRun {
 // after the child is gone. Once the child has exited its group is killed (what it left running
 // there), and its standard output read for at most 2 s more (a process outside the group holding
 // it open does not hang the bench). A SIGINT, SIGTERM or SIGHUP meanwhile (InterruptGuard) kills
-// its group and stops the bench (Interrupted).
-OtherRun run_other(std::vector<std::string> args) {
+// its group and stops the bench (Interrupted). A child still running after `seconds`, or printing
+// more than kMaxOtherOutput bytes, is killed with its group and refused (InputError): a stalled or
+// runaway program does not hang the bench or fill its memory.
+constexpr size_t kMaxOtherOutput = size_t(64) << 20;
+// --version starts LibTorch (seconds, more on a cold disk); the bench times every case asked for
+// with the same runs as this one (a few minutes at the default 15): an hour per 15 runs.
+constexpr int kVersionSeconds = 120;
+int bench_seconds(int reps) { return 3600 * (reps / 15 + 1); }
+OtherRun run_other(std::vector<std::string> args, int seconds) {
   std::string dir = (std::filesystem::temp_directory_path() / "tparity-bench-other-XXXXXX").string();
   if (!::mkdtemp(dir.data()))
     throw InputError(fmt::format("tparity bench: cannot create a temporary directory in {}: {}",
@@ -116,8 +130,17 @@ OtherRun run_other(std::vector<std::string> args) {
   OtherRun r;
   bool eof = false, exited = false;
   std::chrono::steady_clock::time_point deadline;
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   char buf[4096];
   while (!interrupted()) {
+    if (!exited && std::chrono::steady_clock::now() > limit)
+      throw InputError(fmt::format("option --other-reference: \"{}\" was still running after {} s (expected "
+                                   "`{}` to finish): killed",
+                                   show_text(args[0], 200), seconds, show_text(join_args(args), 200)));
+    if (r.out.size() > kMaxOtherOutput)
+      throw InputError(fmt::format("option --other-reference: \"{}\" printed more than {} MiB (expected the "
+                                   "JSON of `{}`): killed",
+                                   show_text(args[0], 200), kMaxOtherOutput >> 20, show_text(join_args(args), 200)));
     if (!exited) {
       siginfo_t si{};  // exited, not yet reaped: its pid, hence its group's id, still taken
       const int w = ::waitid(P_PID, id_t(pid), &si, WEXITED | WNOHANG | WNOWAIT);
@@ -156,8 +179,8 @@ OtherRun run_other(std::vector<std::string> args) {
 
 }  // namespace
 
-void check_other_reference(const std::string& exe) {
-  std::string out = run_other({exe, "--version"}).out;
+void check_other_reference(const std::string& exe, int seconds) {
+  std::string out = run_other({exe, "--version"}, seconds ? seconds : kVersionSeconds).out;
   out = out.substr(0, out.find('\n'));  // its first line
   if (out.rfind("tparity ", 0) != 0 || out.find("reference: LibTorch") == std::string::npos)
     throw InputError(
@@ -171,7 +194,7 @@ OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& 
   for (const BenchCase& c : cases) args.insert(args.end(), {"--case", c.name});
   if (o.quick) args.push_back("--quick");
   if (o.threads) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
-  const OtherRun run = run_other(args);
+  const OtherRun run = run_other(args, o.other_timeout ? o.other_timeout : bench_seconds(o.reps));
   const std::string& out = run.out;
   const std::string& err = run.err;
   const int status = run.status;
@@ -186,21 +209,56 @@ OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& 
             ? std::string("that could not be run")
             : fmt::format("exiting with code {}", WIFEXITED(status) ? WEXITSTATUS(status) : -1),
         err.empty() ? "" : ": " + err));
+  // Every field checked before use: the program is the user's, its output a stranger's. A refusal
+  // names the field and what came; the texts are shown escaped and cut (they reach the report).
+  auto refuse = [&](const std::string& field, const std::string& expected, const nlohmann::json& got) {
+    return InputError(fmt::format("option --other-reference: \"{}\" printed JSON whose {} is {}: expected {}",
+                                  show_text(o.other, 200), field, show_json(got), expected));
+  };
+  auto text = [&](const nlohmann::json& env, const char* key) {
+    if (!env.contains(key)) return std::string();
+    const nlohmann::json& v = env.at(key);
+    if (!v.is_string()) throw refuse(fmt::format("environment.{}", key), "a string", v);
+    return show_text(v.get<std::string>(), 300);
+  };
+  auto times = [&](const nlohmann::json& c, const std::string& where, const std::string& key) {
+    Stats st;
+    double* to[3] = {&st.median, &st.min, &st.max};
+    const std::string keys[3] = {key + "_ms", key + "_min_ms", key + "_max_ms"};
+    for (int i = 0; i < 3; ++i) {
+      const nlohmann::json v = c.contains(keys[i]) ? c.at(keys[i]) : nlohmann::json();
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0) || v.get<double>() > 1e9)
+        throw refuse(where + "." + keys[i], "a time in ms above 0 and at most 1e9", v);
+      *to[i] = v.get<double>();
+    }
+    if (!(st.min <= st.median && st.median <= st.max))
+      throw refuse(where, fmt::format("{0}_min_ms <= {0}_ms <= {0}_max_ms", key), c);
+    return st;
+  };
   OtherTimes t;
   const nlohmann::json& env = j.at("environment");
-  t.line = env.value("reference_line", "");
-  t.short_name = env.value("reference_short", "");
-  t.warning = env.value("reference_warning", "");
-  t.unset = env.value("unset", "");
-  t.pinned = env.value("pinned", "");
-  for (const nlohmann::json& c : j.at("cases")) {
+  if (!env.is_object()) throw refuse("environment", "an object", env);
+  t.line = text(env, "reference_line");
+  t.short_name = text(env, "reference_short");
+  t.warning = text(env, "reference_warning");
+  t.unset = text(env, "unset");
+  t.pinned = text(env, "pinned");
+  const nlohmann::json& list = j.at("cases");
+  if (!list.is_array()) throw refuse("cases", "an array", list);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& c = list[i];
+    const std::string where = fmt::format("cases[{}]", i);
+    if (!c.is_object() || !c.contains("name") || !c.at("name").is_string())
+      throw refuse(where, "an object with a string \"name\"", c);
     const std::string name = c.at("name").get<std::string>();
-    t.torch[name] = {c.at("torch_ms").get<double>(), c.at("torch_min_ms").get<double>(),
-                     c.at("torch_max_ms").get<double>()};
-    if (c.contains("hand_ms"))
-      t.hand[name] = {c.at("hand_ms").get<double>(), c.at("hand_min_ms").get<double>(),
-                      c.at("hand_max_ms").get<double>()};
+    bool asked = false;
+    for (const BenchCase& bc : cases) asked = asked || bc.name == name;
+    if (!asked || t.torch.count(name)) throw refuse(where + ".name", "a case asked for, once", c.at("name"));
+    t.torch[name] = times(c, where, "torch");
+    t.hand[name] = times(c, where, "hand");
   }
+  for (const BenchCase& bc : cases)
+    if (!t.torch.count(bc.name)) throw refuse("cases", fmt::format("a time for case {}", bc.name), list);
   return t;
 }
 
@@ -236,7 +294,8 @@ int torch_only(const Options& o, const std::vector<BenchCase>& cases) {
                               {"reference_warning", ref.warning},
                               {"unset", dropped ? dropped : ""},
                               {"pinned", pinned ? pinned : ""}};
-  std::fputs((nlohmann::json{{"environment", env}, {"cases", out}}.dump(2) + "\n").c_str(), stdout);
+  const nlohmann::json doc{{"environment", env}, {"cases", out}};
+  std::fputs((doc.dump(2, ' ', false, kBadUtf8Replaced) + "\n").c_str(), stdout);
   return kPass;
 }
 

@@ -138,7 +138,8 @@ void print_json(const Options& o, const Run& run) {
                      {"profile", profile_json(o, r)},
                      {"reference", ref.short_name()},
                      {"parity", r.parity}});
-  std::fputs((nlohmann::json{{"environment", env}, {"cases", cases}}.dump(2) + "\n").c_str(), stdout);
+  const nlohmann::json doc{{"environment", env}, {"cases", cases}};
+  std::fputs((doc.dump(2, ' ', false, kBadUtf8Replaced) + "\n").c_str(), stdout);
 }
 
 void print_table(const Options& o, const Run& run) {
