@@ -101,6 +101,8 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"bench --quick --case seed_block --other-reference /bin/true",
             "option --other-reference: expected a tparity built against LibTorch, got \"/bin/true\""},
            {"bench --quick --model ''", "option --model: expected the folder of a model's export, got an empty path"},
+           {"bench --quick --case seed_block --other-reference " + kFixtures + "/mha_single.json",
+            "option --other-reference: expected an executable file, got"},
            {"bench --quick --other-timeout 0", "--other-timeout"},
        }) {
     CAPTURE(b.args);
@@ -934,6 +936,13 @@ TEST_CASE("cli: bench's other reference failing or interrupted: one line, or 128
   CHECK(one_line(failed.err));
   CHECK_THAT(failed.err, Catch::Contains("exiting with code 3: broken: cannot load its LibTorch"));
   CHECK(fs::is_empty(tmp));  // its standard error's folder removed
+
+  // No temporary folder for its standard error: TMPDIR named.
+  const Result no_tmp = shell("TMPDIR=" + (scratch() / "no-such-folder").string() + " " + tparity_bin() +
+                              " bench --quick --reps 1 --no-check --case seed_block --other-reference " + fake.string());
+  CHECK(no_tmp.code == 2);
+  CHECK(one_line(no_tmp.err));
+  CHECK_THAT(no_tmp.err, Catch::Contains("option --other-reference: no temporary folder for its standard error: TMPDIR"));
 
   // Its JSON is a stranger's: each field checked, the refusal naming it; none is taken as "not run".
   const std::string times = R"("torch_ms":2,"torch_min_ms":1,"torch_max_ms":3,"hand_ms":1,"hand_min_ms":1,"hand_max_ms":1)";

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,10 +63,18 @@ constexpr size_t kMaxOtherOutput = size_t(64) << 20;
 constexpr int kVersionSeconds = 120;
 int bench_seconds(int reps) { return 3600 * (reps / 15 + 1); }
 OtherRun run_other(std::vector<std::string> args, int seconds) {
-  std::string dir = (std::filesystem::temp_directory_path() / "tparity-bench-other-XXXXXX").string();
+  std::error_code tmp_error;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(tmp_error);
+  if (tmp_error) {
+    const char* env = std::getenv("TMPDIR");
+    throw InputError(fmt::format("option --other-reference: no temporary folder for its standard error: TMPDIR "
+                                 "(\"{}\"): {}",
+                                 show_text(env ? env : "", 200), tmp_error.message()));
+  }
+  std::string dir = (tmp / "tparity-bench-other-XXXXXX").string();
   if (!::mkdtemp(dir.data()))
-    throw InputError(fmt::format("tparity bench: cannot create a temporary directory in {}: {}",
-                                 std::filesystem::temp_directory_path().string(), std::strerror(errno)));
+    throw InputError(fmt::format("option --other-reference: cannot create a temporary folder in {}: {}",
+                                 show_text(tmp.string(), 200), std::strerror(errno)));
   struct Remove {
     std::string dir;
     ~Remove() {
@@ -180,6 +189,12 @@ OtherRun run_other(std::vector<std::string> args, int seconds) {
 }  // namespace
 
 void check_other_reference(const std::string& exe, int seconds) {
+  struct stat st {};
+  const bool file = ::stat(exe.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  if (!file || ::access(exe.c_str(), X_OK) != 0)
+    throw InputError(fmt::format("option --other-reference: expected an executable file, got \"{}\" ({})",
+                                 show_text(exe, 200),
+                                 !file ? "not a regular file" : std::string("not executable: ") + std::strerror(errno)));
   std::string out = run_other({exe, "--version"}, seconds ? seconds : kVersionSeconds).out;
   out = out.substr(0, out.find('\n'));  // its first line
   if (out.rfind("tparity ", 0) != 0 || out.find("reference: LibTorch") == std::string::npos)
