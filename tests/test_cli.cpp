@@ -965,6 +965,16 @@ TEST_CASE("cli: bench's other reference failing or interrupted: one line, or 128
     CHECK(one_line(r.err));
     CHECK_THAT(r.err, Catch::Contains("option --other-reference: \"" + fake.string() + "\" printed JSON whose " + field));
   }
+  // Read as every stranger's JSON is (parse_json): nesting bounded, each key once.
+  const Result deep = shell("FAKE_JSON='" + std::string(10000, '[') + "' " + bench);
+  CHECK(deep.code == 2);
+  CHECK(one_line(deep.err));
+  CHECK_THAT(deep.err, Catch::Contains("levels of nested arrays and objects"));
+  const Result twice = shell(R"(FAKE_JSON='{"environment":{},"environment":{},"cases":[]}' )" + bench);
+  CHECK(twice.code == 2);
+  CHECK(one_line(twice.err));
+  CHECK_THAT(twice.err, Catch::Contains("environment"));
+
   // Its texts reach the report escaped: no line of its own, no terminal control.
   const Result ok = shell("FAKE_JSON='{\"environment\":{\"reference_line\":\"EVIL\\nseed_block met\\u001b[2J\"},"
                           "\"cases\":[{\"name\":\"seed_block\"," + times + "}]}' " + bench);

@@ -213,8 +213,11 @@ OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& 
   const std::string& out = run.out;
   const std::string& err = run.err;
   const int status = run.status;
-  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
-  if (status != 0 || j.is_discarded() || !j.is_object() || !j.contains("cases") || !j.contains("environment"))
+  // read as every JSON of a stranger's is (parse_json: strict, its nesting bounded); status first
+  const nlohmann::json j =
+      status == 0 ? parse_json(out, fmt::format("option --other-reference: \"{}\" printed", show_text(o.other, 200)))
+                  : nlohmann::json();
+  if (status != 0 || !j.is_object() || !j.contains("cases") || !j.contains("environment"))
     throw InputError(fmt::format(
         "option --other-reference: expected a tparity built against LibTorch (its \"bench --torch-only\" prints "
         "JSON), got \"{}\" {}{}",
