@@ -104,6 +104,7 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"bench --quick --case seed_block --other-reference " + kFixtures + "/mha_single.json",
             "option --other-reference: expected an executable file, got"},
            {"bench --quick --other-timeout 0", "--other-timeout"},
+           {"bench --quick --other-timeout 5", "option --other-timeout: limits the runs of --other-reference"},
        }) {
     CAPTURE(b.args);
     const Result r = cli(b.args);

@@ -129,6 +129,8 @@ void register_bench(CLI::App& app, Action& action) {
       ->group("");
   cmd->callback([o, cmd, &action] {
     if (o->quick && cmd->count("--reps") == 0) o->reps = 3;  // --quick's few runs, unless --reps says
+    if (cmd->count("--other-timeout") && o->other.empty())
+      throw InputError("option --other-timeout: limits the runs of --other-reference, which was not given");
     if (cmd->count("--model") && o->model.empty())
       throw InputError("option --model: expected the folder of a model's export, got an empty path");
     action = [o] { return run_bench(*o); };

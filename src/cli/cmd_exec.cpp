@@ -145,11 +145,7 @@ void note_unchecked_decode(const Problem& p, const std::optional<OutputsFile>& f
                   p.decode_steps));
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : " ") + x;
-  return s;
-}
+std::string join(const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, " ")); }
 
 // A bfloat16 or float16 run is judged by LibTorch's own error in it: refused up front where LibTorch
 // cannot compute in it on the CPU (1.13 has no float16 matmul), before any program runs.

@@ -31,12 +31,6 @@ namespace tparity::cli::bench {
 
 namespace {
 
-std::string join_args(const std::vector<std::string>& args) {
-  std::string s;
-  for (const std::string& a : args) s += (s.empty() ? "" : " ") + a;
-  return s;
-}
-
 // What the other build printed on its standard output, the first line of its standard error, and
 // how it ended (a wait status).
 struct OtherRun {
@@ -145,11 +139,11 @@ OtherRun run_other(std::vector<std::string> args, int seconds) {
     if (!exited && std::chrono::steady_clock::now() > limit)
       throw InputError(fmt::format("option --other-reference: \"{}\" was still running after {} s (expected "
                                    "`{}` to finish): killed",
-                                   show_text(args[0], 200), seconds, show_text(join_args(args), 200)));
+                                   show_text(args[0], 200), seconds, show_text(fmt::format("{}", fmt::join(args, " ")), 200)));
     if (r.out.size() > kMaxOtherOutput)
       throw InputError(fmt::format("option --other-reference: \"{}\" printed more than {} MiB (expected the "
                                    "JSON of `{}`): killed",
-                                   show_text(args[0], 200), kMaxOtherOutput >> 20, show_text(join_args(args), 200)));
+                                   show_text(args[0], 200), kMaxOtherOutput >> 20, show_text(fmt::format("{}", fmt::join(args, " ")), 200)));
     if (!exited) {
       siginfo_t si{};  // exited, not yet reaped: its pid, hence its group's id, still taken
       const int w = ::waitid(P_PID, id_t(pid), &si, WEXITED | WNOHANG | WNOWAIT);
