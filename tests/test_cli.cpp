@@ -880,6 +880,10 @@ TEST_CASE("cli: bench --huge-pages runs itself again with glibc's huge-page tuna
     return json::parse(r.out).at("heap").get<std::string>();
   };
   CHECK_THAT(heap("env -u GLIBC_TUNABLES", ""), Catch::StartsWith("heap pages: the system's default"));
+  // LibTorch's own switch for its large tensors, as the hand core's: set unless the user set it
+  CHECK_THAT(heap("env -u THP_MEM_ALLOC_ENABLE", ""), Catch::EndsWith("LibTorch's with THP_MEM_ALLOC_ENABLE=1 "
+                                                                        "(1.13 has no such switch)"));
+  CHECK_THAT(heap("THP_MEM_ALLOC_ENABLE=0", ""), Catch::Contains("LibTorch's with THP_MEM_ALLOC_ENABLE=0 "));
   CHECK_THAT(heap("env -u GLIBC_TUNABLES", "--huge-pages"),
              Catch::StartsWith("heap pages: glibc.malloc.hugetlb=1 asked of glibc for every side"));
   CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.check=0", "--huge-pages"),

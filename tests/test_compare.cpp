@@ -561,7 +561,7 @@ TEST_CASE("noise model: a jittered problem moves each float32 value as nextafter
     }
     CHECK(wrong == 0);
     CHECK(std::abs(double(moved) / double(movable) - 0.5) < 0.05);  // about half of them moved
-    const std::vector<double>& mask = q.inputs.at("attn_mask").data;
+    const Storage<double>& mask = q.inputs.at("attn_mask").data;
     REQUIRE(mask.size() == p.inputs.at("attn_mask").data.size());
     CHECK(std::memcmp(mask.data(), p.inputs.at("attn_mask").data.data(), mask.size() * sizeof(double)) == 0);
   }

@@ -13,7 +13,7 @@ using namespace tparity;
 
 namespace {
 
-bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+bool same_bits(const Storage<double>& a, const Storage<double>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
 }
 

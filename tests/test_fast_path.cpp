@@ -120,7 +120,7 @@ struct Diff {
   int64_t nan_mismatch = 0, nan_both = 0;
 };
 template <class A, class B>
-Diff diff(const std::vector<A>& a, const std::vector<B>& b) {
+Diff diff(const Storage<A>& a, const Storage<B>& b) {
   Diff d;
   for (size_t i = 0; i < a.size(); ++i) {
     const bool na = std::isnan(double(a[i])), nb = std::isnan(double(b[i]));

@@ -39,13 +39,13 @@ struct OneReferenceThread : Catch::TestEventListenerBase {
 CATCH_REGISTER_LISTENER(OneReferenceThread)
 
 DTensor randn(Rng& rng, Shape s, double scale = 1.0) {
-  DTensor t{DType::Float64, s, std::vector<double>(size_t(numel(s)))};
+  DTensor t{DType::Float64, s, Storage<double>(size_t(numel(s)))};
   for (double& x : t.data) x = round_to_float(scale * rng.normal());
   return t;
 }
 
 DTensor random_bool(Rng& rng, Shape s, double p) {
-  DTensor t{DType::Bool, s, std::vector<double>(size_t(numel(s)))};
+  DTensor t{DType::Bool, s, Storage<double>(size_t(numel(s)))};
   for (double& x : t.data) x = rng.coin(p) ? 1.0 : 0.0;
   return t;
 }
@@ -603,7 +603,7 @@ Implementation careless(const std::string& name,
             if (dt == DType::Float64) return run_hand(p, dt, false, p.name);  // careless in float32 only
             std::vector<float> x(in.data.begin(), in.data.end());
             f32(x, N, C, p);
-            DTensor out{DType::Float32, in.shape, std::vector<double>(x.begin(), x.end())};
+            DTensor out{DType::Float32, in.shape, Storage<double>(x.begin(), x.end())};
             RunResult r;
             r.outputs["output"] = out;
             return r;
@@ -739,10 +739,10 @@ TEST_CASE("parity: inputs that break careless code / all-masked rows / a key pad
   const CaseSpec s = mha("masked", 2, 8, 0, 16, 2, MaskKind::None);
   Problem p = make_problem(s);
   const int64_t L = 8;
-  DTensor am{DType::Bool, {L, L}, std::vector<double>(size_t(L * L), 0.0)};
+  DTensor am{DType::Bool, {L, L}, Storage<double>(size_t(L * L), 0.0)};
   for (int64_t j = 0; j < L; ++j) am.data[size_t(0 * L + j)] = am.data[size_t(5 * L + j)] = 1;
   am.data[size_t(2 * L + 3)] = 1;  // and one row of batch 1 masks its only key too
-  DTensor kpm{DType::Bool, {2, L}, std::vector<double>(size_t(2 * L), 0.0)};
+  DTensor kpm{DType::Bool, {2, L}, Storage<double>(size_t(2 * L), 0.0)};
   for (int64_t j = 0; j < L; ++j) kpm.data[size_t(L + j)] = j != 3;
   p.inputs["attn_mask"] = am;
   p.inputs["key_padding_mask"] = kpm;

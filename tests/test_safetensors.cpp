@@ -99,7 +99,7 @@ DTensor make(DType dtype, Shape shape, std::vector<double> data) {
   DTensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
-  t.data = std::move(data);
+  t.data.assign(data.begin(), data.end());
   return t;
 }
 

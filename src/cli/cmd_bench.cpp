@@ -21,6 +21,7 @@ namespace {
 
 int run_bench(const bench::Options& o) {
   if (o.huge_pages) bench::reexec_with_huge_pages();  // (every mode: --model's and --gemm's too)
+  bench::huge_pages_for_libtorch();
   if (!o.model.empty()) {
     if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads || o.gemm)
       throw InputError("option --model: times a whole model's export alone; --case, --threads, --profile, --gemm "

@@ -249,7 +249,8 @@ namespace {
 
 // ---- measuring ----------------------------------------------------------------------------------
 
-double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
+template <class A, class B>  // std::vector<double> or Storage<double>
+double rel_l2(const A& a, const B& b) {
   Tensor<double> ta({int64_t(a.size())}), tb({int64_t(b.size())});
   std::copy(a.begin(), a.end(), ta.data.begin());
   std::copy(b.begin(), b.end(), tb.data.begin());
@@ -276,7 +277,8 @@ PositionStats stats(std::vector<double> v) {
 // noise model says it must.
 // Logits are the head's image of the last hidden state: their error lives in as few independent
 // elements as that state's, whatever their count, so `cap_n_eff` (the last layer's) caps theirs.
-double float32_bound(const std::vector<double>& ref, const std::vector<double>& truth, double* n_eff = nullptr,
+template <class A, class B>  // std::vector<double> or Storage<double>
+double float32_bound(const A& ref, const B& truth, double* n_eff = nullptr,
                      double cap_n_eff = 0) {
   Tensor<double> a({int64_t(ref.size())}), b({int64_t(truth.size())});
   std::copy(ref.begin(), ref.end(), a.data.begin());
@@ -382,7 +384,7 @@ void perturb(Problem& p, const ModelOptions& o, int64_t layer) {
     throw InputError("model: --perturb: layer " + std::to_string(layer) + " has no weight " +
                      show_text(o.perturb_weight) + " (it has " + names + ")");
   }
-  std::vector<double>& w = it->second.data;
+  Storage<double>& w = it->second.data;
   Rng rng(uint64_t(layer) * 1000003u + 17);
   std::vector<double> d(w.size());
   double wn = 0, dn = 0;
@@ -436,7 +438,7 @@ void check_layer_fixture(const ModelExport& m, const Problem& p, const ModelLaye
 }
 
 // The logits' checks: hand64 and hand32 rows against the truth's, on the real positions.
-ModelLogitsResult judge_logits(const ModelExport& m, const std::vector<double>* l64, const std::vector<double>& l32,
+ModelLogitsResult judge_logits(const ModelExport& m, const Storage<double>* l64, const Storage<double>& l32,
                                 double cap_n_eff) {
   ModelLogitsResult r;
   r.present = true;
@@ -700,7 +702,7 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
     const Tensor<double> l64 = head_of<double>(m)(Tensor<double>(to_tensor<double>(h64)).ptr(), N);
     const Tensor<float> f32 = to_tensor<float>(h32);
     const Tensor<float> l32f = head_of<float>(m)(f32.ptr(), N);
-    const std::vector<double> l32(l32f.data.begin(), l32f.data.end());
+    const Storage<double> l32(l32f.data.begin(), l32f.data.end());
     r.logits = judge_logits(m, &l64.data, l32, r.layers.back().n_eff);
   }
   if (m.generate_steps && o.generate) r.generation = judge_generation(m, o, r.layers.back().n_eff);

@@ -138,7 +138,7 @@ void read_book_config(const nlohmann::json& j, Problem& p,
 }
 
 DTensor book_causal_buffer(int64_t n) {
-  DTensor t{DType::Float64, {n, n}, std::vector<double>(size_t(n * n), 0.0)};
+  DTensor t{DType::Float64, {n, n}, Storage<double>(size_t(n * n), 0.0)};
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = i + 1; j < n; ++j) t.data[size_t(i * n + j)] = 1;
   return t;

@@ -274,7 +274,7 @@ void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::str
       break;
     }
     case MaskKind::Random: {  // bool, ~25% masked, key 0 always visible so no row is all masked
-      DTensor m{DType::Bool, {L, S}, std::vector<double>(size_t(L * S), 0.0)};
+      DTensor m{DType::Bool, {L, S}, Storage<double>(size_t(L * S), 0.0)};
       for (int64_t i = 0; i < L; ++i)
         for (int64_t j = 1; j < S; ++j) m.data[size_t(i * S + j)] = rng.uniform() < 0.25 ? 1.0 : 0.0;
       if (sdpa_convention)
@@ -287,7 +287,7 @@ void add_masks(Rng& rng, const CaseSpec& s, int64_t L, int64_t S, const std::str
         throw InputError("option --mask: padding needs a key_padding_mask; " + module_name(s.module) + " has none");
       const int64_t B = s.batch ? s.batch : 1;
       S = kpm_len ? kpm_len : S;
-      DTensor m{DType::Bool, s.batch ? Shape{B, S} : Shape{S}, std::vector<double>(size_t(B * S), 0.0)};
+      DTensor m{DType::Bool, s.batch ? Shape{B, S} : Shape{S}, Storage<double>(size_t(B * S), 0.0)};
       for (int64_t b = 0; b < B; ++b) {
         const int64_t pad = (b * 3 + 1) % ((S + 1) / 2);
         for (int64_t j = S - pad; j < S; ++j) m.data[size_t(b * S + j)] = 1.0;
@@ -541,7 +541,7 @@ Problem make_problem(const CaseSpec& s) {
       p.token.num_layers = s.layers;
       p.state_dict["embedding.weight"] = normal(rng, {s.vocab, s.dim});  // nn.Embedding: N(0, 1)
       stack_params(p.token.layer);
-      DTensor ids{DType::Int64, {B, L}, std::vector<double>(size_t(B * L))};
+      DTensor ids{DType::Int64, {B, L}, Storage<double>(size_t(B * L))};
       for (double& id : ids.data) id = double(rng.integer(0, s.vocab - 1));
       p.inputs["tokens"] = ids;
       break;

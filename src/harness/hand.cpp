@@ -49,7 +49,7 @@ Tensor<T> converted(const DTensor& t, const std::string& name) {
   if (t_release && t.data.empty() && numel(t.shape) > 0)
     throw std::logic_error("run_hand(Problem&&): " + name + " read after it was released");
   Tensor<T> out = to_tensor<T>(t);
-  if (t_release) std::vector<double>().swap(const_cast<DTensor&>(t).data);  // the caller's Problem is not const
+  if (t_release) Storage<double>().swap(const_cast<DTensor&>(t).data);  // the caller's Problem is not const
   return out;
 }
 

@@ -187,7 +187,7 @@ Problem make_llm_problem(const CaseSpec& s) {
   // Right padding: element b's last (b * 3 + 1) % ceil(T / 2) tokens; left padding: as many first
   // tokens (a left-padded query row sees no key: transformers gives it uniform weights).
   if (s.mask == MaskKind::Padding) {
-    DTensor m{DType::Bool, {B, Tn}, std::vector<double>(size_t(B * Tn), 0.0)};
+    DTensor m{DType::Bool, {B, Tn}, Storage<double>(size_t(B * Tn), 0.0)};
     for (int64_t b = 0; b < B; ++b) {
       const int64_t pad = (b * 3 + 1) % ((Tn + 1) / 2);
       for (int64_t t = s.pad_left ? 0 : Tn - pad; t < (s.pad_left ? pad : Tn); ++t) m.data[size_t(b * Tn + t)] = 1.0;

@@ -2,10 +2,14 @@
 // broadcasting: each op documents the shapes it takes and walks the buffer itself.
 #pragma once
 
+#include <algorithm>
 #include <cassert>
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -53,10 +57,58 @@ inline int64_t numel(const Shape& shape) {
 // harness's own limit on what a problem may make (harness/problem.hpp, max_elements).
 inline constexpr int64_t kMaxTensorElements = int64_t(1) << 31;
 
+// --- the core's memory ---------------------------------------------------------------------------
+// Blocks of kHugeBlock bytes and more start on a 2 MiB boundary and are madvise(MADV_HUGEPAGE)d, so
+// that where the kernel's transparent huge pages are "madvise" (as on the project's machines) they
+// are backed by 2 MiB pages, not 4 KiB ones: a decode step reads 0.7 GB of weights a call, and on
+// 4 KiB pages its four weight rows at a time pay a page walk every 4 KiB that they do not hide
+// (docs/performance.md, "Huge pages"). LibTorch has the same policy behind THP_MEM_ALLOC_ENABLE=1.
+// In "never" mode the advice is ignored; smaller blocks are plain operator new.
+inline constexpr size_t kHugeBlock = size_t(2) << 20;
+namespace detail {
+void* tensor_allocate(size_t bytes);                   // throws std::bad_alloc
+void tensor_deallocate(void* p, size_t bytes) noexcept;  // bytes: as allocated
+}  // namespace detail
+
+template <class T>
+struct TensorAllocator {
+  using value_type = T;
+  TensorAllocator() = default;
+  template <class U>
+  TensorAllocator(const TensorAllocator<U>&) noexcept {}
+  T* allocate(size_t n) {
+    if (n > size_t(-1) / sizeof(T)) throw std::bad_array_new_length();
+    return static_cast<T*>(detail::tensor_allocate(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t n) noexcept { detail::tensor_deallocate(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const TensorAllocator<U>&) const noexcept {
+    return true;
+  }
+  template <class U>
+  bool operator!=(const TensorAllocator<U>&) const noexcept {
+    return false;
+  }
+};
+
+// A tensor's elements.
+template <class T>
+using Storage = std::vector<T, TensorAllocator<T>>;
+
+// The same elements in the same order as a plain std::vector's.
+template <class T, class A, class = std::enable_if_t<!std::is_same_v<A, TensorAllocator<T>>>>
+bool operator==(const Storage<T>& a, const std::vector<T, A>& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+template <class T, class A, class = std::enable_if_t<!std::is_same_v<A, TensorAllocator<T>>>>
+bool operator!=(const Storage<T>& a, const std::vector<T, A>& b) {
+  return !(a == b);
+}
+
 template <class T>
 struct Tensor {
   Shape shape;
-  std::vector<T> data;
+  Storage<T> data;
 
   Tensor() = default;
   explicit Tensor(Shape s, T fill = T(0)) : shape(std::move(s)) {
@@ -67,7 +119,12 @@ struct Tensor {
     profile::Scope scope(profile::Op::ZeroFill);
     data.assign(size_t(n), fill);
   }
-  Tensor(Shape s, std::vector<T> d) : shape(std::move(s)), data(std::move(d)) {
+  Tensor(Shape s, Storage<T> d) : shape(std::move(s)), data(std::move(d)) {
+    assert(int64_t(data.size()) == tparity::numel(shape));
+  }
+  // (a copy of d's elements; a template, so that a braced list goes to the one above)
+  template <class A, class = std::enable_if_t<!std::is_same_v<A, TensorAllocator<T>>>>
+  Tensor(Shape s, const std::vector<T, A>& d) : shape(std::move(s)), data(d.begin(), d.end()) {
     assert(int64_t(data.size()) == tparity::numel(shape));
   }
 

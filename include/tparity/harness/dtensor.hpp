@@ -26,7 +26,7 @@ double unit_roundoff(DType d);
 struct DTensor {
   DType dtype = DType::Float64;
   Shape shape;
-  std::vector<double> data;
+  Storage<double> data;  // (tensor.hpp: large blocks on huge pages)
 
   int64_t numel() const { return int64_t(data.size()); }
 };

@@ -143,7 +143,12 @@ void reexec_on_generic_openblas();
 // --huge-pages: runs itself again with glibc's malloc asking for transparent huge pages, unless
 // GLIBC_TUNABLES already says glibc.malloc.hugetlb.
 void reexec_with_huge_pages();
-// One line: the heap's pages as glibc was told (GLIBC_TUNABLES) and the kernel's THP mode.
+// LibTorch's own switch (2.1 and later) for what the hand core does by default, huge pages for
+// tensors of 2 MiB and more (core/tensor.hpp): THP_MEM_ALLOC_ENABLE=1, unless the user set it. Before
+// LibTorch's first allocation: it reads the variable once.
+void huge_pages_for_libtorch();
+// One line: the heap's pages as glibc was told (GLIBC_TUNABLES), the kernel's THP mode, and the
+// large tensors' (the hand core's advice, LibTorch's THP_MEM_ALLOC_ENABLE).
 std::string heap_pages();
 
 // ---- the other reference (other_reference.cpp) ------------------------------------------------------

@@ -183,9 +183,12 @@ double measure_peak(std::string& isa) {
 
 // One core's streaming read bandwidth, bytes/s: the best of kLimitRuns sums over a 1 GiB buffer (far beyond
 // every cache), vector loads in four independent chains, the pages touched before timing.
+// The buffer is the core's own storage, on huge pages as the hand core's large tensors are
+// (core/tensor.hpp), so that the probe measures what one core can stream at best: on 4 KiB pages it
+// read 5-10% less on Zen 5 (docs/performance.md, "Huge pages").
 double measure_bandwidth() {
   const int64_t n = (int64_t(1) << 30) / 4;
-  std::vector<float> buf(size_t(n), 1.0f);
+  Storage<float> buf(size_t(n), 1.0f);
   std::vector<double> bw;
   volatile float sink = 0;
   for (int r = 0; r < kLimitRuns; ++r) {
@@ -335,9 +338,10 @@ void reexec_on_generic_openblas() {
 // "madvise", so that the kernel backs them with 2 MiB pages (in "always" mode it does anyway; in
 // "never", not at all). The bench sets it and runs itself again; the variable passes to the memory
 // children and the other reference alike, so that every side (the hand core, both LibTorches, the
-// bandwidth probe) runs on the same pages, and the peak-memory figures count what they touched. With
-// 4 KiB pages a decode step's 0.7 GB of weights costs a page walk per 4 KiB that its four weight rows
-// at a time do not hide as well as the probe's one stream does (docs/performance.md).
+// bandwidth probe) runs on the same pages, and the peak-memory figures count what they touched.
+// Without it, the hand core's tensors of 2 MiB and more, the probe's buffer and (through
+// THP_MEM_ALLOC_ENABLE) LibTorch 2.13's are on huge pages already; --huge-pages adds every smaller
+// block and LibTorch 1.13's, which has no switch of its own (docs/performance.md, "Huge pages").
 namespace {
 
 // The value glibc will take for glibc.malloc.hugetlb from GLIBC_TUNABLES, as glibc reads it: items
@@ -374,6 +378,8 @@ void reexec_with_huge_pages() {
                                show_text(tunables, 100), tunables.size(), std::strerror(errno)));
 }
 
+void huge_pages_for_libtorch() { ::setenv("THP_MEM_ALLOC_ENABLE", "1", 0); }
+
 std::string heap_pages() {
   std::string mode = "unknown";
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -382,14 +388,19 @@ std::string heap_pages() {
     const size_t a = line.find('['), b = line.find(']');
     if (a != std::string::npos && b != std::string::npos && b > a) mode = line.substr(a + 1, b - a - 1);
   }
+  const char* thp = std::getenv("THP_MEM_ALLOC_ENABLE");
+  const std::string tensors = fmt::format(
+      "; tensors of 2 MiB and more: the hand core's advised onto huge pages, LibTorch's with THP_MEM_ALLOC_ENABLE={} "
+      "(1.13 has no such switch)",
+      thp ? show_text(thp, 40) : std::string("(unset)"));
   const std::optional<std::string> value = hugetlb_tunable(glibc_tunables());
   if (!value)
     return fmt::format("heap pages: the system's default (the kernel's transparent huge pages: {}); --huge-pages "
-                       "asks for huge pages",
-                       mode);
+                       "asks for huge pages{}",
+                       mode, tensors);
   return fmt::format("heap pages: glibc.malloc.hugetlb={} asked of glibc for every side (the kernel's transparent huge "
-                     "pages: {})",
-                     show_text(*value, 40), mode);
+                     "pages: {}){}",
+                     show_text(*value, 40), mode, tensors);
 }
 
 }  // namespace tparity::cli::bench
