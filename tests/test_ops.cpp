@@ -83,6 +83,34 @@ TEST_CASE("tensors of 2 MiB and more start on a 2 MiB boundary, advised onto hug
   CHECK(from_plain.data == std::vector<double>{1, 2, 3});
 }
 
+TEST_CASE("a freed large block comes back for the next of its length, zeroed as a new tensor's", "[ops][tensor]") {
+#if defined(__SANITIZE_ADDRESS__)
+  WARN("the sanitizer build takes large blocks from malloc: nothing kept to check");
+#else
+  release_kept_memory();
+  const float* first = nullptr;
+  {
+    Tensor<float> a({int64_t(3) << 20});  // 12 MiB
+    first = a.ptr();
+    a.data[12345] = 7.0f;
+  }
+  CHECK(thp_eligible(first) != -1);  // still mapped: kept, not handed back
+  {
+    const Tensor<float> b({int64_t(3) << 20});
+    CHECK(b.ptr() == first);
+    CHECK(b.data[12345] == 0.0f);
+    if (thp_mode() == "madvise") CHECK(thp_eligible(b.ptr()) == 1);
+  }
+  {
+    const Tensor<float> other({(int64_t(3) << 20) + 1024});  // another length: a mapping of its own
+    CHECK(other.ptr() != first);
+  }
+  // handed back to the kernel: no mapping left where the kept blocks were
+  release_kept_memory();
+  CHECK(thp_eligible(first) == -1);
+#endif
+}
+
 TEST_CASE("dot and sum of small integers are exact", "[ops]") {
   // 1*1 + 2*2 + ... + 20*20 = 20*21*41/6 = 2870: every partial sum is an integer below 2^24,
   // so float must be exact whatever the order.

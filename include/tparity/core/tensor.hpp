@@ -63,8 +63,12 @@ inline constexpr int64_t kMaxTensorElements = int64_t(1) << 31;
 // are backed by 2 MiB pages, not 4 KiB ones: a decode step reads 0.7 GB of weights a call, and on
 // 4 KiB pages its four weight rows at a time pay a page walk every 4 KiB that they do not hide
 // (docs/performance.md, "Huge pages"). LibTorch has the same policy behind THP_MEM_ALLOC_ENABLE=1.
-// In "never" mode the advice is ignored; smaller blocks are plain operator new.
+// In "never" mode the advice is ignored; smaller blocks are plain operator new. Freed large blocks,
+// up to 256 MiB in all, are kept for the next request of the same length (a forward pass asks for the
+// same temporaries every time; a fresh block pays its page faults again), as the CLI keeps malloc's
+// freed blocks (src/cli/main.cpp). release_kept_memory() hands them back to the kernel.
 inline constexpr size_t kHugeBlock = size_t(2) << 20;
+void release_kept_memory() noexcept;
 namespace detail {
 void* tensor_allocate(size_t bytes);                   // throws std::bad_alloc
 void tensor_deallocate(void* p, size_t bytes) noexcept;  // bytes: as allocated

@@ -285,11 +285,13 @@ int child(const std::string& side, const BenchCase& c) {
   set_torch_threads(c.threads);
   const std::function<void()> f = side == "hand" ? prepare_hand(p, DType::Float32, "bench " + c.name, false)
                                                  : prepare_torch(p, DType::Float32, "bench " + c.name, false);
-  // Back to glibc's defaults (main() keeps freed memory for speed), and free memory handed back, so
-  // that memory the forward reuses from the preparation does not hide from the measurement.
+  // Back to glibc's defaults (main() keeps freed memory for speed), and free memory handed back (the
+  // core's kept large blocks too), so that memory the forward reuses from the preparation does not
+  // hide from the measurement.
   mallopt(M_MMAP_THRESHOLD, 128 << 10);
   mallopt(M_TRIM_THRESHOLD, 128 << 10);
   malloc_trim(0);
+  release_kept_memory();
   const int64_t before = status_bytes("VmRSS:");
   std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS (Linux >= 4.0)
   f();
