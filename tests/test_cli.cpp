@@ -879,27 +879,23 @@ TEST_CASE("cli: bench --huge-pages runs itself again with glibc's huge-page tuna
     REQUIRE(r.code == 0);
     return json::parse(r.out).at("heap").get<std::string>();
   };
-  CHECK_THAT(heap("env -u GLIBC_TUNABLES", ""), Catch::StartsWith("heap pages: the system's default"));
+  const std::string plain = "malloc: glibc's default", asked = "malloc: glibc.malloc.hugetlb=";
+  CHECK_THAT(heap("env -u GLIBC_TUNABLES", ""), Catch::Contains(plain));
   // LibTorch's own switch for its large tensors, as the hand core's: set unless the user set it
-  CHECK_THAT(heap("env -u THP_MEM_ALLOC_ENABLE", ""), Catch::EndsWith("LibTorch's with THP_MEM_ALLOC_ENABLE=1 "
-                                                                        "(1.13 has no such switch)"));
+  CHECK_THAT(heap("env -u THP_MEM_ALLOC_ENABLE", ""), Catch::Contains("LibTorch's with THP_MEM_ALLOC_ENABLE=1 "));
   CHECK_THAT(heap("THP_MEM_ALLOC_ENABLE=0", ""), Catch::Contains("LibTorch's with THP_MEM_ALLOC_ENABLE=0 "));
-  CHECK_THAT(heap("env -u GLIBC_TUNABLES", "--huge-pages"),
-             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=1 asked of glibc for every side"));
-  CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.check=0", "--huge-pages"),
-             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=1 asked of glibc"));
-  CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.hugetlb=0", "--huge-pages"),
-             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=0 asked of glibc"));
+  CHECK_THAT(heap("env -u GLIBC_TUNABLES", "--huge-pages"), Catch::Contains(asked + "1 asked of glibc for every side"));
+  CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.check=0", "--huge-pages"), Catch::Contains(asked + "1 asked"));
+  CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.hugetlb=0", "--huge-pages"), Catch::Contains(asked + "0 asked"));
   // Read as glibc reads them: the last item of the name wins; "x=glibc.malloc.hugetlb=0" is the
   // tunable x (so the bench adds its own).
   CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0", "--huge-pages"),
-             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=0 asked of glibc"));
-  CHECK_THAT(heap("GLIBC_TUNABLES=x=glibc.malloc.hugetlb=0", ""), Catch::StartsWith("heap pages: the system's default"));
-  CHECK_THAT(heap("GLIBC_TUNABLES=x=glibc.malloc.hugetlb=0", "--huge-pages"),
-             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=1 asked of glibc"));
+             Catch::Contains(asked + "0 asked"));
+  CHECK_THAT(heap("GLIBC_TUNABLES=x=glibc.malloc.hugetlb=0", ""), Catch::Contains(plain));
+  CHECK_THAT(heap("GLIBC_TUNABLES=x=glibc.malloc.hugetlb=0", "--huge-pages"), Catch::Contains(asked + "1 asked"));
   // A value that is not UTF-8 reaches the JSON report as U+FFFD, not as an error after the run.
   CHECK_THAT(heap("GLIBC_TUNABLES=glibc.malloc.hugetlb=\"$(printf '\\377')\"", ""),
-             Catch::StartsWith("heap pages: glibc.malloc.hugetlb=\xEF\xBF\xBD asked of glibc"));
+             Catch::Contains(asked + "\xEF\xBF\xBD asked"));
 }
 
 TEST_CASE("cli: a report that cannot be written is exit 2 and one line, whatever the verdict", "[cli]") {

@@ -27,32 +27,50 @@ long double dot_twin(const double* a, const double* b, int64_t n) {
   return acc;
 }
 
-// The kernel's transparent huge pages mode ("always", "madvise", "never"; "" where unknown) and
-// whether the mapping holding p may be backed by them (/proc/self/smaps' THPeligible: 1), or -1
-// where smaps does not say.
-std::string thp_mode() {
+// Whether the kernel may give this process transparent huge pages where it asks: the mode
+// (/sys/kernel/mm/transparent_hugepage/enabled) "madvise", and THP not turned off for the process
+// (/proc/self/status' THP_enabled, prctl PR_SET_THP_DISABLE, which a container may pass down).
+bool thp_on_advice() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string line;
-  if (!std::getline(f, line)) return "";
-  const size_t a = line.find('['), b = line.find(']');
-  return a != std::string::npos && b != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "";
+  if (!std::getline(f, line) || line.find("[madvise]") == std::string::npos) return false;
+  std::ifstream st("/proc/self/status");
+  while (std::getline(st, line))
+    if (line.rfind("THP_enabled:", 0) == 0) return std::stoi(line.substr(12)) == 1;
+  return false;
 }
 
+// /proc/self/smaps on the mapping holding p: its THPeligible (0 or 1), -2 when it has no such field,
+// -1 when no mapping holds p.
 int thp_eligible(const void* p) {
   std::ifstream f("/proc/self/smaps");
   const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
   std::string line;
-  bool inside = false;
+  bool inside = false, found = false;
   while (std::getline(f, line)) {
     unsigned long long lo = 0, hi = 0;
     if (std::sscanf(line.c_str(), "%llx-%llx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      if (inside) return -2;  // the mapping ended without the field
       inside = addr >= lo && addr < hi;
+      found = found || inside;
       continue;
     }
     if (inside && line.rfind("THPeligible:", 0) == 0) return std::stoi(line.substr(12));
   }
-  return -1;
+  return found ? -2 : -1;
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;  // large blocks from the aligned malloc (src/core/tensor.cpp)
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
 
 }  // namespace
 
@@ -60,16 +78,12 @@ TEST_CASE("tensors of 2 MiB and more start on a 2 MiB boundary, advised onto hug
   const Tensor<float> big({int64_t(1) << 20});  // 4 MiB
   REQUIRE(reinterpret_cast<uintptr_t>(big.ptr()) % kHugeBlock == 0);
   CHECK(std::count(big.data.begin(), big.data.end(), 0.0f) == big.numel());
-  const std::string mode = thp_mode();
-  if (mode == "madvise" || mode == "always") {
-    const int eligible = thp_eligible(big.ptr());
-    if (eligible == -1) WARN("/proc/self/smaps has no THPeligible field: the advice not checked");
-    if (eligible != -1) CHECK(eligible == 1);
-  } else {
-    WARN("transparent huge pages: '" << mode << "', the advice not checked");
-  }
+  if (thp_on_advice())
+    CHECK(thp_eligible(big.ptr()) == 1);
+  else
+    WARN("transparent huge pages not given on advice here: the advice not checked");
   // A storage grown element by element across the threshold and back: each block freed as it was
-  // taken (operator new / free; the sanitizer build reports a mismatch), the elements kept.
+  // taken (operator new / the large path; the sanitizer build reports a mismatch), the elements kept.
   Storage<double> s;
   for (int i = 0; i < (1 << 19); ++i) s.push_back(double(i));
   Storage<double> copy = s;
@@ -83,32 +97,43 @@ TEST_CASE("tensors of 2 MiB and more start on a 2 MiB boundary, advised onto hug
   CHECK(from_plain.data == std::vector<double>{1, 2, 3});
 }
 
-TEST_CASE("a freed large block comes back for the next of its length, zeroed as a new tensor's", "[ops][tensor]") {
-#if defined(__SANITIZE_ADDRESS__)
-  WARN("the sanitizer build takes large blocks from malloc: nothing kept to check");
-#else
+TEST_CASE("freed large blocks are kept for their length, the oldest handed back past the limit", "[ops][tensor]") {
+  if (kSanitized) {
+    WARN("the sanitizer build takes large blocks from malloc: nothing kept to check");
+    return;
+  }
+  REQUIRE(thp_eligible(&kHugeBlock) != -1);  // smaps readable: a mapping holds this constant
   release_kept_memory();
+  const int64_t n = int64_t(3) << 18;  // floats: 3 MiB
   const float* first = nullptr;
   {
-    Tensor<float> a({int64_t(3) << 20});  // 12 MiB
+    Tensor<float> a({n});
     first = a.ptr();
     a.data[12345] = 7.0f;
   }
   CHECK(thp_eligible(first) != -1);  // still mapped: kept, not handed back
   {
-    const Tensor<float> b({int64_t(3) << 20});
+    const Tensor<float> b({n});
     CHECK(b.ptr() == first);
-    CHECK(b.data[12345] == 0.0f);
-    if (thp_mode() == "madvise") CHECK(thp_eligible(b.ptr()) == 1);
+    CHECK(b.data[12345] == 0.0f);  // a new tensor's zeros, whatever the block held
+    if (thp_on_advice()) CHECK(thp_eligible(b.ptr()) == 1);
   }
-  {
-    const Tensor<float> other({(int64_t(3) << 20) + 1024});  // another length: a mapping of its own
-    CHECK(other.ptr() != first);
-  }
-  // handed back to the kernel: no mapping left where the kept blocks were
   release_kept_memory();
-  CHECK(thp_eligible(first) == -1);
-#endif
+  CHECK(thp_eligible(first) == -1);  // handed back to the kernel
+  // A limit of 8 MiB: three freed blocks of 3 MiB and more (three lengths) keep the last two only.
+  const size_t before = set_kept_memory_limit(size_t(8) << 20);
+  const float* p[3] = {};
+  {
+    Tensor<float> x({n}), y({n + 1024}), z({n + 2048});
+    p[0] = x.ptr(), p[1] = y.ptr(), p[2] = z.ptr();
+  }  // freed z, y, x in that order: z is the oldest
+  CHECK(thp_eligible(p[2]) == -1);
+  CHECK(thp_eligible(p[1]) != -1);
+  CHECK(thp_eligible(p[0]) != -1);
+  set_kept_memory_limit(0);  // none kept: every block handed back
+  CHECK(thp_eligible(p[1]) == -1);
+  CHECK(thp_eligible(p[0]) == -1);
+  set_kept_memory_limit(before);
 }
 
 TEST_CASE("dot and sum of small integers are exact", "[ops]") {

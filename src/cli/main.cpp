@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   using namespace tparity;
   // Keep freed blocks up to 256 MiB in the heap instead of returning them to the kernel: a forward
   // pass allocates the same temporaries every time, and fresh pages cost a page fault each (12% of a
-  // BERT-sized layer). Both sides benefit alike (LibTorch's CPU allocator is malloc as well).
+  // BERT-sized layer). LibTorch's CPU allocator is malloc, and so are the hand core's blocks below
+  // 2 MiB; its larger tensors are kept by the core itself, likewise (core/tensor.hpp).
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   // The reference computes on one thread unless a subcommand says otherwise (bench): its float32

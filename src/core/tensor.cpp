@@ -2,12 +2,15 @@
 // freed ones kept for the next request of the same length.
 #include "tparity/core/tensor.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -25,8 +28,20 @@ namespace tparity::detail {
 
 namespace {
 
-constexpr size_t kPage = 4096;
-size_t whole_pages(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+size_t page_size() {
+  static const size_t page = [] {
+    const long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? size_t(p) : size_t(4096);
+  }();
+  return page;
+}
+
+// bytes in whole pages; bad_alloc where that, or a mapping 2 MiB longer, would not fit in a size_t
+size_t whole_pages(size_t bytes) {
+  const size_t page = page_size();
+  if (bytes > size_t(-1) - 2 * kHugeBlock - page) throw std::bad_alloc();
+  return (bytes + page - 1) / page * page;
+}
 
 // Each large block its own mapping, cut to a 2 MiB boundary, so that the kernel can back it with
 // huge pages from its first byte and no smaller block ever shares them. From malloc instead
@@ -39,55 +54,71 @@ void* map_aligned(size_t len) {
   if (m == MAP_FAILED) throw std::bad_alloc();
   const uintptr_t start = reinterpret_cast<uintptr_t>(m);
   const uintptr_t p = (start + kHugeBlock - 1) / kHugeBlock * kHugeBlock;
-  if (p > start) munmap(m, p - start);
+  // The head and the tail cut off (page multiples, as start and len are). Should a cut fail (the
+  // kernel's limit on mappings), that part stays mapped, unused: memory, not a fault.
+  if (p > start) (void)munmap(m, p - start);
   const uintptr_t end = start + len + kHugeBlock;
-  if (end > p + len) munmap(reinterpret_cast<void*>(p + len), end - (p + len));
-  // Advice only: a kernel without transparent huge pages refuses it (EINVAL), and 4 KiB pages serve.
+  if (end > p + len) (void)munmap(reinterpret_cast<void*>(p + len), end - (p + len));
+  // Advice only: a kernel without transparent huge pages refuses it (EINVAL), and small pages serve.
   (void)madvise(reinterpret_cast<void*>(p), len, MADV_HUGEPAGE);
   return reinterpret_cast<void*>(p);
 }
 
 // Freed blocks, kept: a forward pass allocates the same temporaries every time, and a fresh mapping
 // costs its page faults again (with them, the zero-fills of new tensors went from 0.3% to 1.8% of
-// the BERT layer on Zen 5, 0.5% to 2.0% of the prefill's). At most kKeptBytes in all; a block past
-// that is unmapped. Never destroyed: tensors may outlive every other static.
+// the BERT layer on Zen 5, 0.5% to 2.0% of the prefill's). A request takes a kept block of exactly
+// its length in pages, the latest kept first; at most limit_ bytes are kept, the oldest handed back
+// to the kernel to make room. Never destroyed: tensors may outlive every other static.
 class Kept {
  public:
-  static constexpr size_t kKeptBytes = size_t(256) << 20;
   void* take(size_t len) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < blocks_.size(); ++i)
+    for (size_t i = blocks_.size(); i-- > 0;)
       if (blocks_[i].second == len) {
         void* p = blocks_[i].first;
-        blocks_[i] = blocks_.back();
-        blocks_.pop_back();
+        blocks_.erase(blocks_.begin() + std::ptrdiff_t(i));
         bytes_ -= len;
         return p;
       }
     return nullptr;
   }
-  bool keep(void* p, size_t len) noexcept {
+  void keep(void* p, size_t len) noexcept {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (bytes_ + len > kKeptBytes) return false;
+    if (len > limit_) {
+      (void)munmap(p, len);
+      return;
+    }
+    shrink_to(limit_ - len);
     try {
       blocks_.emplace_back(p, len);
-    } catch (...) {
-      return false;
+      bytes_ += len;
+    } catch (...) {  // no room for the record: the block goes back
+      (void)munmap(p, len);
     }
-    bytes_ += len;
-    return true;
   }
-  void release() noexcept {
+  size_t set_limit(size_t bytes) noexcept {
     const std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [p, len] : blocks_) munmap(p, len);
-    blocks_.clear();
-    bytes_ = 0;
+    const size_t old = limit_;
+    limit_ = bytes;
+    shrink_to(limit_);
+    return old;
   }
 
  private:
+  void shrink_to(size_t bytes) noexcept {  // mutex_ held
+    size_t drop = 0;
+    while (drop < blocks_.size() && bytes_ > bytes) {
+      (void)munmap(blocks_[drop].first, blocks_[drop].second);
+      bytes_ -= blocks_[drop].second;
+      ++drop;
+    }
+    blocks_.erase(blocks_.begin(), blocks_.begin() + std::ptrdiff_t(drop));
+  }
+
   std::mutex mutex_;
-  std::vector<std::pair<void*, size_t>> blocks_;
+  std::vector<std::pair<void*, size_t>> blocks_;  // oldest first
   size_t bytes_ = 0;
+  size_t limit_ = size_t(256) << 20;
 };
 
 Kept& kept() {
@@ -101,21 +132,22 @@ void* large_allocate(size_t bytes) {
   return map_aligned(len);
 }
 void large_deallocate(void* p, size_t bytes) noexcept {
-  const size_t len = whole_pages(bytes);
-  if (!kept().keep(p, len)) munmap(p, len);
+  const size_t page = page_size();
+  kept().keep(p, (bytes + page - 1) / page * page);  // (whole_pages: this length was allocated)
 }
-void release_kept() noexcept { kept().release(); }
+size_t set_kept_limit(size_t bytes) noexcept { return kept().set_limit(bytes); }
 #else
 void* large_allocate(size_t bytes) {
+  const size_t len = whole_pages(bytes);
   void* p = nullptr;
   if (posix_memalign(&p, kHugeBlock, bytes) != 0) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  (void)madvise(p, whole_pages(bytes), MADV_HUGEPAGE);  // within the block's mapping: its last page
+  (void)madvise(p, len, MADV_HUGEPAGE);  // within the block's mapping: its last page
 #endif
   return p;
 }
 void large_deallocate(void* p, size_t) noexcept { std::free(p); }
-void release_kept() noexcept {}
+size_t set_kept_limit(size_t) noexcept { return 0; }
 #endif
 
 }  // namespace
@@ -132,5 +164,6 @@ void tensor_deallocate(void* p, size_t bytes) noexcept {
 }  // namespace tparity::detail
 
 namespace tparity {
-void release_kept_memory() noexcept { detail::release_kept(); }
+size_t set_kept_memory_limit(size_t bytes) noexcept { return detail::set_kept_limit(bytes); }
+void release_kept_memory() noexcept { set_kept_memory_limit(set_kept_memory_limit(0)); }
 }  // namespace tparity

@@ -58,16 +58,20 @@ inline int64_t numel(const Shape& shape) {
 inline constexpr int64_t kMaxTensorElements = int64_t(1) << 31;
 
 // --- the core's memory ---------------------------------------------------------------------------
-// Blocks of kHugeBlock bytes and more start on a 2 MiB boundary and are madvise(MADV_HUGEPAGE)d, so
-// that where the kernel's transparent huge pages are "madvise" (as on the project's machines) they
-// are backed by 2 MiB pages, not 4 KiB ones: a decode step reads 0.7 GB of weights a call, and on
-// 4 KiB pages its four weight rows at a time pay a page walk every 4 KiB that they do not hide
-// (docs/performance.md, "Huge pages"). LibTorch has the same policy behind THP_MEM_ALLOC_ENABLE=1.
-// In "never" mode the advice is ignored; smaller blocks are plain operator new. Freed large blocks,
-// up to 256 MiB in all, are kept for the next request of the same length (a forward pass asks for the
-// same temporaries every time; a fresh block pays its page faults again), as the CLI keeps malloc's
-// freed blocks (src/cli/main.cpp). release_kept_memory() hands them back to the kernel.
+// Blocks of kHugeBlock bytes and more are each mapped on their own from a 2 MiB boundary and
+// madvise(MADV_HUGEPAGE)d, so that where the kernel's transparent huge pages are "madvise" (as on
+// the project's machines) it may back them with 2 MiB pages, not 4 KiB ones: a decode step reads
+// 0.7 GB of weights a call, and on 4 KiB pages its four weight rows at a time pay a page walk every
+// 4 KiB that they do not hide (docs/performance.md, "Huge pages"). The kernel decides: in "never"
+// mode, or for a process that turned THP off, the advice changes nothing. Smaller blocks are plain
+// operator new; the core's own scratch buffers (layout.hpp, scratch.hpp) are not tensors.
+// (LibTorch 2.1 and later advise theirs likewise under THP_MEM_ALLOC_ENABLE=1, page-aligned.)
+// Freed large blocks are kept for the next request of the same length in pages (a forward pass asks
+// for the same temporaries every time; a fresh mapping pays its page faults again), at most the
+// limit in all, the oldest handed back to the kernel first: set_kept_memory_limit (default 256 MiB;
+// 0 keeps none) returns the limit it replaces; release_kept_memory() hands every kept block back.
 inline constexpr size_t kHugeBlock = size_t(2) << 20;
+size_t set_kept_memory_limit(size_t bytes) noexcept;
 void release_kept_memory() noexcept;
 namespace detail {
 void* tensor_allocate(size_t bytes);                   // throws std::bad_alloc

@@ -285,13 +285,14 @@ int child(const std::string& side, const BenchCase& c) {
   set_torch_threads(c.threads);
   const std::function<void()> f = side == "hand" ? prepare_hand(p, DType::Float32, "bench " + c.name, false)
                                                  : prepare_torch(p, DType::Float32, "bench " + c.name, false);
-  // Back to glibc's defaults (main() keeps freed memory for speed), and free memory handed back (the
-  // core's kept large blocks too), so that memory the forward reuses from the preparation does not
-  // hide from the measurement.
+  // Back to glibc's defaults (main() keeps freed memory for speed), and free memory handed back, so
+  // that memory the forward reuses from the preparation does not hide from the measurement; the
+  // core keeps no freed large block either (glibc's defaults unmap malloc's), so that what the
+  // forward frees does not count as still in use.
   mallopt(M_MMAP_THRESHOLD, 128 << 10);
   mallopt(M_TRIM_THRESHOLD, 128 << 10);
   malloc_trim(0);
-  release_kept_memory();
+  set_kept_memory_limit(0);
   const int64_t before = status_bytes("VmRSS:");
   std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS (Linux >= 4.0)
   f();
@@ -391,18 +392,14 @@ std::string heap_pages() {
     if (a != std::string::npos && b != std::string::npos && b > a) mode = line.substr(a + 1, b - a - 1);
   }
   const char* thp = std::getenv("THP_MEM_ALLOC_ENABLE");
-  const std::string tensors = fmt::format(
-      "; tensors of 2 MiB and more: the hand core's advised onto huge pages, LibTorch's with THP_MEM_ALLOC_ENABLE={} "
-      "(1.13 has no such switch)",
-      thp ? show_text(thp, 40) : std::string("(unset)"));
   const std::optional<std::string> value = hugetlb_tunable(glibc_tunables());
-  if (!value)
-    return fmt::format("heap pages: the system's default (the kernel's transparent huge pages: {}); --huge-pages "
-                       "asks for huge pages{}",
-                       mode, tensors);
-  return fmt::format("heap pages: glibc.malloc.hugetlb={} asked of glibc for every side (the kernel's transparent huge "
-                     "pages: {}){}",
-                     show_text(*value, 40), mode, tensors);
+  return fmt::format(
+      "heap pages: the kernel's transparent huge pages: {}; malloc: {}; advised onto huge pages: the hand core's "
+      "tensors of 2 MiB and more, LibTorch's with THP_MEM_ALLOC_ENABLE={} (read by 2.1 and later)",
+      mode,
+      value ? fmt::format("glibc.malloc.hugetlb={} asked of glibc for every side", show_text(*value, 40))
+            : std::string("glibc's default (--huge-pages asks it for huge pages on every side)"),
+      thp ? show_text(thp, 40) : std::string("(unset)"));
 }
 
 }  // namespace tparity::cli::bench
