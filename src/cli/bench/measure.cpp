@@ -183,9 +183,9 @@ double measure_peak(std::string& isa) {
 
 // One core's streaming read bandwidth, bytes/s: the best of kLimitRuns sums over a 1 GiB buffer (far beyond
 // every cache), vector loads in four independent chains, the pages touched before timing.
-// The buffer is the core's own storage, on huge pages as the hand core's large tensors are
+// The buffer is the core's own storage, advised onto huge pages as the hand core's large tensors are
 // (core/tensor.hpp), so that the probe measures what one core can stream at best: on 4 KiB pages it
-// read 5-10% less on Zen 5 (docs/performance.md, "Huge pages").
+// read 1-10% less on Zen 5 the same morning (docs/performance.md, "Huge pages by default").
 double measure_bandwidth() {
   const int64_t n = (int64_t(1) << 30) / 4;
   Storage<float> buf(size_t(n), 1.0f);
@@ -343,8 +343,9 @@ void reexec_on_generic_openblas() {
 // children and the other reference alike, so that every side (the hand core, both LibTorches, the
 // bandwidth probe) runs on the same pages, and the peak-memory figures count what they touched.
 // Without it, the hand core's tensors of 2 MiB and more, the probe's buffer and (through
-// THP_MEM_ALLOC_ENABLE) LibTorch 2.13's are on huge pages already; --huge-pages adds every smaller
-// block and LibTorch 1.13's, which has no switch of its own (docs/performance.md, "Huge pages").
+// THP_MEM_ALLOC_ENABLE) LibTorch 2.13's large blocks are advised onto huge pages already; --huge-pages
+// adds every smaller block and LibTorch 1.13's, which has no switch of its own (docs/performance.md,
+// "Huge pages by default").
 namespace {
 
 // The value glibc will take for glibc.malloc.hugetlb from GLIBC_TUNABLES, as glibc reads it: items
