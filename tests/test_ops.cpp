@@ -95,6 +95,13 @@ TEST_CASE("tensors of 2 MiB and more start on a 2 MiB boundary, advised onto hug
   CHECK(copy[9] == 9.0);
   const Tensor<double> from_plain({3}, std::vector<double>{1, 2, 3});
   CHECK(from_plain.data == std::vector<double>{1, 2, 3});
+  // Code written against `std::vector<T> data` (examples/naive_attention) still builds: the storage
+  // converts to a plain vector, a copy (this file does not compile without the conversion).
+  auto sum_plain = [](const std::vector<double>& v) { return v.empty() ? -1.0 : v[0] + v[1] + v[2]; };
+  CHECK(sum_plain(from_plain.data) == 6.0);
+  const bool present = true;
+  const std::vector<double> chosen = present ? from_plain.data : std::vector<double>{};
+  CHECK(chosen == std::vector<double>{1, 2, 3});
 }
 
 TEST_CASE("freed large blocks are kept for their length, the oldest handed back past the limit", "[ops][tensor]") {

@@ -99,9 +99,18 @@ struct TensorAllocator {
   }
 };
 
-// A tensor's elements.
+// A tensor's elements: a std::vector on the core's allocator. It converts to a plain std::vector<T>
+// (a copy), so that code written against the `std::vector<T> data` tensors had before 7dad45a (a
+// user's adapter taking `const std::vector<T>&`, `cond ? t.data : std::vector<T>{}`) still builds.
 template <class T>
-using Storage = std::vector<T, TensorAllocator<T>>;
+class Storage : public std::vector<T, TensorAllocator<T>> {
+  using Base = std::vector<T, TensorAllocator<T>>;
+
+ public:
+  using Base::Base;
+  Storage() = default;
+  operator std::vector<T>() const { return std::vector<T>(this->begin(), this->end()); }
+};
 
 // The same elements in the same order as a plain std::vector's.
 template <class T, class A, class = std::enable_if_t<!std::is_same_v<A, TensorAllocator<T>>>>
