@@ -36,12 +36,8 @@ size_t page_size() {
   return page;
 }
 
-// bytes in whole pages; bad_alloc where that, or a mapping 2 MiB longer, would not fit in a size_t
-size_t whole_pages(size_t bytes) {
-  const size_t page = page_size();
-  if (bytes > size_t(-1) - 2 * kHugeBlock - page) throw std::bad_alloc();
-  return (bytes + page - 1) / page * page;
-}
+// bytes in whole pages (a block's length as allocated, so also as freed)
+size_t in_pages(size_t bytes) noexcept { return (bytes + page_size() - 1) / page_size() * page_size(); }
 
 // Each large block its own mapping, cut to a 2 MiB boundary, so that the kernel can back it with
 // huge pages from its first byte and no smaller block ever shares them. From malloc instead
@@ -49,6 +45,12 @@ size_t whole_pages(size_t bytes) {
 // memory from 32 to 54 MB: ranges advised for huge pages, later reused by other blocks.
 // The sanitizer build takes the aligned malloc: there the sanitizer checks every block's bounds.
 #if defined(__linux__) && defined(MADV_HUGEPAGE) && !defined(TPARITY_ASAN)
+// in_pages, for a new block: bad_alloc where that, or a mapping 2 MiB longer, would not fit in a size_t
+size_t whole_pages(size_t bytes) {
+  if (bytes > size_t(-1) - 2 * kHugeBlock - page_size()) throw std::bad_alloc();
+  return in_pages(bytes);
+}
+
 void* map_aligned(size_t len) {
   void* m = mmap(nullptr, len + kHugeBlock, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) throw std::bad_alloc();
@@ -131,18 +133,14 @@ void* large_allocate(size_t bytes) {
   if (void* p = kept().take(len)) return p;
   return map_aligned(len);
 }
-void large_deallocate(void* p, size_t bytes) noexcept {
-  const size_t page = page_size();
-  kept().keep(p, (bytes + page - 1) / page * page);  // (whole_pages: this length was allocated)
-}
+void large_deallocate(void* p, size_t bytes) noexcept { kept().keep(p, in_pages(bytes)); }
 size_t set_kept_limit(size_t bytes) noexcept { return kept().set_limit(bytes); }
 #else
 void* large_allocate(size_t bytes) {
-  const size_t len = whole_pages(bytes);
   void* p = nullptr;
-  if (posix_memalign(&p, kHugeBlock, bytes) != 0) throw std::bad_alloc();
+  if (posix_memalign(&p, kHugeBlock, bytes) != 0) throw std::bad_alloc();  // exact: the sanitizer's bounds
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  (void)madvise(p, len, MADV_HUGEPAGE);  // within the block's mapping: its last page
+  (void)madvise(p, in_pages(bytes), MADV_HUGEPAGE);  // to the end of its last page, within its mapping
 #endif
   return p;
 }
