@@ -105,6 +105,29 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
             "option --other-reference: expected an executable file, got"},
            {"bench --quick --other-timeout 0", "--other-timeout"},
            {"bench --quick --other-timeout 5", "option --other-timeout: limits the runs of --other-reference"},
+           // numbers: decimal, by name, what was expected (CLI11 alone: "Value abc not in range 1 to 256",
+           // "Could not convert: --eps = abc", 0x10 read as 16 and -1 as a seed of 2^64-1)
+           {"bench --threads abc", "--threads: expected a whole number, got \"abc\""},
+           {"bench --reps 1.5", "--reps: expected a whole number, got \"1.5\""},
+           {"bench --reps 0", "--reps: expected a whole number from 1 to 100000, got \"0\""},
+           {"bench --reps 99999999999999999999", "--reps: expected a whole number from 1 to 100000"},
+           {"run --case batched --seq 0x10", "--seq: expected a whole number, got \"0x10\""},
+           {"run --case batched --seq 0", "--seq: expected a whole number >= 1, got \"0\""},
+           {"run --case batched --seq 9223372036854775808",
+            "--seq: expected a whole number from 1 to 2^62-1, got \"9223372036854775808\""},
+           {"run --case llama --eps abc", "--eps: expected a number, got \"abc\""},
+           {"run --case sdpa --scale 0x1p3", "--scale: expected a number, got \"0x1p3\""},
+           {"run --case sdpa --scale 1e400", "--scale: expected a number within float64's range, got \"1e400\""},
+           {"run --case sdpa --seed -1", "--seed: expected a whole number >= 0, got \"-1\""},
+           {"run --case sdpa --seed 18446744073709551616",
+            "--seed: expected a whole number from 0 to 2^64-1, got \"18446744073709551616\""},
+           {"census --case sdpa --point -1", "--point: expected a whole number from 0 to 1099511627775, got \"-1\""},
+           {"model --export " + never.string() + " --defect-layer -5",
+            "--defect-layer: expected a whole number >= 0, got \"-5\""},
+           // options a mode would take and ignore
+           {"bench --model " + never.string() + " --no-check", "option --model: times a whole model's export alone"},
+           {"bench --model " + never.string() + " --quick", "--quick, --no-check"},
+           {"bench --gemm --no-check", "option --gemm: times the hand core's GEMM alone, which has no parity check"},
        }) {
     CAPTURE(b.args);
     const Result r = cli(b.args);
@@ -367,6 +390,19 @@ TEST_CASE("cli: run prints every default case / and its JSON has the documented 
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("case softmax_hot: Softmax"));
   CHECK_THAT(r.out, Catch::Contains("case long_keys: MultiheadAttention B=1 T=32 S=16384"));
+}
+
+TEST_CASE("cli: numbers on the command line are decimal (--seed 010 is ten, not eight)", "[cli][torch]") {
+  if (!with_torch()) return;
+  // CLI11 alone reads integers with strtoll's base 0: --seed 010 ran seed 8, --seed 0x10 seed 16.
+  const auto seed_of = [](const std::string& seed) {
+    const Result r = cli("run --case single --format json --seed " + seed);
+    REQUIRE(r.code == 0);
+    return json::parse(r.out).at("cases").at(0).at("seed").get<uint64_t>();
+  };
+  CHECK(seed_of("010") == 10);
+  CHECK(seed_of("+0010") == 10);
+  CHECK(seed_of("18446744073709551615") == 18446744073709551615ull);
 }
 
 TEST_CASE("cli: gate passes against the committed baseline and writes JUnit XML", "[cli][torch]") {

@@ -23,9 +23,10 @@ int run_bench(const bench::Options& o) {
   if (o.huge_pages) bench::reexec_with_huge_pages();  // (every mode: --model's and --gemm's too)
   bench::huge_pages_for_libtorch();
   if (!o.model.empty()) {
-    if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads || o.gemm)
-      throw InputError("option --model: times a whole model's export alone; --case, --threads, --profile, --gemm "
-                       "and --other-reference do not apply");
+    if (!o.cases.empty() || !o.other.empty() || o.profile || o.threads || o.gemm || o.quick || !o.check)
+      throw InputError("option --model: times a whole model's export alone, each layer checked against "
+                       "transformers' own; --case, --threads, --profile, --gemm, --quick, --no-check and "
+                       "--other-reference do not apply");
     return bench::bench_model(o, o.model);
   }
   std::vector<bench::BenchCase> all = bench::bench_cases(o.quick), chosen;
@@ -44,8 +45,9 @@ int run_bench(const bench::Options& o) {
     for (bench::BenchCase& c : chosen) c.threads = o.threads;
   if (!o.child_side.empty()) return bench::child(o.child_side, chosen.at(0));
   if (o.gemm) {
-    if (!o.other.empty() || o.profile)
-      throw InputError("option --gemm: times the hand core's GEMM alone; --profile and --other-reference do not apply");
+    if (!o.other.empty() || o.profile || !o.check)
+      throw InputError("option --gemm: times the hand core's GEMM alone, which has no parity check to skip; "
+                       "--profile, --no-check and --other-reference do not apply");
     return bench::bench_gemm(o, chosen);
   }
 
@@ -99,8 +101,8 @@ void register_bench(CLI::App& app, Action& action) {
   for (const bench::BenchCase& c : bench::bench_cases(false)) names += (names.empty() ? "" : ", ") + c.name;
   cmd->add_option("--case", o->cases, "Cases (default: all): " + names);
   cmd->add_option("--threads", o->threads, "Threads on each side (default: each case's own)")
-      ->check(CLI::Range(1, 256));
-  cmd->add_option("--reps", o->reps, "Timed runs per side")->check(CLI::Range(1, 100000))->capture_default_str();
+      ->check(whole_number_in(1, 256));
+  cmd->add_option("--reps", o->reps, "Timed runs per side")->check(whole_number_in(1, 100000))->capture_default_str();
   cmd->add_flag("--quick", o->quick, "Small shapes and few runs: a smoke run for CI");
   cmd->add_flag("--huge-pages", o->huge_pages,
                 "Every side's heap on transparent huge pages (glibc.malloc.hugetlb=1): the hand core, LibTorch, "
@@ -123,7 +125,7 @@ void register_bench(CLI::App& app, Action& action) {
   cmd->add_option("--other-timeout", o->other_timeout,
                   "Seconds the other reference may take for each of its runs before it is killed and refused "
                   "(default: 120 for its --version, an hour per 15 --reps for its bench)")
-      ->check(CLI::Range(1, 1000000));
+      ->check(whole_number_in(1, 1000000));
   cmd->add_flag("--torch-only", o->torch_only, "(internal) time LibTorch alone, as JSON")->group("");
   cmd->add_option("--child", o->child_side, "(internal) measure one side's peak memory")
       ->check(CLI::IsMember({"hand", "torch"}))

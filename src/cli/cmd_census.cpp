@@ -441,7 +441,7 @@ void register_census(CLI::App& app, Action& action) {
   cmd->add_option("--case", o->cases, "Cases (default: multihead, block, encoder, decoder, sdpa, vit, embed)");
   add_max_elements_option(*cmd);
   cmd->add_option("--points", o->points, "Points per kernel setting, over the cases and instruction sets in turn")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
+      ->check(whole_number_in(1, int64_t(1) << 40))
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random configurations")->capture_default_str();
   cmd->add_option("--kernels", o->kernels,
@@ -453,7 +453,8 @@ void register_census(CLI::App& app, Action& action) {
   cmd->add_option("--shard", o->shard, "Run the I-th of N contiguous slices of the points (I/N, from 0)");
   cmd->add_option("--json", o->json, "Write every kernel setting's counts and alarms here (merge them with --merge)");
   cmd->add_option("--merge", o->merge, "Print the table of census JSON files (shards, machines) instead of running");
-  cmd->add_option("--point", o->point, "Run one point of --case and print its report (an alarm's re-run)");
+  cmd->add_option("--point", o->point, "Run one point of --case and print its report (an alarm's re-run)")
+      ->check(whole_number_in(0, (int64_t(1) << 40) - 1));  // the indices --points can reach
   cmd->add_option("--worker-kernel", o->worker_kernel)->group("");  // internal: a child's kernel setting
   cmd->callback([o, &action] { action = [o] { return census(*o); }; });
 }

@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -219,9 +222,9 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
 void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more_names) {
   cmd.add_option("--case", sel.cases, "Cases (default: every default case): " + case_names() + more_names);
   CaseOverrides& o = sel.overrides;
-  const auto size = CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2);
+  const CLI::Validator size = whole_number_in(1, kNoUpperBound);
   cmd.add_option("--batch", o.batch, "Batch size B; 0 = unbatched input (matmul: the leading batch dim, 0 drops it)")
-      ->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max() / 2));
+      ->check(whole_number_in(0, kNoUpperBound));
   cmd.add_option("--seq", o.seq, "Query sequence length L (T)")->check(size);
   cmd.add_option("--kv-seq", o.kv_seq, "Key/value sequence length S (attention cases; S != L means cross-attention)")
       ->check(size);
@@ -252,7 +255,7 @@ void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more
       ->check(size);
   cmd.add_option("--decode-steps", o.decode_steps,
                  "The LLM blocks: decode the last N tokens one call each over a KV cache (0: one forward call)")
-      ->check(CLI::Range(int64_t(0), std::numeric_limits<int64_t>::max() / 2));
+      ->check(whole_number_in(0, kNoUpperBound));
   cmd.add_option("--positions-offset", o.positions_offset,
                  "The LLM blocks: position_ids = N + 5 b + arange(T); none: no position_ids input (arange(T))");
   cmd.add_option("--padding", o.padding,
@@ -281,7 +284,7 @@ void add_max_elements_option(CLI::App& cmd, int64_t* also) {
            if (also) *also = n;
          },
          "Refuse cases, fixtures and problems whose largest tensor would exceed this many elements")
-      ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max() / 2))
+      ->check(whole_number_in(1, kNoUpperBound))
       ->default_str(std::to_string(max_elements()));
 }
 
@@ -382,12 +385,90 @@ void check_size(const CaseSpec& s, int64_t max_elements) {
 }
 
 CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const std::string& help) {
-  return cmd.add_option("--seed", seed, help)
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            return v.empty() || v[0] != '-' ? std::string() : "expected a non-negative integer, got \"" + v + "\"";
-          },
-          ""));
+  return cmd.add_option("--seed", seed, help);
+}
+
+namespace {
+
+// v as a decimal whole number without its leading zeros ("-007" -> "-7", "-0" -> "0"), or why it is
+// none: not an optional sign and digits, negative where unsigned, or beyond uint64 (unsigned; a
+// signed option's range is whole_number_in's to say).
+struct Whole {
+  std::string digits, why;
+};
+Whole decimal_whole(const std::string& v, bool is_unsigned) {
+  const Whole none{"", (is_unsigned ? "expected a whole number >= 0, got \"" : "expected a whole number, got \"") + v + "\""};
+  size_t i = 0;
+  bool negative = false;
+  if (i < v.size() && (v[i] == '+' || v[i] == '-')) negative = v[i++] == '-';
+  if (i == v.size()) return none;
+  for (size_t j = i; j < v.size(); ++j)
+    if (v[j] < '0' || v[j] > '9') return none;
+  while (i + 1 < v.size() && v[i] == '0') ++i;
+  const std::string digits = v.substr(i);
+  negative = negative && digits != "0";
+  if (negative && is_unsigned) return none;
+  const std::string limit = std::to_string(std::numeric_limits<uint64_t>::max());
+  if (is_unsigned && (digits.size() > limit.size() || (digits.size() == limit.size() && digits > limit)))
+    return {"", "expected a whole number from 0 to 2^64-1, got \"" + v + "\""};
+  return {(negative ? "-" : "") + digits, ""};
+}
+
+}  // namespace
+
+CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
+  const std::string range =
+      hi >= kNoUpperBound ? fmt::format(">= {}", lo) : fmt::format("from {} to {}", lo, hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& v) {
+        const Whole w = decimal_whole(v, false);
+        errno = 0;
+        const long long n = w.why.empty() ? std::strtoll(w.digits.c_str(), nullptr, 10) : 0;
+        if (w.why.empty() && errno != ERANGE && n >= lo && n <= hi) return std::string();
+        // (beyond the bound that is none, 2^62-1: said as such, not ">= lo")
+        const bool huge = w.why.empty() && hi >= kNoUpperBound && (errno == ERANGE || n > hi);
+        return "expected a whole number " + (huge ? fmt::format("from {} to 2^62-1", lo) : range) + ", got \"" + v +
+               "\"";
+      },
+      hi >= kNoUpperBound ? fmt::format("INT >= {}", lo) : fmt::format("INT in [{} - {}]", lo, hi));
+}
+
+void decimal_numbers(CLI::App& app) {
+  const CLI::Validator whole(
+      [](std::string& v) {
+        Whole w = decimal_whole(v, false);
+        if (w.why.empty()) v = w.digits;
+        return w.why;
+      },
+      "");
+  const CLI::Validator whole_unsigned(
+      [](std::string& v) {
+        Whole w = decimal_whole(v, true);
+        if (w.why.empty()) v = w.digits;
+        return w.why;
+      },
+      "");
+  // A number strtod reads whole, not hexadecimal; inf and nan go on to the option's own check, which
+  // knows whether they mean anything there.
+  const CLI::Validator number(
+      [](std::string& v) {
+        char* end = nullptr;
+        errno = 0;
+        const double x = v.empty() || std::isspace(static_cast<unsigned char>(v[0])) ? 0.0 : std::strtod(v.c_str(), &end);
+        if (end != v.c_str() + v.size() || v.find_first_of("xX") != std::string::npos)
+          return "expected a number, got \"" + v + "\"";
+        if (errno == ERANGE && std::isinf(x)) return "expected a number within float64's range, got \"" + v + "\"";
+        return std::string();
+      },
+      "");
+  for (CLI::Option* o : app.get_options()) {
+    const std::string type = o->get_type_name();
+    const std::string base = type.substr(0, type.find(':'));
+    if (base == "INT") o->transform(whole);
+    if (base == "UINT") o->transform(whole_unsigned);
+    if (base == "FLOAT") o->transform(number);
+  }
+  for (CLI::App* sub : app.get_subcommands({})) decimal_numbers(*sub);
 }
 
 void add_report_options(CLI::App& cmd, ReportOptions& o) {

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -94,8 +96,19 @@ CaseSpec find_case(const std::string& name);  // InputError naming --case
 // Elements of the largest tensor a case materialises; InputError naming --max-elements above the cap.
 long double largest_tensor(const CaseSpec& s);
 void check_size(const CaseSpec& s, int64_t max_elements);
-// --seed: a non-negative integer (CLI11 alone would wrap -1 to 2^64-1).
+// --seed: a non-negative whole number (decimal_numbers refuses -1, which CLI11 alone would wrap to 2^64-1).
 CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const std::string& help);
+// A whole number from lo to hi, said so when it is not ("--threads: expected a whole number from 1 to
+// 256, got \"0\""; CLI::Range says "Value 0 not in range", 1.5 among them). hi = kNoUpperBound: none.
+constexpr int64_t kNoUpperBound = std::numeric_limits<int64_t>::max() / 2;
+CLI::Validator whole_number_in(int64_t lo, int64_t hi);
+// Numbers on the command line are decimal. CLI11 reads integers with strtoll's base 0 (010 is 8,
+// 0x10 is 16) and takes text that overflows int64 as its largest value; it says "Could not convert"
+// for text that is no number. Every option of app and its subcommands whose type is a number gets a
+// check in front of its own: a whole number for INT and UINT (no sign for UINT) or a number for FLOAT,
+// refused by name otherwise ("--eps: expected a number, got \"abc\""), and the digits handed on
+// without their leading zeros.
+void decimal_numbers(CLI::App& app);
 
 // A case or fixture as a problem file, with the reference's results (export, exec): named after its
 // case or fixture, and the features the case runs without (--without).

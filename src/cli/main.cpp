@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   cli::Action action;
   for (cli::AddVerb add : cli::kVerbs) add(app, action);
+  cli::decimal_numbers(app);
   cli::g_argc = argc, cli::g_argv = argv;
   if (argc > 1 && argv[1][0] != '-') {
     const std::string sub = argv[1];
