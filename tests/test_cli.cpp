@@ -128,6 +128,9 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"bench --model " + never.string() + " --no-check", "option --model: times a whole model's export alone"},
            {"bench --model " + never.string() + " --quick", "--quick, --no-check"},
            {"bench --gemm --no-check", "option --gemm: times the hand core's GEMM alone, which has no parity check"},
+           // tparity's own children's options are named too (CLI11's hidden options have an empty name)
+           {"bench --child x", "--child: x not in {hand,torch}"},
+           {"census --worker-kernel", "--worker-kernel: 1 required TEXT missing"},
        }) {
     CAPTURE(b.args);
     const Result r = cli(b.args);
@@ -141,6 +144,11 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
 TEST_CASE("cli: --help and --version", "[cli]") {
   CHECK(cli("--help").code == 0);
   CHECK_THAT(cli("run --help").out, Catch::Contains("--kv-seq"));
+  // the options of tparity's own children are left out
+  const Result bench = cli("bench --help"), census = cli("census --help");
+  CHECK_THAT(bench.out, Catch::Contains("--other-timeout") && !Catch::Contains("--child") &&
+                            !Catch::Contains("--torch-only") && !Catch::Contains("internal"));
+  CHECK_THAT(census.out, Catch::Contains("--points") && !Catch::Contains("--worker-kernel"));
   const Result v = cli("--version");
   CHECK_THAT(v.out, Catch::StartsWith("tparity "));
   // The binary says what the tests assume of it (with_torch(): the build's, not the binary's).

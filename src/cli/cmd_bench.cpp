@@ -126,10 +126,10 @@ void register_bench(CLI::App& app, Action& action) {
                   "Seconds the other reference may take for each of its runs before it is killed and refused "
                   "(default: 120 for its --version, an hour per 15 --reps for its bench)")
       ->check(whole_number_in(1, 1000000));
-  cmd->add_flag("--torch-only", o->torch_only, "(internal) time LibTorch alone, as JSON")->group("");
+  cmd->add_flag("--torch-only", o->torch_only, "(internal) time LibTorch alone, as JSON")->group(kInternal);
   cmd->add_option("--child", o->child_side, "(internal) measure one side's peak memory")
       ->check(CLI::IsMember({"hand", "torch"}))
-      ->group("");
+      ->group(kInternal);
   cmd->callback([o, cmd, &action] {
     if (o->quick && cmd->count("--reps") == 0) o->reps = 3;  // --quick's few runs, unless --reps says
     if (cmd->count("--other-timeout") && o->other.empty())

@@ -455,7 +455,7 @@ void register_census(CLI::App& app, Action& action) {
   cmd->add_option("--merge", o->merge, "Print the table of census JSON files (shards, machines) instead of running");
   cmd->add_option("--point", o->point, "Run one point of --case and print its report (an alarm's re-run)")
       ->check(whole_number_in(0, (int64_t(1) << 40) - 1));  // the indices --points can reach
-  cmd->add_option("--worker-kernel", o->worker_kernel)->group("");  // internal: a child's kernel setting
+  cmd->add_option("--worker-kernel", o->worker_kernel)->group(kInternal);  // a child's kernel setting
   cmd->callback([o, &action] { action = [o] { return census(*o); }; });
 }
 

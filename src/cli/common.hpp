@@ -109,6 +109,16 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi);
 // refused by name otherwise ("--eps: expected a number, got \"abc\""), and the digits handed on
 // without their leading zeros.
 void decimal_numbers(CLI::App& app);
+// Options for tparity's own children (bench --child, census --worker-kernel): in group kInternal,
+// which InternalHidden leaves out of --help. Not CLI11's empty group: its options have an empty name
+// in refusals (": 1 required TEXT missing").
+inline const std::string kInternal = "internal";
+class InternalHidden : public CLI::Formatter {
+ public:
+  std::string make_group(std::string group, bool is_positional, std::vector<const CLI::Option*> opts) const override {
+    return group == kInternal ? std::string() : CLI::Formatter::make_group(group, is_positional, opts);
+  }
+};
 
 // A case or fixture as a problem file, with the reference's results (export, exec): named after its
 // case or fixture, and the features the case runs without (--without).

@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
            "; hand core threads " + std::to_string(num_threads());
   });
   app.require_subcommand(1);
+  app.formatter(std::make_shared<cli::InternalHidden>());  // (before the verbs: they take the app's)
   cli::Action action;
   for (cli::AddVerb add : cli::kVerbs) add(app, action);
   cli::decimal_numbers(app);
