@@ -1,5 +1,10 @@
 // The elementary ops against hand-worked answers, invariants and scalar twins.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -7,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support.hpp"
@@ -141,6 +147,43 @@ TEST_CASE("freed large blocks are kept for their length, the oldest handed back 
   CHECK(thp_eligible(p[1]) == -1);
   CHECK(thp_eligible(p[0]) == -1);
   set_kept_memory_limit(before);
+}
+
+TEST_CASE("a child forked while another thread allocates can allocate large blocks", "[ops][tensor]") {
+  // Another thread takes and frees a kept block in a loop (its lock held much of the time); each
+  // child takes a large block and exits. Without the fork handlers, a child forked while the lock
+  // was held would wait for it for ever: a fork safe for malloc must be safe for tensors too.
+  std::atomic<bool> stop{false};
+  std::thread churn([&stop] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      Storage<float> s;
+      s.reserve(size_t(1) << 20);  // 4 MiB, not zero-filled: the loop is mostly the lock's work
+    }
+  });
+  int hung = 0, failed = 0;
+  for (int i = 0; i < 200 && hung == 0; ++i) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      Storage<float> s;
+      s.reserve(size_t(1) << 20);
+      _exit(s.capacity() == size_t(1) << 20 ? 0 : 1);
+    }
+    int status = 0;
+    pid_t done = 0;
+    for (int waited = 0; waited < 1000 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++waited) usleep(10000);
+    if (done == 0) {  // 10 s: the child is stuck
+      ++hung;
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failed;
+    }
+  }
+  stop = true;
+  churn.join();
+  CHECK(hung == 0);
+  CHECK(failed == 0);
 }
 
 TEST_CASE("dot and sum of small integers are exact", "[ops]") {
