@@ -70,6 +70,7 @@ inline constexpr int64_t kMaxTensorElements = int64_t(1) << 31;
 // for the same temporaries every time; a fresh mapping pays its page faults again), at most the
 // limit in all, the oldest handed back to the kernel first: set_kept_memory_limit (default 256 MiB;
 // 0 keeps none) returns the limit it replaces; release_kept_memory() hands every kept block back.
+// Thread-safe, and fork-safe as malloc is (a child may allocate whatever other threads were doing).
 inline constexpr size_t kHugeBlock = size_t(2) << 20;
 size_t set_kept_memory_limit(size_t bytes) noexcept;
 void release_kept_memory() noexcept;
