@@ -126,8 +126,10 @@ TEST_CASE("case options: an option the case would ignore or cannot honour exits 
       {"--case llama --eps 0", "option --eps: expected a positive finite number"},
       {"--case llama --eps -1e-5", "option --eps: expected a positive finite number"},
       {"--case llama --eps inf", "option --eps: expected a positive finite number"},
-      {"--case llama --positions-offset -3", "option --positions-offset: expected none or an integer"},
-      {"--case llama --positions-offset 3x", "option --positions-offset: expected none or an integer"},
+      {"--case llama --positions-offset -3", "option --positions-offset: expected none or a whole number from 0 to 2^30"},
+      {"--case llama --positions-offset 3x", "option --positions-offset: expected none or a whole number from 0 to 2^30"},
+      // std::stoll skipped the space, and -5 slipped past the sign check as "no position_ids"
+      {"--case llama --positions-offset ' -5'", "option --positions-offset: expected none or a whole number"},
       {"--case llama --padding left", "option --padding: case llama: left padding with 2 decode steps"},
       {"--case llama --padding right --mask causal", "option --padding: case llama"},
       {"--case gpt2 --without bias", "option --without: nothing was run: no chosen case has a variant without bias"},

@@ -101,8 +101,8 @@ void register_bench(CLI::App& app, Action& action) {
   for (const bench::BenchCase& c : bench::bench_cases(false)) names += (names.empty() ? "" : ", ") + c.name;
   cmd->add_option("--case", o->cases, "Cases (default: all): " + names);
   cmd->add_option("--threads", o->threads, "Threads on each side (default: each case's own)")
-      ->check(whole_number_in(1, 256));
-  cmd->add_option("--reps", o->reps, "Timed runs per side")->check(whole_number_in(1, 100000))->capture_default_str();
+      ->transform(whole_number_in(1, 256));
+  cmd->add_option("--reps", o->reps, "Timed runs per side")->transform(whole_number_in(1, 100000))->capture_default_str();
   cmd->add_flag("--quick", o->quick, "Small shapes and few runs: a smoke run for CI");
   cmd->add_flag("--huge-pages", o->huge_pages,
                 "Every side's heap on transparent huge pages (glibc.malloc.hugetlb=1): the hand core, LibTorch, "
@@ -125,7 +125,7 @@ void register_bench(CLI::App& app, Action& action) {
   cmd->add_option("--other-timeout", o->other_timeout,
                   "Seconds the other reference may take for each of its runs before it is killed and refused "
                   "(default: 120 for its --version, an hour per 15 --reps for its bench)")
-      ->check(whole_number_in(1, 1000000));
+      ->transform(whole_number_in(1, 1000000));
   cmd->add_flag("--torch-only", o->torch_only, "(internal) time LibTorch alone, as JSON")->group(kInternal);
   cmd->add_option("--child", o->child_side, "(internal) measure one side's peak memory")
       ->check(CLI::IsMember({"hand", "torch"}))

@@ -216,15 +216,16 @@ std::vector<int> chosen_isas(const std::string& text) {
 }
 
 std::pair<int64_t, int64_t> parse_shard_text(const std::string& text) {
+  // N at most --points' bound (2^40), so that I * points stays far inside int64
   const size_t slash = text.find('/');
-  char* end = nullptr;
-  errno = 0;
-  const long long i = slash == std::string::npos ? -1 : std::strtoll(text.c_str(), &end, 10);
-  const long long n = slash == std::string::npos ? 0 : std::strtoll(text.c_str() + slash + 1, nullptr, 10);
-  if (slash == std::string::npos || end != text.c_str() + slash || n < 1 || i < 0 || i >= n)
+  const std::optional<int64_t> i = whole_number_text(text.substr(0, slash), 0, int64_t(1) << 40),
+                               n = slash == std::string::npos ? std::nullopt
+                                                              : whole_number_text(text.substr(slash + 1), 1, int64_t(1) << 40);
+  if (!i || !n || *i >= *n)
     throw InputError(fmt::format(
-        "option --shard: expected I/N with 0 <= I < N (the I-th of N slices, counted from 0), got \"{}\"", text));
-  return {i, n};
+        "option --shard: expected I/N with 0 <= I < N <= 2^40 (the I-th of N slices, counted from 0), got \"{}\"",
+        show_text(text, 60)));
+  return {*i, *n};
 }
 
 // Runs this process's share of the points under the current environment: every point of this
@@ -441,7 +442,7 @@ void register_census(CLI::App& app, Action& action) {
   cmd->add_option("--case", o->cases, "Cases (default: multihead, block, encoder, decoder, sdpa, vit, embed)");
   add_max_elements_option(*cmd);
   cmd->add_option("--points", o->points, "Points per kernel setting, over the cases and instruction sets in turn")
-      ->check(whole_number_in(1, int64_t(1) << 40))
+      ->transform(whole_number_in(1, int64_t(1) << 40))
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random configurations")->capture_default_str();
   cmd->add_option("--kernels", o->kernels,
@@ -454,7 +455,7 @@ void register_census(CLI::App& app, Action& action) {
   cmd->add_option("--json", o->json, "Write every kernel setting's counts and alarms here (merge them with --merge)");
   cmd->add_option("--merge", o->merge, "Print the table of census JSON files (shards, machines) instead of running");
   cmd->add_option("--point", o->point, "Run one point of --case and print its report (an alarm's re-run)")
-      ->check(whole_number_in(0, (int64_t(1) << 40) - 1));  // the indices --points can reach
+      ->transform(whole_number_in(0, (int64_t(1) << 40) - 1));  // the indices --points can reach
   cmd->add_option("--worker-kernel", o->worker_kernel)->group(kInternal);  // a child's kernel setting
   cmd->callback([o, &action] { action = [o] { return census(*o); }; });
 }

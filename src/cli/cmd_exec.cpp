@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -170,7 +171,8 @@ int exec(const ExecOptions& o) {
   check_judging(o.judging);
   if (!torch_available()) throw InputError("tparity exec: built without LibTorch, there is no reference to judge by");
   if (o.command.empty()) throw InputError("tparity exec: no program given (expected -- CMD ARGS... after the options)");
-  if (!(o.timeout > 0)) throw InputError(fmt::format("option --timeout: expected seconds > 0, got {}", o.timeout));
+  if (!(o.timeout > 0) || std::isinf(o.timeout))  // (inf: no timeout at all, a hang the program chose)
+    throw InputError(fmt::format("option --timeout: expected a finite number of seconds > 0, got {}", o.timeout));
   for (const std::string& d : o.dtypes) check_low_precision(d, "option --dtype " + d);
   bool placeholder = false;
   for (const std::string& a : o.command) placeholder = placeholder || a.find("{problem}") != std::string::npos;

@@ -182,13 +182,13 @@ void register_model(CLI::App& app, Action& action) {
   cmd->add_option("--tokens", o->tokens, "Token ids instead: JSON {\"input_ids\": [[...]], \"attention_mask\": [[...]]}");
   cmd->add_option("--layers", o->layers, "A:B: layers A to B - 1 only, from the reference's hidden state at A");
   cmd->add_option("--generate", o->generate, "Greedy tokens to generate and compare token by token (decoders)")
-      ->check(whole_number_in(0, 1024));
+      ->transform(whole_number_in(0, 1024));
   cmd->add_option("--dump", o->dump,
                   "An engine's activations (safetensors: layers.N.<component>, layers.N.output, logits) to judge instead "
                   "of the hand core");
   cmd->add_option("--defect", o->defect, "Plant a defect (tparity selftest's names) in the hand core at --defect-layer");
   cmd->add_option("--defect-layer", o->defect_layer, "The layer --defect is planted at")
-      ->check(whole_number_in(0, kNoUpperBound));
+      ->transform(whole_number_in(0, kNoUpperBound));
   cmd->add_option("--perturb", o->perturb,
                   "LAYER:WEIGHT:SIZE: that weight moved by Gaussian noise of relative size SIZE in the hand core's copy "
                   "(the detection threshold, docs/models.md)");

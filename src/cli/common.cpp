@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <stdexcept>
 
 #include "tparity/api.hpp"
 #include "tparity/harness/book.hpp"
@@ -142,17 +143,11 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
         s.position_offset = -1;
       } else {
         const std::string& v = *o.positions_offset;
-        size_t used = 0;
-        long long n = -1;
-        try {
-          n = std::stoll(v, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (v.empty() || used != v.size() || v[0] == '-' || v[0] == '+' || n > (1LL << 30))
+        const std::optional<int64_t> n = whole_number_text(v, 0, int64_t(1) << 30);
+        if (!n)
           throw InputError(fmt::format(
-              "option --positions-offset: expected none or an integer in [0, 2^30], got \"{}\"", show_text(v, 60)));
-        s.position_offset = n;
+              "option --positions-offset: expected none or a whole number from 0 to 2^30, got \"{}\"", show_text(v, 60)));
+        s.position_offset = *n;
       }
     }
     if (o.padding) {
@@ -222,21 +217,21 @@ void apply_overrides(CaseSpec& s, const CaseOverrides& o) {
 void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more_names) {
   cmd.add_option("--case", sel.cases, "Cases (default: every default case): " + case_names() + more_names);
   CaseOverrides& o = sel.overrides;
-  const CLI::Validator size = whole_number_in(1, kNoUpperBound);
+  const CLI::Validator size = whole_number_in(1, kNoUpperBound);  // (given with transform: see decimal_numbers)
   cmd.add_option("--batch", o.batch, "Batch size B; 0 = unbatched input (matmul: the leading batch dim, 0 drops it)")
-      ->check(whole_number_in(0, kNoUpperBound));
-  cmd.add_option("--seq", o.seq, "Query sequence length L (T)")->check(size);
+      ->transform(whole_number_in(0, kNoUpperBound));
+  cmd.add_option("--seq", o.seq, "Query sequence length L (T)")->transform(size);
   cmd.add_option("--kv-seq", o.kv_seq, "Key/value sequence length S (attention cases; S != L means cross-attention)")
-      ->check(size);
-  cmd.add_option("--dim", o.dim, "Embedding dimension E (d_model)")->check(size);
-  cmd.add_option("--value-dim", o.value_dim, "sdpa: value feature size Ev")->check(size);
-  cmd.add_option("--out-dim", o.out_dim, "the book's attention classes: d_out (--dim is d_in)")->check(size);
-  cmd.add_option("--heads", o.heads, "Number of heads")->check(size);
+      ->transform(size);
+  cmd.add_option("--dim", o.dim, "Embedding dimension E (d_model)")->transform(size);
+  cmd.add_option("--value-dim", o.value_dim, "sdpa: value feature size Ev")->transform(size);
+  cmd.add_option("--out-dim", o.out_dim, "the book's attention classes: d_out (--dim is d_in)")->transform(size);
+  cmd.add_option("--heads", o.heads, "Number of heads")->transform(size);
   cmd.add_option("--kv-heads", o.kv_heads,
                  "sdpa and the LLM blocks: key/value heads, a divisor of --heads (fewer: grouped-query attention)")
-      ->check(size);
+      ->transform(size);
   cmd.add_option("--scale", o.scale, "sdpa: the scores' scale (default 1/sqrt(E))");
-  cmd.add_option("--ffn", o.ffn, "Encoder dim_feedforward")->check(size);
+  cmd.add_option("--ffn", o.ffn, "Encoder dim_feedforward")->transform(size);
   cmd.add_option("--bias", o.bias,
                  "Attention biases: MultiheadAttention's, the book's qkv_bias, Llama's attention_bias")
       ->check(CLI::IsMember({"on", "off"}));
@@ -252,10 +247,10 @@ void add_case_options(CLI::App& cmd, CaseSelection& sel, const std::string& more
                  "The LLM blocks: KEY=VALUE over the class's config, transformers' key names and a JSON value "
                  "(e.g. --config sliding_window=4); repeatable");
   cmd.add_option("--head-dim", o.head_dim, "The LLM blocks (not gpt2): head_dim (default: the case's; hidden / heads)")
-      ->check(size);
+      ->transform(size);
   cmd.add_option("--decode-steps", o.decode_steps,
                  "The LLM blocks: decode the last N tokens one call each over a KV cache (0: one forward call)")
-      ->check(whole_number_in(0, kNoUpperBound));
+      ->transform(whole_number_in(0, kNoUpperBound));
   cmd.add_option("--positions-offset", o.positions_offset,
                  "The LLM blocks: position_ids = N + 5 b + arange(T); none: no position_ids input (arange(T))");
   cmd.add_option("--padding", o.padding,
@@ -284,7 +279,7 @@ void add_max_elements_option(CLI::App& cmd, int64_t* also) {
            if (also) *also = n;
          },
          "Refuse cases, fixtures and problems whose largest tensor would exceed this many elements")
-      ->check(whole_number_in(1, kNoUpperBound))
+      ->transform(whole_number_in(1, kNoUpperBound))
       ->default_str(std::to_string(max_elements()));
 }
 
@@ -390,6 +385,9 @@ CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const
 
 namespace {
 
+// what came, quoted as a refusal quotes it: cut, control characters escaped (one line)
+std::string came(const std::string& v) { return "got \"" + show_text(v, 60) + "\""; }
+
 // v as a decimal whole number without its leading zeros ("-007" -> "-7", "-0" -> "0"), or why it is
 // none: not an optional sign and digits, negative where unsigned, or beyond uint64 (unsigned; a
 // signed option's range is whole_number_in's to say).
@@ -397,7 +395,7 @@ struct Whole {
   std::string digits, why;
 };
 Whole decimal_whole(const std::string& v, bool is_unsigned) {
-  const Whole none{"", (is_unsigned ? "expected a whole number >= 0, got \"" : "expected a whole number, got \"") + v + "\""};
+  const Whole none{"", (is_unsigned ? "expected a whole number >= 0, " : "expected a whole number, ") + came(v)};
   size_t i = 0;
   bool negative = false;
   if (i < v.size() && (v[i] == '+' || v[i] == '-')) negative = v[i++] == '-';
@@ -410,11 +408,22 @@ Whole decimal_whole(const std::string& v, bool is_unsigned) {
   if (negative && is_unsigned) return none;
   const std::string limit = std::to_string(std::numeric_limits<uint64_t>::max());
   if (is_unsigned && (digits.size() > limit.size() || (digits.size() == limit.size() && digits > limit)))
-    return {"", "expected a whole number from 0 to 2^64-1, got \"" + v + "\""};
+    return {"", "expected a whole number from 0 to 2^64-1, " + came(v)};
   return {(negative ? "-" : "") + digits, ""};
 }
 
+constexpr const char* kWholeNumber = "whole_number";  // whole_number_in's validators' name
+
 }  // namespace
+
+std::optional<int64_t> whole_number_text(const std::string& v, int64_t lo, int64_t hi) {
+  const Whole w = decimal_whole(v, false);
+  if (!w.why.empty()) return std::nullopt;
+  errno = 0;
+  const long long n = std::strtoll(w.digits.c_str(), nullptr, 10);
+  if (errno == ERANGE || n < lo || n > hi) return std::nullopt;
+  return int64_t(n);
+}
 
 CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
   const std::string range =
@@ -424,13 +433,15 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
         const Whole w = decimal_whole(v, false);
         errno = 0;
         const long long n = w.why.empty() ? std::strtoll(w.digits.c_str(), nullptr, 10) : 0;
-        if (w.why.empty() && errno != ERANGE && n >= lo && n <= hi) return std::string();
+        if (w.why.empty() && errno != ERANGE && n >= lo && n <= hi) {
+          v = w.digits;  // decimal, for CLI11's base-0 conversion
+          return std::string();
+        }
         // (beyond the bound that is none, 2^62-1: said as such, not ">= lo")
         const bool huge = w.why.empty() && hi >= kNoUpperBound && (errno == ERANGE || n > hi);
-        return "expected a whole number " + (huge ? fmt::format("from {} to 2^62-1", lo) : range) + ", got \"" + v +
-               "\"";
+        return "expected a whole number " + (huge ? fmt::format("from {} to 2^62-1", lo) : range) + ", " + came(v);
       },
-      hi >= kNoUpperBound ? fmt::format("INT >= {}", lo) : fmt::format("INT in [{} - {}]", lo, hi));
+      hi >= kNoUpperBound ? fmt::format("INT >= {}", lo) : fmt::format("INT in [{} - {}]", lo, hi), kWholeNumber);
 }
 
 void decimal_numbers(CLI::App& app) {
@@ -448,23 +459,34 @@ void decimal_numbers(CLI::App& app) {
         return w.why;
       },
       "");
-  // A number strtod reads whole, not hexadecimal; inf and nan go on to the option's own check, which
-  // knows whether they mean anything there.
+  // A number strtod reads whole, not hexadecimal, that float64 holds (1e400 would be inf, 1e-400 0,
+  // where CLI11 reads them as long double and casts); inf and nan go on to the option's own check.
   const CLI::Validator number(
       [](std::string& v) {
         char* end = nullptr;
         errno = 0;
         const double x = v.empty() || std::isspace(static_cast<unsigned char>(v[0])) ? 0.0 : std::strtod(v.c_str(), &end);
         if (end != v.c_str() + v.size() || v.find_first_of("xX") != std::string::npos)
-          return "expected a number, got \"" + v + "\"";
-        if (errno == ERANGE && std::isinf(x)) return "expected a number within float64's range, got \"" + v + "\"";
+          return "expected a number, " + came(v);
+        if (errno == ERANGE && (std::isinf(x) || x == 0.0)) return "expected a number within float64's range, " + came(v);
         return std::string();
       },
       "");
   for (CLI::Option* o : app.get_options()) {
     const std::string type = o->get_type_name();
     const std::string base = type.substr(0, type.find(':'));
-    if (base == "INT") o->transform(whole);
+    if (base == "INT") {
+      const CLI::Validator* own = nullptr;
+      try {
+        own = o->get_validator(kWholeNumber);
+      } catch (const CLI::OptionNotFound&) {
+      }
+      // whole_number_in hands CLI11 its decimal digits only when it may change the text: given
+      // with check(), which forbids that, 010 would pass its range as 10 and then be read as 8.
+      if (own && !own->get_modifying())
+        throw std::logic_error(o->get_name() + ": whole_number_in must be given with transform(), not check()");
+      if (!own) o->transform(whole);
+    }
     if (base == "UINT") o->transform(whole_unsigned);
     if (base == "FLOAT") o->transform(number);
   }

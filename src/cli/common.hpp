@@ -99,9 +99,14 @@ void check_size(const CaseSpec& s, int64_t max_elements);
 // --seed: a non-negative whole number (decimal_numbers refuses -1, which CLI11 alone would wrap to 2^64-1).
 CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const std::string& help);
 // A whole number from lo to hi, said so when it is not ("--threads: expected a whole number from 1 to
-// 256, got \"0\""; CLI::Range says "Value 0 not in range", 1.5 among them). hi = kNoUpperBound: none.
+// 256, got \"0\""; CLI::Range says "Value 0 not in range", 1.5 among them), with what came as it
+// came; given with ->transform(), as it hands CLI11 the digits without leading zeros (decimal_numbers
+// refuses it given with check()). hi = kNoUpperBound: none.
 constexpr int64_t kNoUpperBound = std::numeric_limits<int64_t>::max() / 2;
 CLI::Validator whole_number_in(int64_t lo, int64_t hi);
+// The same rule for a number inside an option's text (--positions-offset, --shard I/N): decimal digits
+// with an optional sign, from lo to hi; nullopt otherwise (" 7", "7junk", "0x10").
+std::optional<int64_t> whole_number_text(const std::string& text, int64_t lo, int64_t hi);
 // Numbers on the command line are decimal. CLI11 reads integers with strtoll's base 0 (010 is 8,
 // 0x10 is 16) and takes text that overflows int64 as its largest value; it says "Could not convert"
 // for text that is no number. Every option of app and its subcommands whose type is a number gets a

@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "tparity: %s (see tparity --help)\n", e.what());
+    std::fprintf(stderr, "tparity: %s (see tparity --help)\n", line(e.what()).c_str());
     return cli::kBadInput;
   } catch (const InputError& e) {
     std::fprintf(stderr, "tparity: %s\n", line(e.what()).c_str());
