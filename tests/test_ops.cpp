@@ -153,21 +153,31 @@ TEST_CASE("a child forked while another thread allocates can allocate large bloc
   // Another thread takes and frees a kept block in a loop (its lock held much of the time); each
   // child takes a large block and exits. Without the fork handlers, a child forked while the lock
   // was held would wait for it for ever: a fork safe for malloc must be safe for tensors too.
-  std::atomic<bool> stop{false};
-  std::thread churn([&stop] {
-    while (!stop.load(std::memory_order_relaxed)) {
-      Storage<float> s;
-      s.reserve(size_t(1) << 20);  // 4 MiB, not zero-filled: the loop is mostly the lock's work
+  struct Churn {  // stopped and joined however the test ends
+    std::atomic<bool> stop{false};
+    std::thread thread{[this] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        Storage<float> s;
+        s.reserve(size_t(1) << 20);  // 4 MiB, not zero-filled: the loop is mostly the lock's work
+      }
+    }};
+    ~Churn() {
+      stop = true;
+      thread.join();
     }
-  });
+  } churn;
   int hung = 0, failed = 0;
   for (int i = 0; i < 200 && hung == 0; ++i) {
     const pid_t pid = fork();
     REQUIRE(pid >= 0);
-    if (pid == 0) {
-      Storage<float> s;
-      s.reserve(size_t(1) << 20);
-      _exit(s.capacity() == size_t(1) << 20 ? 0 : 1);
+    if (pid == 0) {  // the child: no Catch, no unwinding into it
+      try {
+        Storage<float> s;
+        s.reserve(size_t(1) << 20);
+        _exit(s.capacity() == size_t(1) << 20 ? 0 : 1);
+      } catch (...) {
+        _exit(2);
+      }
     }
     int status = 0;
     pid_t done = 0;
@@ -180,8 +190,6 @@ TEST_CASE("a child forked while another thread allocates can allocate large bloc
       ++failed;
     }
   }
-  stop = true;
-  churn.join();
   CHECK(hung == 0);
   CHECK(failed == 0);
 }

@@ -36,6 +36,7 @@ size_t page_size() {
   }();
   return page;
 }
+[[maybe_unused]] const size_t page_size_at_load = page_size();  // (see kept_at_load)
 
 // bytes in whole pages (a block's length as allocated, so also as freed)
 size_t in_pages(size_t bytes) noexcept { return (bytes + page_size() - 1) / page_size() * page_size(); }
@@ -137,6 +138,9 @@ Kept& kept() {
   static Kept* k = new Kept;
   return *k;
 }
+// Made at load time, in one thread, at the latest: a child forked while another thread was making
+// it (at its first large tensor) would wait on its static's guard for ever (page_size's likewise).
+[[maybe_unused]] Kept& kept_at_load = kept();
 
 void* large_allocate(size_t bytes) {
   const size_t len = whole_pages(bytes);
