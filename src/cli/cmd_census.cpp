@@ -390,6 +390,7 @@ int census(const CensusOptions& given) {
     }
     return print_table(docs) ? kFail : kPass;
   }
+  if (o.shard) (void)parse_shard_text(*o.shard);  // the command line's own faults first
   if (!torch_available()) throw InputError("census compares against LibTorch, and tparity was built without it");
   if (o.point) {  // one point, its whole report: the re-run of an alarm
     if (o.cases.size() != 1) throw InputError("option --point: name its case with --case");
@@ -415,7 +416,6 @@ int census(const CensusOptions& given) {
   for (const KernelSetting& k : kernel_settings())
     if (o.kernels == "all" || std::find(wanted.begin(), wanted.end(), k.name) != wanted.end()) settings.push_back(k);
   (void)chosen_isas(o.isas);  // refused now rather than in every worker
-  if (o.shard) (void)parse_shard_text(*o.shard);
   nlohmann::json workers = nlohmann::json::array();
   std::vector<std::pair<std::string, nlohmann::json>> docs;
   for (const KernelSetting& k : settings) {

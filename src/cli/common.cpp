@@ -445,20 +445,17 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
 }
 
 void decimal_numbers(CLI::App& app) {
-  const CLI::Validator whole(
-      [](std::string& v) {
-        Whole w = decimal_whole(v, false);
-        if (w.why.empty()) v = w.digits;
-        return w.why;
-      },
-      "");
-  const CLI::Validator whole_unsigned(
-      [](std::string& v) {
-        Whole w = decimal_whole(v, true);
-        if (w.why.empty()) v = w.digits;
-        return w.why;
-      },
-      "");
+  // any whole number (an option without whole_number_in), its digits handed on
+  const auto whole_number = [](bool is_unsigned) {
+    return CLI::Validator(
+        [is_unsigned](std::string& v) {
+          const Whole w = decimal_whole(v, is_unsigned);
+          if (w.why.empty()) v = w.digits;
+          return w.why;
+        },
+        "");
+  };
+  const CLI::Validator whole = whole_number(false), whole_unsigned = whole_number(true);
   // A number strtod reads whole, not hexadecimal, that float64 holds (1e400 would be inf, 1e-400 0,
   // where CLI11 reads them as long double and casts); inf and nan go on to the option's own check.
   const CLI::Validator number(
