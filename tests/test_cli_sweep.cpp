@@ -130,6 +130,9 @@ TEST_CASE("cli: sweep refuses bad options with exit 2 and one line naming the op
       {"sweep --shard 2/2", "option --shard"},
       {"sweep --shard 0/0", "option --shard"},
       {"sweep --shard a/b", "option --shard"},
+      // I * points overflowed size_t: a slice of nothing, silently (census's --shard likewise)
+      {"sweep --shard 9000000000000000000/9000000000000000001",
+       "option --shard: expected I/N with 0 <= I < N <= 2^40"},
       {"sweep --case nope", "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder"},
       {"sweep --case nope", "got \"nope\""},
       {"sweep --case multihead --ffn 16", "option --ffn"},

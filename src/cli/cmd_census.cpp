@@ -215,24 +215,11 @@ std::vector<int> chosen_isas(const std::string& text) {
   return out;
 }
 
-std::pair<int64_t, int64_t> parse_shard_text(const std::string& text) {
-  // N at most --points' bound (2^40), so that I * points stays far inside int64
-  const size_t slash = text.find('/');
-  const std::optional<int64_t> i = whole_number_text(text.substr(0, slash), 0, int64_t(1) << 40),
-                               n = slash == std::string::npos ? std::nullopt
-                                                              : whole_number_text(text.substr(slash + 1), 1, int64_t(1) << 40);
-  if (!i || !n || *i >= *n)
-    throw InputError(fmt::format(
-        "option --shard: expected I/N with 0 <= I < N <= 2^40 (the I-th of N slices, counted from 0), got \"{}\"",
-        show_text(text, 60)));
-  return {*i, *n};
-}
-
 // Runs this process's share of the points under the current environment: every point of this
 // shard, its case and ISA by turn. Returns the worker's JSON.
 nlohmann::json run_worker(const CensusOptions& o, const std::string& kernel) {
   const std::vector<int> isas = chosen_isas(o.isas);
-  const auto [si, sn] = o.shard ? parse_shard_text(*o.shard) : std::pair<int64_t, int64_t>{0, 1};
+  const auto [si, sn] = o.shard ? parse_shard(*o.shard) : std::pair<int64_t, int64_t>{0, 1};
   const int64_t begin = si * o.points / sn, end = (si + 1) * o.points / sn;
   std::map<std::pair<std::string, int>, std::pair<int64_t, nlohmann::json>> tally;  // (case, isa) -> points, alarms
   for (const std::string& c : o.cases)
@@ -390,7 +377,7 @@ int census(const CensusOptions& given) {
     }
     return print_table(docs) ? kFail : kPass;
   }
-  if (o.shard) (void)parse_shard_text(*o.shard);  // the command line's own faults first
+  if (o.shard) (void)parse_shard(*o.shard);  // the command line's own faults first
   if (!torch_available()) throw InputError("census compares against LibTorch, and tparity was built without it");
   if (o.point) {  // one point, its whole report: the re-run of an alarm
     if (o.cases.size() != 1) throw InputError("option --point: name its case with --case");

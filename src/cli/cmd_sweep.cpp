@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <tuple>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -89,24 +90,6 @@ std::vector<int64_t> parse_list(const std::string& option, const std::string& te
     start = comma + 1;
   }
   return values;
-}
-
-// "I/N", 0 <= I < N.
-Shard parse_shard(const std::string& text) {
-  auto bad = [&] {
-    return InputError(fmt::format(
-        "option --shard: expected I/N with 0 <= I < N (the I-th of N slices, counted from 0), got \"{}\"", text));
-  };
-  const size_t slash = text.find('/');
-  if (slash == std::string::npos) throw bad();
-  Shard s;
-  const char *a = text.data(), *m = a + slash, *e = a + text.size();
-  const auto r1 = std::from_chars(a, m, s.index);
-  const auto r2 = std::from_chars(m + 1, e, s.count);
-  if (slash == 0 || r1.ec != std::errc() || r1.ptr != m || r2.ec != std::errc() || r2.ptr != e || m + 1 == e)
-    throw bad();
-  if (s.count < 1 || s.index < 0 || s.index >= s.count) throw bad();
-  return s;
 }
 
 // The point's sizes, as the progress bar and the notes name them.
@@ -208,7 +191,8 @@ int sweep(const SweepOptions& o) {
                              kv_seqs = axis(o.kv_seq, "--kv-seq", 1, base.kv_seq),
                              dims = axis(o.dim, "--dim", 1, base.dim), heads = axis(o.heads, "--heads", 1, base.heads),
                              ffns = axis(o.ffn, "--ffn", 1, base.ffn);
-  const Shard shard = o.shard ? parse_shard(*o.shard) : Shard{};
+  Shard shard;
+  if (o.shard) std::tie(shard.index, shard.count) = parse_shard(*o.shard);
   for (const auto& [option, file] : {std::pair{"--csv", o.csv}, std::pair{"--json", o.json}})
     if (file && file->empty()) throw InputError(fmt::format("option {}: expected a file name, got \"\"", option));
   if (o.csv && o.json && std::filesystem::weakly_canonical(*o.csv) == std::filesystem::weakly_canonical(*o.json))

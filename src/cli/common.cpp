@@ -425,6 +425,18 @@ std::optional<int64_t> whole_number_text(const std::string& v, int64_t lo, int64
   return int64_t(n);
 }
 
+std::pair<int64_t, int64_t> parse_shard(const std::string& text) {
+  const size_t slash = text.find('/');
+  const std::optional<int64_t> i = whole_number_text(text.substr(0, slash), 0, int64_t(1) << 40),
+                               n = slash == std::string::npos ? std::nullopt
+                                                              : whole_number_text(text.substr(slash + 1), 1, int64_t(1) << 40);
+  if (!i || !n || *i >= *n)
+    throw InputError(fmt::format(
+        "option --shard: expected I/N with 0 <= I < N <= 2^40 (the I-th of N slices, counted from 0), got \"{}\"",
+        show_text(text, 60)));
+  return {*i, *n};
+}
+
 CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
   const std::string range =
       hi >= kNoUpperBound ? fmt::format(">= {}", lo) : fmt::format("from {} to {}", lo, hi);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tparity/compare/legs.hpp"
@@ -107,6 +108,9 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi);
 // The same rule for a number inside an option's text (--positions-offset, --shard I/N): decimal digits
 // with an optional sign, from lo to hi; nullopt otherwise (" 7", "7junk", "0x10").
 std::optional<int64_t> whole_number_text(const std::string& text, int64_t lo, int64_t hi);
+// --shard I/N (sweep, census): the I-th of N slices, 0 <= I < N <= 2^40 (so that I times a count of
+// points stays far inside int64), read by whole_number_text; InputError naming --shard otherwise.
+std::pair<int64_t, int64_t> parse_shard(const std::string& text);
 // Numbers on the command line are decimal. CLI11 reads integers with strtoll's base 0 (010 is 8,
 // 0x10 is 16) and takes text that overflows int64 as its largest value; it says "Could not convert"
 // for text that is no number. Every option of app and its subcommands whose type is a number gets a
