@@ -534,7 +534,10 @@ TEST_CASE("cli: gate refuses a bad baseline or factor with one line", "[cli]") {
            {"gate --baseline /nonexistent/b.json", "/nonexistent/b.json: cannot open baseline"},
            {"gate --baseline " + kFixtures + "/mha_single.json",
             "mha_single.json: format: expected \"tparity.baseline\""},
-           {"gate --factor 0.5", "option --factor: expected a number >= 1, got 0.5"},
+           {"gate --factor 0.5", "option --factor: expected a finite number >= 1, got 0.5"},
+           // A ratchet that can never fail: inf times any baseline.
+           {"gate --factor inf", "option --factor: expected a finite number >= 1, got inf"},
+           {"gate --factor nan", "option --factor: expected a finite number >= 1, got nan"},
        }) {
     CAPTURE(args);
     const Result r = cli(args);

@@ -190,6 +190,7 @@ TEST_CASE("exec: usage errors exit 2 with one line", "[cli]") {
            {"exec --case sdpa", "no program given (expected -- CMD ARGS... after the options)"},
            {"exec --case sdpa --timeout 0 " + program("echo"), "option --timeout: expected a finite number of seconds > 0, got 0"},
            {"exec --case sdpa --timeout inf " + program("echo"), "option --timeout: expected a finite number of seconds > 0, got inf"},
+           {"exec --case sdpa --factor inf " + program("echo"), "option --factor: expected a finite number >= 1, got inf"},
            {"exec --case sdpa -- python3 " + kProgram + " echo", "never names {problem}"},
            {"exec --case nope " + program("echo"), "option --case: expected one of"},
            {"exec --case sdpa --update-baseline " + program("echo"), "--update-baseline: needs --baseline FILE"},

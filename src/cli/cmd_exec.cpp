@@ -162,7 +162,7 @@ void check_low_precision(const std::string& dtype, const std::string& option) {
 // The options of the judgment, and its output paths, before any work.
 void check_judging(const Judging& j) {
   if (j.update && j.baseline.empty()) throw InputError("option --update-baseline: needs --baseline FILE to write");
-  if (!(j.factor >= 1.0)) throw InputError(fmt::format("option --factor: expected a number >= 1, got {}", j.factor));
+  check_factor(j.factor);
   if (!j.junit.empty()) check_output_path(j.junit, "option --junit");
   if (j.update) check_output_path(j.baseline, "option --baseline (--update-baseline writes it)");
 }

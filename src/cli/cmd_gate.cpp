@@ -48,7 +48,7 @@ std::vector<std::string> fixture_files(const std::string& dir, const std::string
 }
 
 int gate(const GateOptions& o) {
-  if (!(o.factor >= 1.0)) throw InputError(fmt::format("option --factor: expected a number >= 1, got {}", o.factor));
+  check_factor(o.factor);
   // Before the long run: a bad path fails at once.
   if (!o.junit.empty()) check_output_path(o.junit, "option --junit");
   if (o.update) check_output_path(o.baseline, "option --baseline (--update-baseline writes it)");

@@ -1,6 +1,8 @@
 // What the gate and exec share (gating.hpp).
 #include "gating.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "tparity/fixture/fixture.hpp"
@@ -69,6 +71,11 @@ std::string junit_xml(const std::vector<Gated>& gated,
       "      <property name=\"kernel\" value=\"{}\"/>\n    </properties>\n{}  </testsuite>\n</testsuites>\n",
       xml_escape(suite), tests, failed, xml_escape(ref.line()), xml_escape(ref.torch), xml_escape(ref.blas),
       xml_escape(ref.kernel), cases);
+}
+
+void check_factor(double factor) {
+  if (!(std::isfinite(factor) && factor >= 1.0))
+    throw InputError(fmt::format("option --factor: expected a finite number >= 1, got {}", factor));
 }
 
 }  // namespace tparity::cli

@@ -26,6 +26,10 @@ struct Gated {
 // run, a refused program, a component no implementation computed).
 std::string junit_key(const CaseReport& r, const Failure& f);
 
+// --factor of gate and exec (the ratchet: fail when an error grows beyond factor times its baseline's):
+// InputError naming it unless finite and >= 1. inf would be a gate that never fails on drift.
+void check_factor(double factor);
+
 // JUnit XML: one testcase per case and component (plus one per case for failures that name no
 // component, "(case)"), failures carrying their one-line message; the reference in <properties>.
 // failures_by_test: "tparity.<case>\n<component>" -> lines.
