@@ -814,8 +814,9 @@ TEST_CASE("cli: bench --gemm times the GEMM alone on each case's products and a 
   REQUIRE(r.code == 0);
   const json j = json::parse(r.out);
   CHECK(j.at("peak_gflops").get<double>() > 0);
-  // The peak is the best of 5 runs before the products and 5 after each of the 9 below.
-  CHECK(j.at("peak_runs") == 50);
+  // The peak is the best of one run before the products and one after each of the 9 below (--quick:
+  // 5 each otherwise).
+  CHECK(j.at("peak_runs") == 10);
   // seed_block --quick: 5 x 100 tokens, d 64, ffn 128; the LLaMA layer --quick: 32 tokens, hidden 512, 4 heads
   // and 1 kv head of 128, intermediate 1376; its decode step makes matrix-vector products only.
   const std::vector<std::tuple<std::string, std::string, int64_t, int64_t, int64_t>> want = {
@@ -864,9 +865,9 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
   const json j = json::parse(r.out);
   CHECK(j.at("environment").at("other_reference").at("line") == j.at("environment").at("reference").at("line"));
   REQUIRE(j.at("cases").size() == 3);
-  // The peak and the bandwidth (llama7b_decode is memory-bound) are the best of 5 runs before the
-  // cases and 5 after each.
-  CHECK(j.at("environment").at("limit_runs") == 20);
+  // The peak and the bandwidth (llama7b_decode is memory-bound) are the best of one run before the
+  // cases and one after each (--quick: 5 each otherwise).
+  CHECK(j.at("environment").at("limit_runs") == 4);
   CHECK(j.at("environment").at("bandwidth_bytes_s").get<double>() > 0);
   std::map<std::string, json> cases;
   for (const json& c : j.at("cases")) cases[c.at("name")] = c;

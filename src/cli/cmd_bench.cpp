@@ -56,6 +56,7 @@ int run_bench(const bench::Options& o) {
   bench::reexec_on_generic_openblas();
   if (o.torch_only) return bench::torch_only(o, chosen);
   bench::Run run;
+  if (o.quick) run.limits.runs_per_round = 1;
   bool any_memory_bound = false;
   for (const bench::BenchCase& c : chosen) any_memory_bound = any_memory_bound || c.memory_bound;
   run.limits.measure(any_memory_bound);

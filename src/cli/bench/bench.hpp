@@ -83,13 +83,15 @@ struct Stats {
 double time_ms(const std::function<void()>& f);
 Stats stats(std::vector<double> v);
 
-// GFLOP/s of one core's fp32 FMA units, the best of 5 runs, on the widest path the CPU has; `isa`
+// GFLOP/s of one core's fp32 FMA units, the best of `runs` runs, on the widest path the CPU has; `isa`
 // names that path ("avx512", "avx2", "none").
-// The best of kLimitRuns runs each: a limit is the best run (a neighbour only slows one down).
+// A limit is the best of kLimitRuns runs each time (a neighbour only slows one down); --quick's smoke
+// runs, whose small shapes say nothing of the peak, take one (each FMA run is about 30 ms, and the
+// suites start some sixty quick benches).
 constexpr int kLimitRuns = 5;
-double measure_peak(std::string& isa);
-// One core's streaming read bandwidth, bytes/s.
-double measure_bandwidth();
+double measure_peak(std::string& isa, int runs);
+// One core's streaming read bandwidth, bytes/s, the best of `runs` runs.
+double measure_bandwidth(int runs);
 
 // The machine's limits over a run: each measure() takes them again (before the cases and after each),
 // the best kept, since a shared host's speed drifts over a run (one Emerald Rapids VM's FMA peak
@@ -100,8 +102,9 @@ struct Limits {
   std::string isa;
   double bandwidth = 0;  // bytes/s (measure_bandwidth); 0 unless measured
   int rounds = 0;
+  int runs_per_round = kLimitRuns;  // 1 for --quick
   void measure(bool with_bandwidth);
-  int runs() const { return kLimitRuns * rounds; }
+  int runs() const { return runs_per_round * rounds; }
 };
 
 // Both sides of one case timed: interleaved, so that a slow spell of the machine hits both; on more

@@ -65,6 +65,7 @@ GemmRow time_product(const std::string& case_name, const Product& p, int threads
 
 int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
   Limits limits;  // the peak before the products and after each
+  if (o.quick) limits.runs_per_round = 1;
   limits.measure(false);
   std::vector<GemmRow> rows;
   auto time_one = [&](const std::string& name, const Product& p, int threads) {
@@ -103,9 +104,10 @@ int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
   }
   fmt::print(
       "tparity bench --gemm: the hand core's GEMM alone (x W^T, float32, {} path) | fp32 FMA peak {:.0f} GFLOP/s per "
-      "core ({}, best of {} runs: 5 before the products and 5 after each) | medians of {} runs after 2 "
+      "core ({}, best of {} runs: {} before the products and {} after each) | medians of {} runs after 2 "
       "warm-ups\n{}\n\n",
-      to_string(gemm_isa()), peak, limits.isa, limits.runs(), o.reps, heap_pages());
+      to_string(gemm_isa()), peak, limits.isa, limits.runs(), limits.runs_per_round, limits.runs_per_round, o.reps,
+      heap_pages());
   fmt::print("{:<20} {:<16} {:>18} {:>3} {:>24} {:>8} {:>8} {:>9}\n", "case", "product", "M x N x K", "thr",
              "ms (min-max)", "GFLOP/s", "of peak", "of square");
   for (const GemmRow& r : rows)

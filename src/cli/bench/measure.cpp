@@ -157,8 +157,8 @@ Stats stats(std::vector<double> v) {
   return {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
 }
 
-// GFLOP/s of one core's fp32 FMA units, the best of kLimitRuns runs, on the widest path the CPU has.
-double measure_peak(std::string& isa) {
+// GFLOP/s of one core's fp32 FMA units, the best of `runs` runs, on the widest path the CPU has.
+double measure_peak(std::string& isa, int runs) {
 #if defined(__x86_64__)
   const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
   if (avx512 || avx2) {
@@ -166,7 +166,7 @@ double measure_peak(std::string& isa) {
     const int64_t iters = 20'000'000;
     std::vector<double> g;
     volatile double sink = 0;  // keeps the loop
-    for (int r = 0; r < kLimitRuns; ++r) {
+    for (int r = 0; r < runs; ++r) {
       const auto t0 = Clock::now();
       const double flop = avx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters);
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -181,17 +181,17 @@ double measure_peak(std::string& isa) {
   return 0;
 }
 
-// One core's streaming read bandwidth, bytes/s: the best of kLimitRuns sums over a 1 GiB buffer (far beyond
+// One core's streaming read bandwidth, bytes/s: the best of `runs` sums over a 1 GiB buffer (far beyond
 // every cache), vector loads in four independent chains, the pages touched before timing.
 // The buffer is the core's own storage, advised onto huge pages as the hand core's large tensors are
 // (core/tensor.hpp), so that the probe measures what one core can stream at best: on 4 KiB pages it
 // read 1-10% less on Zen 5 the same morning (docs/performance.md, "Huge pages by default").
-double measure_bandwidth() {
+double measure_bandwidth(int runs) {
   const int64_t n = (int64_t(1) << 30) / 4;
   Storage<float> buf(size_t(n), 1.0f);
   std::vector<double> bw;
   volatile float sink = 0;
-  for (int r = 0; r < kLimitRuns; ++r) {
+  for (int r = 0; r < runs; ++r) {
     const auto t0 = Clock::now();
     float v = 0;
 #if defined(__x86_64__)
@@ -210,8 +210,8 @@ double measure_bandwidth() {
 }
 
 void Limits::measure(bool with_bandwidth) {
-  peak = std::max(peak, measure_peak(isa));
-  if (with_bandwidth) bandwidth = std::max(bandwidth, measure_bandwidth());
+  peak = std::max(peak, measure_peak(isa, runs_per_round));
+  if (with_bandwidth) bandwidth = std::max(bandwidth, measure_bandwidth(runs_per_round));
   ++rounds;
 }
 

@@ -69,9 +69,9 @@ nlohmann::json profile_json(const Options& o, const Result& r) {
 
 // How many runs the peak and the bandwidth are the best of, and when they were taken.
 std::string limits_when(const Run& run) {
-  return run.limits.rounds > 1 ? fmt::format("{} runs: {} before the cases and {} after each", run.limits.runs(),
-                                            kLimitRuns, kLimitRuns)
-                              : std::to_string(kLimitRuns);
+  const int each = run.limits.runs_per_round;
+  return run.limits.rounds > 1 ? fmt::format("{} runs: {} before the cases and {} after each", run.limits.runs(), each, each)
+                              : std::to_string(each);
 }
 
 }  // namespace
