@@ -725,17 +725,43 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
   const SafetensorsFile d = SafetensorsFile::open(dump);
   const Shape bt = ids_shape(m);
   const Shape btc{bt[0], bt[1], m.hidden};
-  // Every name must be one this export knows.
-  std::set<std::string> known{"logits"};
-  for (const ModelLayerEntry& e : m.layers) known.insert("layers." + std::to_string(e.index) + ".output");
+  // Every name must be one this export knows: logits, or layers.N.<name> with N a layer of the slice,
+  // written as the export writes it (no leading zeros), float32 or float64 (what an engine computed in).
+  std::set<std::string> slice;
+  for (const ModelLayerEntry& e : m.layers) slice.insert(std::to_string(e.index));
+  const std::string slice_text = m.layers.empty() ? std::string("none")
+                                                  : fmt::format("{} to {}", m.layers.front().index, m.layers.back().index);
   for (const StEntry& e : d.entries()) {
-    const bool layer = e.name.rfind("layers.", 0) == 0;
-    if (!known.count(e.name) && !layer)
+    if (e.dtype != StDType::F32 && e.dtype != StDType::F64)
+      throw InputError(dump + ": " + show_text(e.name) + ": expected float32 or float64 (F32, F64), got " +
+                       st_dtype_name(e.dtype));
+    if (e.name == "logits") continue;
+    const size_t dot = e.name.find('.', 7);
+    const bool layer = e.name.rfind("layers.", 0) == 0 && dot != std::string::npos && dot + 1 < e.name.size() &&
+                       slice.count(e.name.substr(7, dot - 7));
+    if (!layer)
       throw InputError(dump + ": " + show_text(e.name) +
-                       ": expected layers.N.<component> (N in the export's slice) or logits");
+                       ": expected layers.N.<component> or layers.N.output with N a layer of the export's slice (" +
+                       slice_text + "), or logits");
   }
+  // A layer's output for every layer of the slice, or for none (the logits alone): a layer left out
+  // would show as judged. Its components are looked at only beside its output.
+  const ModelLayerEntry* with_output = nullptr;
+  const ModelLayerEntry* without_output = nullptr;
+  for (const ModelLayerEntry& e : m.layers)
+    (d.find("layers." + std::to_string(e.index) + ".output") ? with_output : without_output) = &e;
+  if (with_output && without_output)
+    throw InputError(fmt::format("{}: layers.{}.output: missing; expected the output of every layer of the export's "
+                                 "slice ({}), or of none (the logits alone), as layers.{}.output is there",
+                                 dump, without_output->index, slice_text, with_output->index));
+  if (!with_output)
+    for (const StEntry& e : d.entries())
+      if (e.name != "logits")
+        throw InputError(dump + ": " + show_text(e.name) + ": a layer's components are judged beside its output, and " +
+                         "the dump holds no layers.N.output");
   bool any_layer = false;
   for (const ModelLayerEntry& e : m.layers) {
+    if (!with_output) break;  // the logits alone: no layer judged, none shown as judged
     ModelLayerResult l;
     l.index = e.index;
     const std::string pre = "layers." + std::to_string(e.index) + ".";
@@ -816,6 +842,7 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
   r.pass = r.first_layer < 0 && (!r.logits.present || r.logits.pass);
   r.notes.push_back("an engine's dump: each layer's output judged against transformers' own float32 chain at its "
                     "depth (2 x quantile(n_eff) x its rel_l2 + 4u), float64 dumps at 1e-10");
+  if (!with_output) r.notes.push_back("the dump holds no layer's output: its logits alone judged");
   return r;
 }
 
@@ -885,7 +912,9 @@ std::string render_model(const ModelReport& r, bool full) {
   int64_t worst_layer = -1;
   for (const ModelLayerResult& l : r.layers)
     if (l.ref32 > 0 && l.chain32 / l.ref32 > worst) worst = l.chain32 / l.ref32, worst_layer = l.index;
-  if (r.pass)
+  if (r.pass && r.layers.empty())
+    s += fmt::format("PASS  model {}  its logits (no layer judged)\n", r.name);
+  else if (r.pass)
     s += fmt::format("PASS  model {}  worst: layer {} chain {:.1f}x transformers' own float32 error\n", r.name,
                      worst_layer, worst);
   else

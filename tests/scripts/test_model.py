@@ -190,6 +190,40 @@ def test_an_engines_dump_is_judged_layer_by_layer(work, exports):
     assert tparity(["model", "--export", ex, "--dump", str(small)]).returncode == 0
 
 
+def test_a_dump_is_judged_on_every_layer_or_refused(work, exports):
+    """Nothing in a dump goes unjudged: a name outside the export's slice, a layer left out, a component
+    without its layer's output, a dtype no engine computes in are refused with one line; a dump of the
+    logits alone is judged on them and shows no layer as judged."""
+    ex = exports["llama"]["dir"]
+    good = dump_of(ex)  # layers 0..2 and the logits
+    out = good["layers.0.output"].clone()  # a tensor of its own (safetensors refuses shared memory)
+    for name, tensors, field in [
+            ("outside", {**good, "layers.3.output": out}, ": layers.3.output: expected layers.N"),
+            ("padded", {**good, "layers.00.output": out}, ": layers.00.output: expected layers.N"),
+            ("bare", {**good, "layers.1": out}, ": layers.1: expected layers.N"),
+            ("bf16", {**good, "layers.1.output": good["layers.1.output"].to(torch.bfloat16)},
+             "expected float32 or float64 (F32, F64), got BF16"),
+            ("int", {**good, "layers.1.output": good["layers.1.output"].to(torch.int64)}, "got I64"),
+            ("partial", {k: v for k, v in good.items() if k != "layers.1.output"}, "layers.1.output: missing"),
+            ("components alone", {"logits": good["logits"].clone(), "layers.0.q": out},
+             "judged beside its output")]:
+        path = work / f"dump_{name.replace(' ', '_')}.safetensors"
+        save_file(tensors, str(path))
+        r = tparity(["model", "--export", ex, "--dump", str(path)])
+        assert r.returncode == 2, (name, r.stdout[-1500:] + r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and field in lines[0], (name, r.stderr)
+    logits = work / "dump_logits.safetensors"
+    save_file({"logits": good["logits"].clone()}, str(logits))
+    r = tparity(["model", "--export", ex, "--dump", str(logits), "--format", "json"])
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["pass"] and doc["layers"] == [] and doc["logits"]["pass"]
+    assert any("logits alone" in n for n in doc["notes"])
+    r = tparity(["model", "--export", ex, "--dump", str(logits)])
+    assert r.returncode == 0 and "its logits (no layer judged)" in r.stdout, r.stdout[-1500:]
+
+
 def crafted(work, exports, name, edit):
     """A copy of the llama export with model.json edited by `edit(doc)` (or the folder by edit(path))."""
     dst = work / f"crafted_{name}"
