@@ -1,15 +1,17 @@
 // tparity model: a whole checkpoint layer by layer and end to end (eval/model.hpp, docs/models.md).
 // The checkpoint is exported first by transformers itself (scripts/export_model.py, in the project's
 // Python), into a folder kept per checkpoint and options (under the build's models/, or
-// $TPARITY_MODELS_DIR) and reused while the exporter is unchanged; --export names an export made
+// $TPARITY_MODELS_DIR) and reused while the exporter and the checkpoint's files are unchanged; --export names an export made
 // elsewhere (another machine, a CI job); --dump judges an engine's activations against it.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
 #include <iostream>
-#include <cmath>
 #include <regex>
 
 #include "common.hpp"
@@ -50,7 +52,54 @@ const NamedModel* find_named(const std::string& n) {
   return nullptr;
 }
 
-// The export's folder: made by the exporter when missing or older than it, else reused.
+// What an export is made from, as the file system has it: each file of the checkpoint's folder (its
+// weights, config.json, the index, a GGUF) and the tokens file, with its size, modification and
+// change times, device and inode, links followed as the exporter follows them (a Hugging Face cache's
+// snapshot is links to its blobs). Writing a file changes its change time, which no user can set
+// back: an export whose sources changed since it was made is made again, never reused.
+std::string sources_stamp(const ModelCliOptions& o) {
+  std::string s = "tparity model: the export's sources\n";
+  auto add = [&s](const fs::path& p) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      s += p.string() + "\tmissing\n";
+      return;
+    }
+    s += fmt::format("{}\t{}\t{}.{:09}\t{}.{:09}\t{}\t{}\n", p.string(), int64_t(st.st_size), int64_t(st.st_mtim.tv_sec),
+                     int64_t(st.st_mtim.tv_nsec), int64_t(st.st_ctim.tv_sec), int64_t(st.st_ctim.tv_nsec),
+                     uint64_t(st.st_dev), uint64_t(st.st_ino));
+  };
+  if (!o.checkpoint.empty()) {
+    std::error_code ec;
+    const fs::path dir = fs::absolute(o.checkpoint, ec);
+    add(dir);  // a file added or removed
+    std::vector<fs::path> files;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) files.push_back(it->path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) add(f);
+    if (!o.gguf_file.empty()) add(dir / o.gguf_file);
+  }
+  if (!o.tokens.empty()) add(fs::absolute(o.tokens));
+  return s;
+}
+
+// The stamp kept beside an export (<folder>.sources), or "" when missing or not a plain file: read
+// through no link, and not as an input of the run (it is rewritten after an export).
+std::string kept_stamp(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return "";
+  std::string s;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= (int64_t(1) << 24)) {
+    s.resize(size_t(st.st_size));
+    if (::read(fd, s.data(), s.size()) != ssize_t(s.size())) s.clear();
+  }
+  ::close(fd);
+  return s;
+}
+
+// The export's folder: made by the exporter when missing, older than it, or made from sources that
+// have changed since (sources_stamp, kept beside it in <folder>.sources), else reused.
 std::string exported(const ModelCliOptions& o) {
   const std::string python = python_path();
   const std::string script = script_path("export_model.py");
@@ -82,8 +131,16 @@ std::string exported(const ModelCliOptions& o) {
   const std::string dir = models_dir();
   const std::string out = dir + "/" + label.substr(0, 64) + "-" + fmt::format("{:016x}", std::hash<std::string>{}(key));
   std::error_code ec;
-  if (fs::is_regular_file(out + "/model.json", ec) && fs::exists(script, ec) &&
-      fs::last_write_time(out + "/model.json", ec) >= fs::last_write_time(script, ec))
+  // Nothing in the models folder is followed: a link there would put another export's report under
+  // this checkpoint's name.
+  for (const std::string& mine : {out, out + ".sources", out + ".log"})
+    if (fs::is_symlink(fs::symlink_status(mine, ec)))
+      throw InputError("model: " + mine + ": a symbolic link in the models folder (TPARITY_MODELS_DIR); expected "
+                       "what tparity made there or nothing (remove it)");
+  const std::string stamp = sources_stamp(o);
+  if (fs::is_regular_file(fs::symlink_status(out + "/model.json", ec)) && fs::exists(script, ec) &&
+      fs::last_write_time(out + "/model.json", ec) >= fs::last_write_time(script, ec) &&
+      kept_stamp(out + ".sources") == stamp)
     return out;
   if (!fs::exists(script, ec))
     throw InputError("model: the exporter " + script + " is not here (a source checkout has it)");
@@ -96,7 +153,10 @@ std::string exported(const ModelCliOptions& o) {
   argv.insert(argv.end(), {"--out", out});
   std::cerr << "model: exporting " << (n ? o.name : o.checkpoint) << " with transformers (log " << log << ")\n";
   const int rc = run_logged(argv, log);
-  if (rc == 0) return out;
+  if (rc == 0) {
+    write_output_file(out + ".sources", stamp);  // as it was before the export began
+    return out;
+  }
   std::string why = last_line(log);
   if (rc == 77) throw InputError("model " + (n ? o.name : o.checkpoint) + ": " + why);
   if (rc == 2) throw InputError(why.empty() ? "model: the exporter refused its arguments (log " + log + ")" : why);

@@ -53,16 +53,24 @@ std::string last_line(const std::string& path) {
 }
 
 int run_logged(const std::vector<std::string>& argv, const std::string& log) {
+  // Opened here, not by the child: a link in its place is refused (O_NOFOLLOW), never written through.
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    throw InputError(log + ": cannot write the exporter's log: " +
+                     (err == ELOOP ? std::string("it is a symbolic link") : std::strerror(err)));
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, fd, 2);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid;
   const int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  ::close(fd);
   if (rc != 0) return -1;
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)

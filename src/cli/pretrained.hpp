@@ -41,7 +41,8 @@ std::string models_dir();
 // The file's last non-empty line ("" when none).
 std::string last_line(const std::string& path);
 // Runs argv (argv[0] a path) with stdout to /dev/null and stderr to `log`; its exit code, or -1 when
-// it could not start or ended by a signal.
+// it could not start or ended by a signal. InputError naming `log` when it cannot be written, a
+// symbolic link among the reasons (never written through).
 int run_logged(const std::vector<std::string>& argv, const std::string& log);
 
 }  // namespace tparity::cli

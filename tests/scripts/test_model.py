@@ -224,6 +224,49 @@ def test_a_dump_is_judged_on_every_layer_or_refused(work, exports):
     assert r.returncode == 0 and "its logits (no layer judged)" in r.stdout, r.stdout[-1500:]
 
 
+def test_an_export_is_made_again_when_its_sources_change_and_follows_no_link(work, exports):
+    """An export is reused only while the checkpoint's files and the tokens file are the ones it was made
+    from: an edited weight or tokens file is exported again, never judged from the old export; nothing
+    in the models folder is followed or written through."""
+    ck = work / "ck_sources"
+    shutil.copytree(work / "ck_llama", ck)
+    tokens = work / "tokens_sources.json"
+    tokens.write_text(json.dumps({"input_ids": [[5, 17, 200]]}))
+    models = work / "models_sources"
+    env = {"TPARITY_MODELS_DIR": str(models)}
+    args = ["model", "--checkpoint", str(ck), "--tokens", str(tokens), "--format", "json"]
+    r = tparity(args, env)
+    assert r.returncode == 0 and "model: exporting" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["config"]["tokens"] == 3
+    r = tparity(args, env)  # nothing changed: reused
+    assert r.returncode == 0 and "exporting" not in r.stderr, r.stderr
+    tokens.write_text(json.dumps({"input_ids": [[5, 17, 200, 3, 9]]}))
+    r = tparity(args, env)
+    assert r.returncode == 0 and "model: exporting" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["config"]["tokens"] == 5
+    # Every down projection NaN: exported again, and the exporter refuses what it computes.
+    weights = str(ck / "model.safetensors")
+    t = load_file(weights)
+    for k in t:
+        if k.endswith("mlp.down_proj.weight"):
+            t[k] = torch.full_like(t[k], float("nan"))
+    save_file(t, weights, metadata={"format": "pt"})
+    r = tparity(args, env)
+    assert r.returncode == 2 and "not finite" in r.stderr, r.stdout[-1000:] + r.stderr
+    # A link where the export, its log or its stamp goes: refused, the file it points to untouched.
+    made = [d.name for d in models.iterdir() if d.is_dir()]
+    assert len(made) == 1
+    victim = work / "victim.txt"
+    for i, suffix in enumerate(["", ".log", ".sources"]):
+        victim.write_text("precious")
+        planted = work / f"models_link_{i}"
+        planted.mkdir()
+        (planted / (made[0] + suffix)).symlink_to(victim if suffix else models / made[0])
+        r = tparity(args, {"TPARITY_MODELS_DIR": str(planted)})
+        assert r.returncode == 2 and "a symbolic link in the models folder" in r.stderr, (suffix, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and victim.read_text() == "precious", (suffix, r.stderr)
+
+
 def crafted(work, exports, name, edit):
     """A copy of the llama export with model.json edited by `edit(doc)` (or the folder by edit(path))."""
     dst = work / f"crafted_{name}"
