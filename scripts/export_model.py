@@ -297,6 +297,23 @@ def check_supported(cfg, where):
     return mt
 
 
+# What tparity model reads back from model.json (eval/model.cpp), checked before any weight is touched:
+# transformers builds the whole model's skeleton first, so a config.json asking for 80,000 layers of a
+# 580 KB checkpoint took a minute and 3 GB before a tensor was found missing.
+SIZE_FIELDS = (("num_hidden_layers", 4096), ("hidden_size", 1 << 20), ("vocab_size", 1 << 24),
+               ("num_attention_heads", 1 << 16), ("num_key_value_heads", 1 << 16), ("intermediate_size", 1 << 24),
+               ("head_dim", 1 << 16))
+
+
+def check_sizes(cfg, where):
+    for field, most in SIZE_FIELDS:
+        got = getattr(cfg, field, None)
+        if got is None and field in ("num_key_value_heads", "intermediate_size", "head_dim"):
+            continue  # not every architecture has it (GPT-2, BERT), or transformers derives it
+        if isinstance(got, bool) or not isinstance(got, int) or not 1 <= got <= most:
+            raise UsageError(f"{where}: {field}: expected a whole number from 1 to {most}, got {got!r}")
+
+
 def parse_layers(spec, L):
     if spec is None:
         return 0, L
@@ -880,6 +897,7 @@ def export(a, tmp, log):
     where = f"--gguf-file {gguf}" if gguf and not a.smollm2 else ("--smollm2" if a.smollm2 else
                                                                   os.path.join(folder, "config.json"))
     arch = check_supported(cfg, where)
+    check_sizes(cfg, where)
     kind, norm_kind = ARCHS[arch]
     decoder = arch != "bert"
     L = cfg.num_hidden_layers

@@ -99,8 +99,8 @@ std::string kept_stamp(const std::string& path) {
 }
 
 // The export's folder: made by the exporter when missing, older than it, or made from sources that
-// have changed since (sources_stamp, kept beside it in <folder>.sources), else reused.
-std::string exported(const ModelCliOptions& o) {
+// have changed since (sources_stamp, kept beside it in <folder>.sources), else reused. *note says which.
+std::string exported(const ModelCliOptions& o, std::string* note) {
   const std::string python = python_path();
   const std::string script = script_path("export_model.py");
   std::vector<std::string> args;
@@ -140,8 +140,10 @@ std::string exported(const ModelCliOptions& o) {
   const std::string stamp = sources_stamp(o);
   if (fs::is_regular_file(fs::symlink_status(out + "/model.json", ec)) && fs::exists(script, ec) &&
       fs::last_write_time(out + "/model.json", ec) >= fs::last_write_time(script, ec) &&
-      kept_stamp(out + ".sources") == stamp)
+      kept_stamp(out + ".sources") == stamp) {
+    *note = "the export in " + out + " reused: made by this exporter from the same files";
     return out;
+  }
   if (!fs::exists(script, ec))
     throw InputError("model: the exporter " + script + " is not here (a source checkout has it)");
   if (access(python.c_str(), X_OK) != 0)
@@ -151,10 +153,14 @@ std::string exported(const ModelCliOptions& o) {
   std::vector<std::string> argv{python, script};
   argv.insert(argv.end(), args.begin(), args.end());
   argv.insert(argv.end(), {"--out", out});
-  std::cerr << "model: exporting " << (n ? o.name : o.checkpoint) << " with transformers (log " << log << ")\n";
+  // Progress for a person at a terminal; elsewhere the report's note says it (standard error holds
+  // one line, the refusal, when the export fails).
+  if (isatty(2))
+    std::cerr << "model: exporting " << (n ? o.name : o.checkpoint) << " with transformers (log " << log << ")\n";
   const int rc = run_logged(argv, log);
   if (rc == 0) {
     write_output_file(out + ".sources", stamp);  // as it was before the export began
+    *note = "exported now into " + out + " (log " + log + ")";
     return out;
   }
   std::string why = last_line(log);
@@ -209,7 +215,8 @@ int model(const ModelCliOptions& o) {
     }
     if (!o.dump.empty()) throw InputError("model: --perturb: moves the hand core's weight, which --dump does not run");
   }
-  const std::string dir = o.export_dir.empty() ? exported(o) : o.export_dir;
+  std::string export_note;
+  const std::string dir = o.export_dir.empty() ? exported(o, &export_note) : o.export_dir;
   const ModelExport m = read_model_export(dir);
   if (!o.perturb.empty() && (mo.perturb_layer < m.first || mo.perturb_layer >= m.last))
     throw InputError(fmt::format("model: --perturb: expected a layer of the slice [{}, {}), got {}", m.first, m.last,
@@ -217,7 +224,8 @@ int model(const ModelCliOptions& o) {
   if (mo.defect != Defect::None && (mo.defect_layer < m.first || mo.defect_layer >= m.last))
     throw InputError(fmt::format("model: --defect-layer: expected a layer of the slice [{}, {}), got {}", m.first, m.last,
                                  mo.defect_layer));
-  const ModelReport r = o.dump.empty() ? check_model(m, mo) : judge_dump(m, o.dump);
+  ModelReport r = o.dump.empty() ? check_model(m, mo) : judge_dump(m, o.dump);
+  if (!export_note.empty()) r.notes.push_back(export_note);
   if (o.format == Format::Json)
     std::cout << to_json(r).dump(2, ' ', false, kBadUtf8Replaced) << "\n";
   else

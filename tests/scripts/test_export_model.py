@@ -9,6 +9,7 @@ every architecture must pass `tparity check` (TPARITY_BIN names another binary).
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -302,6 +303,21 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
     t5.mkdir()
     (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 64}))
     (t5 / "model.safetensors").write_bytes(b"")
+
+    def with_config(name, **fields):  # a copy of the llama checkpoint with config.json's fields changed
+        dst = work / f"config_{name}"
+        if not dst.exists():
+            shutil.copytree(ck, dst)
+            doc = json.loads((dst / "config.json").read_text())
+            doc.update(fields)
+            (dst / "config.json").write_text(json.dumps(doc))
+        return str(dst)
+    sized = [(with_config("layers_80000", num_hidden_layers=80000), "num_hidden_layers: expected a whole number "
+              "from 1 to 4096, got 80000"),
+             (with_config("layers_0", num_hidden_layers=0), "num_hidden_layers: expected a whole number"),
+             (with_config("heads_negative", num_attention_heads=-4), "num_attention_heads: expected a whole number "
+              "from 1 to 65536, got -4"),
+             (with_config("vocab_2_40", vocab_size=2 ** 40), "vocab_size: expected a whole number from 1 to 16777216")]
     cases = [
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "2:9"], "--layers"),
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "x"], "--layers"),
@@ -317,7 +333,7 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
         (["--checkpoint", str(t5), "--tokens", tokens_file, "--out", str(work / "o1")], "model_type 't5'"),
         (["--checkpoint", ck, "--gguf-file", "none.gguf", "--out", str(work / "o1")], "--gguf-file"),
         (["--tokens", tokens_file, "--out", str(work / "o1")], "--checkpoint"),
-    ]
+    ] + [(["--checkpoint", c, "--tokens", tokens_file, "--out", str(work / "o1")], field) for c, field in sized]
     for argv, field in cases:
         rc, stdout, err = export(argv, capsys)
         assert rc == 2 and stdout == "", (argv, err)

@@ -235,15 +235,19 @@ def test_an_export_is_made_again_when_its_sources_change_and_follows_no_link(wor
     models = work / "models_sources"
     env = {"TPARITY_MODELS_DIR": str(models)}
     args = ["model", "--checkpoint", str(ck), "--tokens", str(tokens), "--format", "json"]
-    r = tparity(args, env)
-    assert r.returncode == 0 and "model: exporting" in r.stderr, r.stderr
-    assert json.loads(r.stdout)["config"]["tokens"] == 3
-    r = tparity(args, env)  # nothing changed: reused
-    assert r.returncode == 0 and "exporting" not in r.stderr, r.stderr
+
+    def run():
+        r = tparity(args, env)
+        assert r.returncode == 0 and r.stderr == "", r.stdout[-1000:] + r.stderr
+        doc = json.loads(r.stdout)
+        return doc, [n for n in doc["notes"] if " reused" in n or "exported now" in n]
+    doc, said = run()
+    assert doc["config"]["tokens"] == 3 and len(said) == 1 and said[0].startswith("exported now"), said
+    doc, said = run()  # nothing changed: reused
+    assert len(said) == 1 and said[0].startswith("the export in") and " reused" in said[0], said
     tokens.write_text(json.dumps({"input_ids": [[5, 17, 200, 3, 9]]}))
-    r = tparity(args, env)
-    assert r.returncode == 0 and "model: exporting" in r.stderr, r.stderr
-    assert json.loads(r.stdout)["config"]["tokens"] == 5
+    doc, said = run()
+    assert doc["config"]["tokens"] == 5 and said[0].startswith("exported now"), said
     # Every down projection NaN: exported again, and the exporter refuses what it computes.
     weights = str(ck / "model.safetensors")
     t = load_file(weights)
@@ -253,6 +257,7 @@ def test_an_export_is_made_again_when_its_sources_change_and_follows_no_link(wor
     save_file(t, weights, metadata={"format": "pt"})
     r = tparity(args, env)
     assert r.returncode == 2 and "not finite" in r.stderr, r.stdout[-1000:] + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     # A link where the export, its log or its stamp goes: refused, the file it points to untouched.
     made = [d.name for d in models.iterdir() if d.is_dir()]
     assert len(made) == 1
