@@ -1015,6 +1015,10 @@ def export(a, tmp, log):
     if B == L and decoder:
         (n32, l32), (n64, l64) = src.head()
         logits64 = run.final(n64, l64, hidden64[L], True)
+        # As each layer's output: a NaN in the head's weights would make a truth whose argmax torch and
+        # tparity order differently (NaN is torch's largest), and whose KL and flips mean nothing.
+        check(bool(torch.isfinite(logits64).all()), "the float64 truth's logits are not finite (the final norm's "
+              "or lm_head's weights?)")
         logits32 = run.final(n32, l32, hidden32[L], False)
         head_weights["final_norm.weight"] = n32.weight.detach().clone()
         if norm_kind == "layer":

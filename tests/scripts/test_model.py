@@ -272,6 +272,22 @@ def test_an_export_is_made_again_when_its_sources_change_and_follows_no_link(wor
         assert len(r.stderr.strip().splitlines()) == 1 and victim.read_text() == "precious", (suffix, r.stderr)
 
 
+def test_a_head_that_makes_nan_logits_is_refused(work, exports):
+    """One NaN row of lm_head: the truth's logits hold NaN, whose argmax torch and tparity order
+    differently (a false alarm in generation) and whose KL was shown as 0; refused like a layer's."""
+    ck = work / "ck_nan_head"
+    shutil.copytree(work / "ck_llama", ck)
+    weights = str(ck / "model.safetensors")
+    t = load_file(weights)
+    t["lm_head.weight"][7] = float("nan")
+    save_file(t, weights, metadata={"format": "pt"})
+    r = tparity(["model", "--checkpoint", str(ck), "--tokens", str(work / "tokens.json"), "--generate", "3"],
+                {"TPARITY_MODELS_DIR": str(work / "models_nan_head")})
+    assert r.returncode == 2 and r.stdout == "", r.stdout[-1000:] + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the float64 truth's logits are not finite" in lines[0], r.stderr
+
+
 def crafted(work, exports, name, edit):
     """A copy of the llama export with model.json edited by `edit(doc)` (or the folder by edit(path))."""
     dst = work / f"crafted_{name}"
