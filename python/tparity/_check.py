@@ -155,7 +155,7 @@ def exec_args(case=None, cases=(), fixture=None, fixtures=(), dtypes=("float64",
         args += ["--junit", str(junit)]
     if baseline:
         args += ["--baseline", str(baseline)] + (["--update-baseline"] if update_baseline else [])
-    if timeout:
+    if timeout is not None:  # 0 too: exec refuses it by name, not taken as its default
         args += ["--timeout", str(timeout)]
     if keep:
         args += ["--keep", str(keep)]

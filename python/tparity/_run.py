@@ -97,7 +97,15 @@ def _outputs(problem, dtype, result, pick):
         if not got:
             raise ValueError(f"outputs: the code returned a dict of {', '.join(map(repr, result)) or 'nothing'} "
                              f"({expected})")
+        # An output by a name the module does not have would go unjudged, whatever it holds.
+        extra = [k for k, v in result.items() if k not in names and v is not None]
+        if extra:
+            raise ValueError(f"outputs: the code returned {', '.join(map(repr, extra))}, which the module has no "
+                             f"output of ({expected}; outputs= picks them)")
     elif isinstance(result, (tuple, list)):
+        if len(result) > len(names) and any(v is not None for v in result[len(names):]):
+            raise ValueError(f"outputs: the code returned {len(result)} values, the module has {len(names)} "
+                             f"output(s) ({expected}; outputs= picks them)")
         got = dict(zip(names, result))
     else:
         got = {names[0]: result}

@@ -61,6 +61,10 @@ def test_sys_exit_in_the_code_fails_its_case_and_the_run_goes_on():
     (lambda y: None, "(ValueError: outputs: the code returned None (expected an array, a tuple in the order "
                      "output, or a dict by those names))"),
     (lambda y: {"out": y}, "(ValueError: outputs: the code returned a dict of 'out' (expected an array"),
+    # an output by a name the module lacks, or one value more than its outputs, was dropped unjudged
+    (lambda y: {"output": y, "bogus": y}, "(ValueError: outputs: the code returned 'bogus', which the module has "
+                                           "no output of (expected an array"),
+    (lambda y: (y, y), "(ValueError: outputs: the code returned 2 values, the module has 1 output(s) (expected"),
 ])
 def test_a_result_with_no_output_says_what_came(returned, says):
     r = tparity.check(function=lambda p, d: returned(softmax(p, d)), **F64)
@@ -136,6 +140,12 @@ def test_loading_arguments_of_the_wrong_kind_are_refused_before_anything_runs(ho
     with pytest.raises(TypeError) as e:
         tparity.check(tparity="/nonexistent", **how, **F64)  # refused before exec is looked for
     assert str(e.value).startswith(says), e.value
+
+
+def test_a_timeout_of_0_is_refused_not_taken_as_the_default():
+    with pytest.raises(tparity.UsageError) as e:
+        tparity.check(function=softmax, timeout=0, **F64)
+    assert "--timeout: expected a finite number of seconds > 0, got 0" in str(e.value), e.value
 
 
 def test_an_option_exec_does_not_take_is_named():
