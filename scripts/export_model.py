@@ -247,9 +247,15 @@ def resolve_checkpoint(a):
         return folder, a.gguf_file, os.path.splitext(a.gguf_file)[0], a.gguf_file
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise UsageError(f"--checkpoint {folder}: no config.json")
-    if not (os.path.isfile(os.path.join(folder, "model.safetensors"))
-            or os.path.isfile(os.path.join(folder, "model.safetensors.index.json"))):
+    single = os.path.isfile(os.path.join(folder, "model.safetensors"))
+    index = os.path.isfile(os.path.join(folder, "model.safetensors.index.json"))
+    if not (single or index):
         raise UsageError(f"--checkpoint {folder}: neither model.safetensors nor model.safetensors.index.json")
+    if single and index:  # transformers loads one, the layers would be read from the other
+        raise UsageError(f"--checkpoint {folder}: both model.safetensors and model.safetensors.index.json; expected "
+                         f"one (which weights are the checkpoint's?)")
+    for name in ("config.json", "model.safetensors.index.json"):
+        check_json_keys(os.path.join(folder, name))
     base = os.path.basename(os.path.abspath(folder))
     return folder, None, base, base
 
@@ -529,6 +535,29 @@ def truth_patch():
 
 # ---- inputs ---------------------------------------------------------------------------------------------------
 
+def unique_keys(pairs):
+    """json's object_pairs_hook: an object whose key comes twice is refused (json keeps the last, silently)."""
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise ValueError(f"the key {k!r} comes twice in one object")
+        seen.add(k)
+    return dict(pairs)
+
+
+def check_json_keys(path):
+    """A stranger's JSON file that transformers or safetensors will read with the last of each duplicated key:
+    refused when a key comes twice (config.json's num_hidden_layers twice left a layer's weights unread)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f, object_pairs_hook=unique_keys)
+    except ValueError as e:
+        if "comes twice" in str(e):
+            raise UsageError(f"{path}: {e}") from None
+    except OSError:
+        pass  # its reader says why
+
+
 def read_tokens(path, vocab, max_positions):
     import torch
 
@@ -545,7 +574,7 @@ def read_tokens(path, vocab, max_positions):
     def no_constant(c):
         raise ValueError(f"{c} is not JSON")
     try:
-        doc = json.loads(text, parse_constant=no_constant)
+        doc = json.loads(text, parse_constant=no_constant, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         raise UsageError(f"--tokens {path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:

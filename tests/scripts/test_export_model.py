@@ -245,6 +245,7 @@ BAD_TOKENS = [
     ("mask shape", '{"input_ids": [[1, 2]], "attention_mask": [[1, 1, 1]]}', "attention_mask"),
     ("mask value", '{"input_ids": [[1, 2]], "attention_mask": [[1, 2]]}', "attention_mask[0][1]"),
     ("too long", json.dumps({"input_ids": [[1] * 257]}), "input_ids"),
+    ("a key twice", '{"input_ids": [[5, 3]], "input_ids": [[1, 2]]}', "the key 'input_ids' comes twice"),
 ]
 
 
@@ -312,7 +313,18 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
             doc.update(fields)
             (dst / "config.json").write_text(json.dumps(doc))
         return str(dst)
-    sized = [(with_config("layers_80000", num_hidden_layers=80000), "num_hidden_layers: expected a whole number "
+    twice = work / "config_twice"
+    if not twice.exists():
+        shutil.copytree(ck, twice)
+        text = (twice / "config.json").read_text()
+        (twice / "config.json").write_text(text.replace("{", '{"num_hidden_layers": 2, ', 1))
+    both = work / "both_files"
+    if not both.exists():
+        shutil.copytree(ck, both)
+        (both / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    sized = [(str(twice), "the key 'num_hidden_layers' comes twice in one object"),
+             (str(both), "both model.safetensors and model.safetensors.index.json"),
+             (with_config("layers_80000", num_hidden_layers=80000), "num_hidden_layers: expected a whole number "
               "from 1 to 4096, got 80000"),
              (with_config("layers_0", num_hidden_layers=0), "num_hidden_layers: expected a whole number"),
              (with_config("heads_negative", num_attention_heads=-4), "num_attention_heads: expected a whole number "
