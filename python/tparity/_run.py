@@ -103,9 +103,8 @@ def _outputs(problem, dtype, result, pick):
             raise ValueError(f"outputs: the code returned {', '.join(map(repr, extra))}, which the module has no "
                              f"output of ({expected}; outputs= picks them)")
     elif isinstance(result, (tuple, list)):
-        if len(result) > len(names) and any(v is not None for v in result[len(names):]):
-            raise ValueError(f"outputs: the code returned {len(result)} values, the module has {len(names)} "
-                             f"output(s) ({expected}; outputs= picks them)")
+        # Positional, as modules return them: values past the problem's outputs are the module's own
+        # extras (transformers' attention returns its weights after the output), not judged.
         got = dict(zip(names, result))
     else:
         got = {names[0]: result}
