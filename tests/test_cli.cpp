@@ -1,5 +1,7 @@
 // The CLI as a user runs it: exit codes (0 pass, 1 fail, 2 bad usage or input), one-line errors,
 // the JSON document's shape, files written whole or not at all.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <csignal>
@@ -751,6 +753,26 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
     CHECK(r.err.rfind("case minilm: skipped: ", 0) == 0);
     CHECK(r.err.find("is not installed") != std::string::npos);
     CHECK_FALSE(fs::exists(dir / "minilm_l6.json"));
+    // The exporter's log is opened by tparity itself: a link in its place is refused, not written
+    // through (the child's own open followed it); a FIFO there is refused at once, not waited on.
+    const fs::path victim = scratch() / "pretrained_victim.txt";
+    std::ofstream(victim) << "precious";
+    fs::remove(dir / "minilm.log");
+    fs::create_symlink(victim, dir / "minilm.log");
+    r = shell("TPARITY_PRETRAINED_DIR=" + dir.string() + " TPARITY_PYTHON=/usr/bin/python3 " + tparity_bin() +
+              " run --case minilm");
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains("minilm.log: cannot write the exporter's log: it is a symbolic link"));
+    CHECK(slurp(victim) == "precious");
+    fs::remove(dir / "minilm.log");
+    REQUIRE(::mkfifo((dir / "minilm.log").c_str(), 0600) == 0);
+    r = shell("TPARITY_PRETRAINED_DIR=" + dir.string() + " TPARITY_PYTHON=/usr/bin/python3 timeout 20 " +
+              tparity_bin() + " run --case minilm");
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains("minilm.log: cannot write the exporter's log: it is a FIFO"));
+    fs::remove(dir / "minilm.log");
   }
   // Sizes belong to the checkpoint.
   r = cli("run --case minilm --batch 2");

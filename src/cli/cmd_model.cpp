@@ -133,15 +133,27 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   std::error_code ec;
   // Nothing in the models folder is followed: a link there would put another export's report under
   // this checkpoint's name.
-  for (const std::string& mine : {out, out + ".sources", out + ".log"})
-    if (fs::is_symlink(fs::symlink_status(mine, ec)))
-      throw InputError("model: " + mine + ": a symbolic link in the models folder (TPARITY_MODELS_DIR); expected "
-                       "what tparity made there or nothing (remove it)");
+  for (const std::string& mine : {out, out + ".sources", out + ".log"}) {
+    const fs::file_status st = fs::symlink_status(mine, ec);
+    const bool fits = !fs::exists(st) || (mine == out ? fs::is_directory(st) : fs::is_regular_file(st));
+    if (!fits)
+      throw InputError("model: " + mine + ": " +
+                       (fs::is_symlink(st) ? "a symbolic link" : mine == out ? "not a folder" : "not a plain file") +
+                       " in the models folder (TPARITY_MODELS_DIR); expected what tparity made there or nothing "
+                       "(remove it)");
+  }
   const std::string stamp = sources_stamp(o);
-  if (fs::is_regular_file(fs::symlink_status(out + "/model.json", ec)) && fs::exists(script, ec) &&
-      fs::last_write_time(out + "/model.json", ec) >= fs::last_write_time(script, ec) &&
-      kept_stamp(out + ".sources") == stamp) {
-    *note = "the export in " + out + " reused: made by this exporter from the same files";
+  // The exporter and the two scripts it imports: an export older than any of them is made again.
+  bool current = fs::is_regular_file(fs::symlink_status(out + "/model.json", ec)) && fs::exists(script, ec);
+  for (const char* helper : {"export_model.py", "export_llm_fixtures.py", "export_pretrained.py"})
+    current = current && fs::last_write_time(out + "/model.json", ec) >= fs::last_write_time(script_path(helper), ec) &&
+              !ec;
+  if (current && kept_stamp(out + ".sources") == stamp) {
+    *note = "the export in " + out + " reused: " +
+            (n ? std::string("the named model's package is pinned (requirements.txt), and the exporter not changed "
+                             "since")
+               : std::string("the checkpoint's files and the tokens file unchanged since it was made, nor the "
+                             "exporter"));
     return out;
   }
   if (!fs::exists(script, ec))

@@ -53,12 +53,20 @@ std::string last_line(const std::string& path) {
 }
 
 int run_logged(const std::vector<std::string>& argv, const std::string& log) {
-  // Opened here, not by the child: a link in its place is refused (O_NOFOLLOW), never written through.
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
+  // Opened here, not by the child: a link in its place is refused (O_NOFOLLOW), never written through;
+  // a FIFO opens at once (O_NONBLOCK) to be refused, rather than waiting for a reader for ever.
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
   if (fd < 0) {
     const int err = errno;
     throw InputError(log + ": cannot write the exporter's log: " +
-                     (err == ELOOP ? std::string("it is a symbolic link") : std::strerror(err)));
+                     (err == ELOOP ? std::string("it is a symbolic link")
+                      : err == ENXIO ? std::string("it is a FIFO")
+                                     : std::string(std::strerror(err))));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || ::ftruncate(fd, 0) != 0) {
+    ::close(fd);
+    throw InputError(log + ": cannot write the exporter's log: not a plain file");
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
