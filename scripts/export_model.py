@@ -307,17 +307,22 @@ def check_supported(cfg, where):
 # transformers builds the whole model's skeleton first, so a config.json asking for 80,000 layers of a
 # 580 KB checkpoint took a minute and 3 GB before a tensor was found missing.
 SIZE_FIELDS = (("num_hidden_layers", 4096), ("hidden_size", 1 << 20), ("vocab_size", 1 << 24),
-               ("num_attention_heads", 1 << 16), ("num_key_value_heads", 1 << 16), ("intermediate_size", 1 << 24),
+               ("num_attention_heads", 1 << 16), ("max_position_embeddings", 1 << 24),
+               ("num_key_value_heads", 1 << 16), ("intermediate_size", 1 << 24), ("n_inner", 1 << 24),
                ("head_dim", 1 << 16))
+OPTIONAL_SIZES = ("num_key_value_heads", "intermediate_size", "n_inner", "head_dim")
 
 
 def check_sizes(cfg, where):
+    """Each size a whole number within what tparity reads, named as the config file names it (GPT-2's
+    n_layer for num_hidden_layers: transformers' attribute_map)."""
     for field, most in SIZE_FIELDS:
         got = getattr(cfg, field, None)
-        if got is None and field in ("num_key_value_heads", "intermediate_size", "head_dim"):
+        if got is None and field in OPTIONAL_SIZES:
             continue  # not every architecture has it (GPT-2, BERT), or transformers derives it
+        key = getattr(cfg, "attribute_map", {}).get(field, field)
         if isinstance(got, bool) or not isinstance(got, int) or not 1 <= got <= most:
-            raise UsageError(f"{where}: {field}: expected a whole number from 1 to {most}, got {got!r}")
+            raise UsageError(f"{where}: {key}: expected a whole number from 1 to {most}, got {got!r}")
 
 
 def parse_layers(spec, L):
@@ -578,6 +583,8 @@ def read_tokens(path, vocab, max_positions):
     except json.JSONDecodeError as e:
         raise UsageError(f"--tokens {path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
+        if "comes twice" in str(e):
+            raise UsageError(f"--tokens {path}: {e}") from None
         raise UsageError(f"--tokens {path}: not JSON: {e}") from None
     if not isinstance(doc, dict):
         bad("(top level)", "expected an object {\"input_ids\": [[...], ...], \"attention_mask\": [[...], ...]}")

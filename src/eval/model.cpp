@@ -748,8 +748,10 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
   // would show as judged. Its components are looked at only beside its output.
   const ModelLayerEntry* with_output = nullptr;
   const ModelLayerEntry* without_output = nullptr;
-  for (const ModelLayerEntry& e : m.layers)
-    (d.find("layers." + std::to_string(e.index) + ".output") ? with_output : without_output) = &e;
+  for (const ModelLayerEntry& e : m.layers) {
+    const ModelLayerEntry*& which = d.find("layers." + std::to_string(e.index) + ".output") ? with_output : without_output;
+    if (!which) which = &e;  // the first of each
+  }
   if (with_output && without_output)
     throw InputError(fmt::format("{}: layers.{}.output: missing; expected the output of every layer of the export's "
                                  "slice ({}), or of none (the logits alone), as layers.{}.output is there",

@@ -300,15 +300,19 @@ def test_an_earlier_export_is_replaced(work, tokens_file, capsys):
 def test_bad_options_and_checkpoints(work, tokens_file, capsys):
     ck = make(work, "llama")
     bert = make(work, "bert")
+    gpt2 = make(work, "gpt2")
     t5 = work / "t5"
     t5.mkdir()
     (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 64}))
     (t5 / "model.safetensors").write_bytes(b"")
 
     def with_config(name, **fields):  # a copy of the llama checkpoint with config.json's fields changed
+        return with_config_of(ck, name, **fields)
+
+    def with_config_of(src, name, **fields):
         dst = work / f"config_{name}"
         if not dst.exists():
-            shutil.copytree(ck, dst)
+            shutil.copytree(src, dst)
             doc = json.loads((dst / "config.json").read_text())
             doc.update(fields)
             (dst / "config.json").write_text(json.dumps(doc))
@@ -329,7 +333,10 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
              (with_config("layers_0", num_hidden_layers=0), "num_hidden_layers: expected a whole number"),
              (with_config("heads_negative", num_attention_heads=-4), "num_attention_heads: expected a whole number "
               "from 1 to 65536, got -4"),
-             (with_config("vocab_2_40", vocab_size=2 ** 40), "vocab_size: expected a whole number from 1 to 16777216")]
+             (with_config("vocab_2_40", vocab_size=2 ** 40), "vocab_size: expected a whole number from 1 to 16777216"),
+             # GPT-2's sizes by its own keys: n_layer for num_hidden_layers; n_inner (None: 4 x n_embd)
+             (with_config_of(gpt2, "gpt2_layers", n_layer=80000), "config.json: n_layer: expected a whole number"),
+             (with_config_of(gpt2, "gpt2_inner", n_inner=2 ** 34), "config.json: n_inner: expected a whole number")]
     cases = [
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "2:9"], "--layers"),
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "x"], "--layers"),
