@@ -4,11 +4,14 @@
 // $TPARITY_MODELS_DIR) and reused while the exporter and the checkpoint's files are unchanged; --export names an export made
 // elsewhere (another machine, a CI job); --dump judges an engine's activations against it.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
 #include <iostream>
@@ -80,8 +83,33 @@ std::string sources_stamp(const ModelCliOptions& o) {
     if (!o.gguf_file.empty()) add(dir / o.gguf_file);
   }
   if (!o.tokens.empty()) add(fs::absolute(o.tokens));
+  s += "python\t" + python_path() + "\n";  // another Python is another transformers
   return s;
 }
+
+// One run at a time on one export: a second waits for the first's export and stamp, then finds them.
+// A file beside the export (not the models folder, which the stamp's own write locks); closing it
+// releases the lock, whatever ends the run.
+class ExportLock {
+ public:
+  explicit ExportLock(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
+    struct stat st {};
+    if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      const std::string why = fd_ < 0 ? std::strerror(errno) : "not a plain file";
+      if (fd_ >= 0) ::close(fd_);
+      throw InputError("model: " + path + ": cannot lock the export: " + why);
+    }
+    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~ExportLock() { ::close(fd_); }
+  ExportLock(const ExportLock&) = delete;
+  ExportLock& operator=(const ExportLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // The stamp kept beside an export (<folder>.sources), or "" when missing or not a plain file: read
 // through no link, and not as an input of the run (it is rewritten after an export).
@@ -133,7 +161,7 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   std::error_code ec;
   // Nothing in the models folder is followed: a link there would put another export's report under
   // this checkpoint's name.
-  for (const std::string& mine : {out, out + ".sources", out + ".log"}) {
+  for (const std::string& mine : {out, out + ".sources", out + ".log", out + ".lock"}) {
     const fs::file_status st = fs::symlink_status(mine, ec);
     const bool fits = !fs::exists(st) || (mine == out ? fs::is_directory(st) : fs::is_regular_file(st));
     if (!fits)
@@ -142,6 +170,8 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
                        " in the models folder (TPARITY_MODELS_DIR); expected what tparity made there or nothing "
                        "(remove it)");
   }
+  make_output_folder(dir, "the models folder (TPARITY_MODELS_DIR)");
+  const ExportLock lock(out + ".lock");
   const std::string stamp = sources_stamp(o);
   // The exporter and the two scripts it imports: an export older than any of them is made again.
   bool current = fs::is_regular_file(fs::symlink_status(out + "/model.json", ec)) && fs::exists(script, ec);
@@ -160,7 +190,6 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
     throw InputError("model: the exporter " + script + " is not here (a source checkout has it)");
   if (access(python.c_str(), X_OK) != 0)
     throw InputError("model: no Python at " + python + " (set TPARITY_PYTHON to one with requirements.txt installed)");
-  make_output_folder(dir, "the models folder (TPARITY_MODELS_DIR)");
   const std::string log = out + ".log";
   std::vector<std::string> argv{python, script};
   argv.insert(argv.end(), args.begin(), args.end());

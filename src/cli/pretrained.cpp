@@ -64,9 +64,12 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
                                      : std::string(std::strerror(err))));
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || ::ftruncate(fd, 0) != 0) {
+  // A plain file of this name alone: a hard link's other name may be anywhere on the file system.
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink > 1 || ::ftruncate(fd, 0) != 0) {
+    const bool linked = S_ISREG(st.st_mode) && st.st_nlink > 1;
     ::close(fd);
-    throw InputError(log + ": cannot write the exporter's log: not a plain file");
+    throw InputError(log + ": cannot write the exporter's log: " +
+                     (linked ? "it has other names (hard links)" : "not a plain file"));
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);

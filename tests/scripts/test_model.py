@@ -270,6 +270,47 @@ def test_an_export_is_made_again_when_its_sources_change_and_follows_no_link(wor
         r = tparity(args, {"TPARITY_MODELS_DIR": str(planted)})
         assert r.returncode == 2 and "a symbolic link in the models folder" in r.stderr, (suffix, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and victim.read_text() == "precious", (suffix, r.stderr)
+    # A hard link where the log goes: its other name may be anywhere; refused, not written through.
+    planted = work / "models_hard_link"
+    planted.mkdir()
+    os.link(victim, planted / (made[0] + ".log"))
+    r = tparity(args, {"TPARITY_MODELS_DIR": str(planted)})
+    assert r.returncode == 2 and "it has other names (hard links)" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and victim.read_text() == "precious", r.stderr
+
+
+def test_two_runs_at_once_share_one_export(work, exports):
+    """Two checks of one checkpoint started together: one exports, the other waits and reuses it (they
+    truncated each other's log, and the second failed quoting the first's success line)."""
+    models = work / "models_together"
+    args = [TPARITY, "model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(work / "tokens.json"),
+            "--format", "json"]
+    env = dict(os.environ, TPARITY_PYTHON=PYTHON, TPARITY_MODELS_DIR=str(models))
+    runs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
+    said = []
+    for p in runs:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0 and err == "", out[-1000:] + err
+        said += [n.split(" ")[0] for n in json.loads(out)["notes"] if " reused" in n or "exported now" in n]
+    assert sorted(said) == ["exported", "the"], said  # "exported now ...", "the export in ... reused"
+
+
+def test_a_float32_model_that_overflows_is_no_reference(work, exports):
+    """transformers' float32 model overflowing in the last RMSNorm made all its logits 0: its error, the
+    float32 bound's yardstick, was 1.0, and random or negated logits passed. Refused now."""
+    ck = work / "ck_overflow"
+    shutil.copytree(work / "ck_llama", ck)
+    weights = str(ck / "model.safetensors")
+    t = load_file(weights)
+    t["model.layers.2.mlp.down_proj.weight"] *= 1e38
+    save_file(t, weights, metadata={"format": "pt"})
+    r = tparity(["model", "--checkpoint", str(ck), "--tokens", str(work / "tokens.json")],
+                {"TPARITY_MODELS_DIR": str(work / "models_overflow")})
+    assert r.returncode == 2 and r.stdout == "", r.stdout[-1000:] + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "transformers' own float32 model is no reference for this checkpoint" in lines[0], \
+        r.stderr
 
 
 def test_a_head_that_makes_nan_logits_is_refused(work, exports):
