@@ -20,6 +20,7 @@
 #include "common.hpp"
 #include "pretrained.hpp"
 #include "tparity/core/defects.hpp"
+#include "tparity/eval/foreign.hpp"
 #include "tparity/eval/model.hpp"
 #include "tparity/harness/io.hpp"
 
@@ -198,7 +199,19 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   // one line, the refusal, when the export fails).
   if (isatty(2))
     std::cerr << "model: exporting " << (n ? o.name : o.checkpoint) << " with transformers (log " << log << ")\n";
-  const int rc = run_logged(argv, log);
+  int rc = 0;
+  try {
+    rc = run_logged(argv, log);
+  } catch (const Interrupted&) {
+    // The exporter killed: its temporary folder beside the export is removed (this run holds the lock,
+    // so no other run's export is under way there).
+    std::error_code rm;
+    const std::string prefix = "." + fs::path(out).filename().string() + ".tmp-";
+    for (fs::directory_iterator it(dir, rm), end; !rm && it != end; it.increment(rm))
+      if (it->path().filename().string().rfind(prefix, 0) == 0 && !fs::is_symlink(it->symlink_status(rm)))
+        fs::remove_all(it->path(), rm);
+    throw;
+  }
   if (rc == 0) {
     write_output_file(out + ".sources", stamp);  // as it was before the export began
     *note = "exported now into " + out + " (log " + log + ")";

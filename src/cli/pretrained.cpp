@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tparity/eval/foreign.hpp"
 #include "tparity/harness/dtensor.hpp"
 
 extern char** environ;
@@ -78,14 +79,32 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // In a group of its own, killed whole by a SIGINT, SIGTERM or SIGHUP to tparity (a signal to tparity
+  // alone left the exporter running, to put its export in place after tparity had gone), which then
+  // ends by Interrupted: 128 + the signal. SIGPIPE back to its default (the guard ignores it).
+  const InterruptGuard guard;
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGPIPE);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
   pid_t pid;
-  const int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  const int rc = posix_spawn(&pid, args[0], &fa, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   ::close(fd);
   if (rc != 0) return -1;
+  interrupt_kills(pid);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return -1;
+  int got = 0;
+  while ((got = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+  }
+  interrupt_kills(0);
+  if (const int sig = interrupted()) throw Interrupted(sig);
+  if (got < 0) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

@@ -12,8 +12,10 @@ SmolLM2's 30.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -294,6 +296,44 @@ def test_two_runs_at_once_share_one_export(work, exports):
         assert p.returncode == 0 and err == "", out[-1000:] + err
         said += [n.split(" ")[0] for n in json.loads(out)["notes"] if " reused" in n or "exported now" in n]
     assert sorted(said) == ["exported", "the"], said  # "exported now ...", "the export in ... reused"
+
+
+def test_a_signal_to_tparity_ends_its_exporter_too(work, exports):
+    """SIGTERM to tparity alone while it exports: it ended at once with no line, and the exporter ran on to
+    put an export in place after it. Now the exporter's group is killed, its temporary folder removed,
+    one line said and 128 + 15 returned; the next run exports again."""
+    models = work / "models_signal"
+    args = [TPARITY, "model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(work / "tokens.json"),
+            "--format", "json"]
+    env = dict(os.environ, TPARITY_PYTHON=PYTHON, TPARITY_MODELS_DIR=str(models))
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (models.exists() and any(".tmp-" in n.name for n in models.iterdir())):
+        time.sleep(0.02)
+    assert p.poll() is None, p.communicate()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and out == "", (p.returncode, out[-500:], err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "stopped by signal 15" in lines[0], err
+
+    def exporters():  # processes whose command line names this test's models folder
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            if str(models) in cmd:
+                found.append(cmd.replace("\0", " "))
+        return found
+    deadline = time.monotonic() + 10
+    while exporters() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exporters() == []
+    assert [n.name for n in models.iterdir() if n.is_dir()] == []  # no export, no temporary folder
+    r = tparity(args[1:], {"TPARITY_MODELS_DIR": str(models)})
+    assert r.returncode == 0 and any(n.startswith("exported now") for n in json.loads(r.stdout)["notes"]), r.stderr
 
 
 def test_a_float32_model_that_overflows_is_no_reference(work, exports):
