@@ -1,8 +1,9 @@
 // tparity model: a whole checkpoint layer by layer and end to end (eval/model.hpp, docs/models.md).
 // The checkpoint is exported first by transformers itself (scripts/export_model.py, in the project's
 // Python), into a folder kept per checkpoint and options (under the build's models/, or
-// $TPARITY_MODELS_DIR) and reused while the exporter and the checkpoint's files are unchanged; --export names an export made
-// elsewhere (another machine, a CI job); --dump judges an engine's activations against it.
+// $TPARITY_MODELS_DIR) and reused while the exporter and the checkpoint's files are unchanged;
+// --export names an export made elsewhere (another machine, a CI job); --dump judges an engine's
+// activations against it.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
