@@ -954,6 +954,8 @@ def export(a, tmp, log):
     cfg = load_config(folder, gguf)
     where = f"--gguf-file {gguf}" if gguf and not a.smollm2 else ("--smollm2" if a.smollm2 else
                                                                   os.path.join(folder, "config.json"))
+    # What the weights' own faults are named by: the checkpoint, not its config.json.
+    weights_where = where if gguf or a.smollm2 or a.minilm else f"--checkpoint {folder}"
     arch = check_supported(cfg, where)
     check_sizes(cfg, where)
     kind, norm_kind = ARCHS[arch]
@@ -1025,7 +1027,9 @@ def export(a, tmp, log):
             del m32, m64
             continue
         out64, comps64 = run.call(m64, x64, "true64", k, True)
-        check(bool(torch.isfinite(out64).all()), f"layer {k}: the float64 truth's output is not finite")
+        if not bool(torch.isfinite(out64).all()):  # the checkpoint's doing (NaN or huge weights): a refusal
+            raise UsageError(f"{weights_where}: layer {k}: the float64 truth's output is not finite (NaN or inf "
+                             f"weights?), so there is no truth to judge by")
         out32, comps32 = run.call(m32, x32r, "hf32", k, True)
         extra = {}
         if arch in LLAMA_FAMILY:
@@ -1075,15 +1079,16 @@ def export(a, tmp, log):
         logits64 = run.final(n64, l64, hidden64[L], True)
         # As each layer's output: a NaN in the head's weights would make a truth whose argmax torch and
         # tparity order differently (NaN is torch's largest), and whose KL and flips mean nothing.
-        check(bool(torch.isfinite(logits64).all()), "the float64 truth's logits are not finite (the final norm's "
-              "or lm_head's weights?)")
+        if not bool(torch.isfinite(logits64).all()):
+            raise UsageError(f"{weights_where}: the float64 truth's logits are not finite (the final norm's or "
+                             f"lm_head's weights?), so there is no truth to judge by")
         logits32 = run.final(n32, l32, hidden32[L], False)
         head_weights["final_norm.weight"] = n32.weight.detach().clone()
         if norm_kind == "layer":
             head_weights["final_norm.bias"] = n32.bias.detach().clone()
         head_weights["lm_head.weight"] = l32.weight.detach().clone()
         del n32, l32, n64, l64
-    check_float32_reference(where, hidden64, hidden32, logits64, logits32, mask, A, B)
+    check_float32_reference(weights_where, hidden64, hidden32, logits64, logits32, mask, A, B)
     t_layers = time.monotonic()
 
     # the whole model's own forward, where it is at hand or small
