@@ -113,21 +113,6 @@ class ExportLock {
   int fd_ = -1;
 };
 
-// The stamp kept beside an export (<folder>.sources), or "" when missing or not a plain file: read
-// through no link, and not as an input of the run (it is rewritten after an export).
-std::string kept_stamp(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return "";
-  std::string s;
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= (int64_t(1) << 24)) {
-    s.resize(size_t(st.st_size));
-    if (::read(fd, s.data(), s.size()) != ssize_t(s.size())) s.clear();
-  }
-  ::close(fd);
-  return s;
-}
-
 // The export's folder: made by the exporter when missing, older than it, or made from sources that
 // have changed since (sources_stamp, kept beside it in <folder>.sources), else reused. *note says which.
 std::string exported(const ModelCliOptions& o, std::string* note) {
@@ -180,7 +165,10 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   for (const char* helper : {"export_model.py", "export_llm_fixtures.py", "export_pretrained.py"})
     current = current && fs::last_write_time(out + "/model.json", ec) >= fs::last_write_time(script_path(helper), ec) &&
               !ec;
-  if (current && kept_stamp(out + ".sources") == stamp) {
+  // The stamp is read as strangers' files are (no link, a plain file), not as an input of the run: it
+  // is rewritten after an export.
+  if (current && fs::exists(fs::symlink_status(out + ".sources", ec)) &&
+      read_input_file(out + ".sources", "the export's sources stamp", uint64_t(1) << 24, false) == stamp) {
     *note = "the export in " + out + " reused: " +
             (n ? std::string("the named model's package is pinned (requirements.txt), and the exporter not changed "
                              "since")

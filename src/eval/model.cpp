@@ -761,7 +761,6 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
       if (e.name != "logits")
         throw InputError(dump + ": " + show_text(e.name) + ": a layer's components are judged beside its output, and " +
                          "the dump holds no layers.N.output");
-  bool any_layer = false;
   for (const ModelLayerEntry& e : m.layers) {
     if (!with_output) break;  // the logits alone: no layer judged, none shown as judged
     ModelLayerResult l;
@@ -783,7 +782,6 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
                          to_string(s.shape));
     }
     if (const StEntry* out = d.find(pre + "output")) {
-      any_layer = true;
       if (out->shape != btc)
         throw InputError(dump + ": " + pre + "output: expected shape " + to_string(btc) + ", got " + to_string(out->shape));
       const DTensor got = d.tensor(pre + "output");
@@ -831,7 +829,7 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
     }
     r.logits = judge_logits(m, got.dtype == DType::Float64 ? &got.data : nullptr, got.data, cap);
   }
-  if (!any_layer && !r.logits.present)
+  if (!with_output && !r.logits.present)
     throw InputError(dump + ": expected layers.N.output tensors or logits, got none of them");
   r.first_layer = -1;
   for (const ModelLayerResult& l : r.layers)

@@ -113,7 +113,7 @@ std::string show_json(const nlohmann::json& j) {
   return s.size() > 40 ? show_text(s, 37) : show_text(s, 40);
 }
 
-int open_input_file(const std::string& path, const std::string& what) {
+int open_input_file(const std::string& path, const std::string& what, bool input) {
   const std::string where = show_text(path, 300);
   if (path.empty()) throw InputError("cannot read " + what + ": expected a file path, got \"\"");
   // O_NOFOLLOW: a link is refused, not read through; O_NONBLOCK: a FIFO opens at once (to be refused)
@@ -138,13 +138,15 @@ int open_input_file(const std::string& path, const std::string& what) {
     ::close(fd);
     throw InputError(where + ": cannot read " + what + ": it is " + kind_of(st.st_mode) + ", not a regular file");
   }
-  const std::lock_guard<std::mutex> lock(g_inputs_mutex);
-  g_inputs.insert({st.st_dev, st.st_ino});
+  if (input) {
+    const std::lock_guard<std::mutex> lock(g_inputs_mutex);
+    g_inputs.insert({st.st_dev, st.st_ino});
+  }
   return fd;
 }
 
-std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
-  const int fd = open_input_file(path, what);
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes, bool input) {
+  const int fd = open_input_file(path, what, input);
   struct Close {
     int fd;
     ~Close() { ::close(fd); }

@@ -28,10 +28,12 @@ inline constexpr int kMaxJsonDepth = 64;
 
 // A read-only descriptor on the regular file `path`. InputError "<path>: cannot read <what>: ..."
 // when it is a symbolic link, a directory, a FIFO, a device or a socket, or cannot be opened. The
-// caller closes it.
-int open_input_file(const std::string& path, const std::string& what);
+// caller closes it. Remembered as an input of the run (is_input_file) unless `input` is false: a file
+// tparity itself keeps and rewrites (tparity model's stamp beside an export).
+int open_input_file(const std::string& path, const std::string& what, bool input = true);
 // The whole of the regular file `path` (as open_input_file), refused above `max_bytes`.
-std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxJsonBytes);
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxJsonBytes,
+                            bool input = true);
 // Whether `path` is one of the files this process has read through open_input_file (the same file,
 // by device and inode): outputs never replace an input.
 bool is_input_file(const std::string& path);
