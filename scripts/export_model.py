@@ -935,9 +935,8 @@ def check_float32_reference(where, hidden64, hidden32, logits64, logits32, mask,
     if logits64 is not None:
         pairs.append(("the logits", logits32, logits64))
     for what, got, truth in pairs:
-        g, t = got[real].double(), truth[real].double()
-        err = float(torch.linalg.vector_norm(g - t) / torch.linalg.vector_norm(t)) if bool(torch.isfinite(g).all()) \
-            else float("inf")
+        g = got[real]
+        err = rel(g, truth[real]) if bool(torch.isfinite(g).all()) else float("inf")  # rel skips non-finite
         if not err <= FLOAT32_REFERENCE_MOST:
             raise UsageError(f"{where}: transformers' own float32 model is no reference for this checkpoint: rel_l2 "
                              f"{err:.3g} against the float64 truth at {what} (expected at most "
