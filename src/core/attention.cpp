@@ -221,7 +221,7 @@ Tensor<T> out_proj(const T* context, int64_t B, int64_t L, int64_t E, const MhaW
   }
   const T* W = wt.empty() ? w.out_proj_weight.ptr() : wt.ptr();
   const T* b = bias && defect != Defect::DropBias ? w.out_proj_bias.ptr() : nullptr;
-  Tensor<T> out({B, L, E});
+  Tensor<T> out = Tensor<T>::unset({B, L, E});  // written whole by either product
   if (residual && !obs && core_path() == CorePath::Fast) {
     GemmEpilogue<T> ep;
     ep.bias = b, ep.residual = residual, ep.ldr = E;

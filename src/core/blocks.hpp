@@ -101,7 +101,7 @@ void add_feed_forward(Activation act, const Tensor<T>& w1, const Tensor<T>& b1, 
     ep.ldr = d;
     if (rows == N) {  // one pass: the sum straight into a new tensor
       linear_act_forward(hidden.ptr(), x.ptr(), w1.ptr(), b1.ptr(), N, d, F, act);
-      Tensor<T> out(x.shape);
+      Tensor<T> out = Tensor<T>::unset(x.shape);  // C at beta 0: written whole
       ep.residual = residual.ptr();
       gemm(false, true, N, d, F, T(1), hidden.ptr(), F, w2.ptr(), F, T(0), out.ptr(), d, &ep, num_threads());
       residual = std::move(out);

@@ -408,7 +408,7 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
   Tensor<T> ctx = cached_attention(q_rot, kv, c.groups(), scaling, T(c.attn_logit_softcapping), windowed, obs);
   if (obs) obs->on("context", ctx);
   profile::Scope o_proj(profile::Op::OutProj);
-  Tensor<T> out({B, Tn, C});
+  Tensor<T> out = Tensor<T>::unset({B, Tn, C});
   llm_linear(out.ptr(), ctx.ptr(), w.o_proj_weight.ptr(), bias_or_null(w.o_proj_bias), N, H * D, C);
   if (obs) obs->on("output", out);
   return out;
@@ -423,19 +423,19 @@ Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& 
   const int64_t N = x.size(0) * x.size(1);
   const T eps = T(c.rms_norm_eps);
   std::optional<profile::Scope> phase(std::in_place, profile::Op::Norms);
-  Tensor<T> h(x.shape);
+  Tensor<T> h = Tensor<T>::unset(x.shape);
   rms_norm_forward(h.ptr(), x.ptr(), w.input_layernorm.ptr(), eps, N, C);
   phase.reset();
   if (obs) obs->on("input_layernorm", h);
   PrefixObserver<T> sub(obs, "attn.");
   const Tensor<T> a = llama_attention_forward(c, w.self_attn, h, mask, cache, PrefixObserver<T>::wrap(obs, sub));
   phase.emplace(profile::Op::OutProj);
-  Tensor<T> x1(x.shape);
+  Tensor<T> x1 = Tensor<T>::unset(x.shape);
   add_forward(x1.ptr(), x.ptr(), a.ptr(), N * C);  // residual + hidden_states
   phase.reset();
   if (obs) obs->on("attn_residual", x1);
   phase.emplace(profile::Op::Norms);
-  Tensor<T> h2(x.shape);
+  Tensor<T> h2 = Tensor<T>::unset(x.shape);
   rms_norm_forward(h2.ptr(), x1.ptr(), w.post_attention_layernorm.ptr(), eps, N, C);
   phase.reset();
   if (obs) obs->on("post_attention_layernorm", h2);
@@ -446,18 +446,18 @@ Tensor<T> llama_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>& 
   const Tensor<T>& wu = swap ? w.gate_proj_weight : w.up_proj_weight;
   const Tensor<T>& bu = swap ? w.gate_proj_bias : w.up_proj_bias;
   profile::Scope mlp(profile::Op::FFN);
-  Tensor<T> gate({x.size(0), x.size(1), I}), up(gate.shape);
+  Tensor<T> gate = Tensor<T>::unset({x.size(0), x.size(1), I}), up = Tensor<T>::unset(gate.shape);
   llm_linear(gate.ptr(), h2.ptr(), wg.ptr(), bias_or_null(bg), N, C, I);
   llm_linear(up.ptr(), h2.ptr(), wu.ptr(), bias_or_null(bu), N, C, I);
   if (obs) obs->on("mlp.gate", gate), obs->on("mlp.up", up);
-  Tensor<T> act(gate.shape);
+  Tensor<T> act = Tensor<T>::unset(gate.shape);
   silu_forward(act.ptr(), gate.ptr(), N * I);
   for (int64_t i = 0; i < N * I; ++i) act.data[size_t(i)] *= up.data[size_t(i)];
   if (obs) obs->on("mlp.act", act);
-  Tensor<T> down(x.shape);
+  Tensor<T> down = Tensor<T>::unset(x.shape);
   llm_linear(down.ptr(), act.ptr(), w.down_proj_weight.ptr(), bias_or_null(w.down_proj_bias), N, I, C);
   if (obs) obs->on("mlp.down", down);
-  Tensor<T> out(x.shape);
+  Tensor<T> out = Tensor<T>::unset(x.shape);
   add_forward(out.ptr(), x1.ptr(), down.ptr(), N * C);
   if (obs) obs->on("output", out);
   return out;
@@ -475,13 +475,13 @@ Tensor<T> gemma2_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>&
   const T eps = T(c.rms_norm_eps);
   auto norm = [&](const Tensor<T>& in, const Tensor<T>& weight, const char* name) {
     profile::Scope scope(profile::Op::Norms);
-    Tensor<T> y(in.shape);
+    Tensor<T> y = Tensor<T>::unset(in.shape);
     gemma_rms_norm_forward(y.ptr(), in.ptr(), weight.ptr(), eps, in.numel() / C, C);
     if (obs) obs->on(name, y);
     return y;
   };
   auto residual = [&](const Tensor<T>& a, const Tensor<T>& b, const char* name) {
-    Tensor<T> y(a.shape);
+    Tensor<T> y = Tensor<T>::unset(a.shape);
     add_forward(y.ptr(), a.ptr(), b.ptr(), N * C);
     if (obs) obs->on(name, y);
     return y;
@@ -494,17 +494,17 @@ Tensor<T> gemma2_layer_forward(const LlamaConfig& c, const LlamaLayerWeights<T>&
   // residual = x; h = pre_feedforward_layernorm(x); h = mlp(h); h = post_feedforward_layernorm(h); x = residual + h
   const Tensor<T> h2 = norm(x1, w.pre_feedforward_layernorm, "pre_feedforward_layernorm");
   std::optional<profile::Scope> mlp(std::in_place, profile::Op::FFN);
-  Tensor<T> gate({x.size(0), x.size(1), I}), up(gate.shape);
+  Tensor<T> gate = Tensor<T>::unset({x.size(0), x.size(1), I}), up = Tensor<T>::unset(gate.shape);
   llm_linear(gate.ptr(), h2.ptr(), w.gate_proj_weight.ptr(), bias_or_null(w.gate_proj_bias), N, C, I);
   llm_linear(up.ptr(), h2.ptr(), w.up_proj_weight.ptr(), bias_or_null(w.up_proj_bias), N, C, I);
   if (obs) obs->on("mlp.gate", gate), obs->on("mlp.up", up);
   // Gemma2MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn gelu_pytorch_tanh, the formula of
   // gelu_new: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-  Tensor<T> act(gate.shape);
+  Tensor<T> act = Tensor<T>::unset(gate.shape);
   gelu_new_forward(act.ptr(), gate.ptr(), N * I);
   for (int64_t i = 0; i < N * I; ++i) act.data[size_t(i)] *= up.data[size_t(i)];
   if (obs) obs->on("mlp.act", act);
-  Tensor<T> down(x.shape);
+  Tensor<T> down = Tensor<T>::unset(x.shape);
   llm_linear(down.ptr(), act.ptr(), w.down_proj_weight.ptr(), bias_or_null(w.down_proj_bias), N, I, C);
   if (obs) obs->on("mlp.down", down);
   mlp.reset();
@@ -524,7 +524,7 @@ Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const
   need_shape(w.mlp_c_proj_weight, "mlp.c_proj.weight", {F, C});
   const int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
   const T eps = T(c.layer_norm_epsilon);
-  Tensor<T> h(x.shape);
+  Tensor<T> h = Tensor<T>::unset(x.shape);
   layernorm_forward(h.ptr(), x.ptr(), w.ln_1_weight.ptr(), w.ln_1_bias.ptr(), eps, N, C);
   if (obs) obs->on("ln_1", h);
   // c_attn(hidden_states).split(split_size, dim=2), each .view(B, T, -1, D).transpose(1, 2)
@@ -546,25 +546,25 @@ Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const
   if (cache) observe_cache(aobs, kv);
   Tensor<T> ctx = cached_attention(q, kv, 1, T(std::pow(double(D), -0.5)), T(0), mask, aobs);
   if (aobs) aobs->on("context", ctx);
-  Tensor<T> a(x.shape);
+  Tensor<T> a = Tensor<T>::unset(x.shape);
   conv1d_forward(a.ptr(), ctx.ptr(), w.c_proj_weight.ptr(), bias_or_null(w.c_proj_bias), N, C, C);
   if (aobs) aobs->on("output", a);
-  Tensor<T> x1(x.shape);
+  Tensor<T> x1 = Tensor<T>::unset(x.shape);
   add_forward(x1.ptr(), a.ptr(), x.ptr(), N * C);  // attn_output + residual
   if (obs) obs->on("attn_residual", x1);
-  Tensor<T> h2(x.shape);
+  Tensor<T> h2 = Tensor<T>::unset(x.shape);
   layernorm_forward(h2.ptr(), x1.ptr(), w.ln_2_weight.ptr(), w.ln_2_bias.ptr(), eps, N, C);
   if (obs) obs->on("ln_2", h2);
-  Tensor<T> fc({B, Tn, F});
+  Tensor<T> fc = Tensor<T>::unset({B, Tn, F});
   conv1d_forward(fc.ptr(), h2.ptr(), w.c_fc_weight.ptr(), bias_or_null(w.c_fc_bias), N, C, F);
   if (obs) obs->on("mlp.fc", fc);
-  Tensor<T> act(fc.shape);
+  Tensor<T> act = Tensor<T>::unset(fc.shape);
   gelu_new_forward(act.ptr(), fc.ptr(), N * F);
   if (obs) obs->on("mlp.act", act);
-  Tensor<T> m(x.shape);
+  Tensor<T> m = Tensor<T>::unset(x.shape);
   conv1d_forward(m.ptr(), act.ptr(), w.mlp_c_proj_weight.ptr(), bias_or_null(w.mlp_c_proj_bias), N, F, C);
   if (obs) obs->on("mlp.proj", m);
-  Tensor<T> out(x.shape);
+  Tensor<T> out = Tensor<T>::unset(x.shape);
   add_forward(out.ptr(), x1.ptr(), m.ptr(), N * C);  // residual + feed_forward_hidden_states
   if (obs) obs->on("output", out);
   return out;

@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -90,6 +91,17 @@ struct TensorAllocator {
     return static_cast<T*>(detail::tensor_allocate(n * sizeof(T)));
   }
   void deallocate(T* p, size_t n) noexcept { detail::tensor_deallocate(p, n * sizeof(T)); }
+  // An element the vector would value-initialise (zero, for a number) is default-initialised: left as
+  // the memory held it. Storage asks for zeros explicitly wherever a std::vector gives them (its count
+  // constructor, resize, emplace_back); only Storage::resize_unset leaves numbers unset.
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
   template <class U>
   bool operator==(const TensorAllocator<U>&) const noexcept {
     return true;
@@ -109,7 +121,15 @@ class Storage : public std::vector<T, TensorAllocator<T>> {
 
  public:
   using Base::Base;
+  using Base::emplace_back;
+  using Base::resize;
   Storage() = default;
+  // n zeros, as a std::vector's: the allocator would leave them unset (TensorAllocator::construct)
+  explicit Storage(size_t n, const TensorAllocator<T>& a = TensorAllocator<T>()) : Base(n, T(), a) {}
+  void resize(size_t n) { Base::resize(n, T()); }
+  T& emplace_back() { return Base::emplace_back(T()); }
+  // n elements, those past the old size left as the memory held them (Tensor::unset)
+  void resize_unset(size_t n) { Base::resize(n); }
   operator std::vector<T>() const { return std::vector<T>(this->begin(), this->end()); }
 };
 
@@ -130,12 +150,24 @@ struct Tensor {
 
   Tensor() = default;
   explicit Tensor(Shape s, T fill = T(0)) : shape(std::move(s)) {
-    const int64_t n = tparity::numel(shape);
-    if (n > kMaxTensorElements)
-      throw ShapeError("shape " + to_string(shape) + ": " + std::to_string(n) + " elements, above the " +
-                       std::to_string(kMaxTensorElements) + " any one tensor of the core may hold");
+    const int64_t n = checked_numel(shape);
     profile::Scope scope(profile::Op::ZeroFill);
     data.assign(size_t(n), fill);
+  }
+  // A tensor whose elements are left as the memory held them, for an output that the next op writes
+  // whole before anything reads it (a GEMM's C at beta 0, an elementwise op's out): no pass of zeros
+  // over it first (the seed block's layer spent 3% of its time filling its output so). Builds with
+  // assertions fill it with NaN instead, so that an element left unwritten shows in their tests.
+  static Tensor unset(Shape s) {
+    Tensor t;
+    const int64_t n = checked_numel(s);
+    t.shape = std::move(s);
+#ifdef NDEBUG
+    t.data.resize_unset(size_t(n));
+#else
+    t.data.assign(size_t(n), std::numeric_limits<T>::has_quiet_NaN ? std::numeric_limits<T>::quiet_NaN() : T(0));
+#endif
+    return t;
   }
   Tensor(Shape s, Storage<T> d) : shape(std::move(s)), data(std::move(d)) {
     assert(int64_t(data.size()) == tparity::numel(shape));
@@ -152,6 +184,15 @@ struct Tensor {
   int64_t size(int64_t i) const { return shape[size_t(i < 0 ? i + dim() : i)]; }
   T* ptr() { return data.data(); }
   const T* ptr() const { return data.data(); }
+
+ private:
+  static int64_t checked_numel(const Shape& shape) {
+    const int64_t n = tparity::numel(shape);
+    if (n > kMaxTensorElements)
+      throw ShapeError("shape " + to_string(shape) + ": " + std::to_string(n) + " elements, above the " +
+                       std::to_string(kMaxTensorElements) + " any one tensor of the core may hold");
+    return n;
+  }
 };
 
 template <class To, class From>
