@@ -889,7 +889,9 @@ TEST_CASE("cli: bench judges the targets against both references, profiles op by
   REQUIRE(j.at("cases").size() == 3);
   // The peak and the bandwidth (llama7b_decode is memory-bound) are the best of one run before the
   // cases and one after each (--quick: 5 each otherwise).
+  // The counts are the probes' own: how many runs each timed.
   CHECK(j.at("environment").at("limit_runs") == 4);
+  CHECK(j.at("environment").at("bandwidth_runs") == 4);
   CHECK(j.at("environment").at("bandwidth_bytes_s").get<double>() > 0);
   std::map<std::string, json> cases;
   for (const json& c : j.at("cases")) cases[c.at("name")] = c;

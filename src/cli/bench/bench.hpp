@@ -89,9 +89,15 @@ Stats stats(std::vector<double> v);
 // runs, whose small shapes say nothing of the peak, take one (each FMA run is about 30 ms, and the
 // suites start some sixty quick benches).
 constexpr int kLimitRuns = 5;
-double measure_peak(std::string& isa, int runs);
+// A limit's value, the best of the runs it timed, and how many it timed (what the run reports: not
+// the count it was asked for).
+struct Best {
+  double value = 0;
+  int runs = 0;
+};
+Best measure_peak(std::string& isa, int runs);
 // One core's streaming read bandwidth, bytes/s, the best of `runs` runs.
-double measure_bandwidth(int runs);
+Best measure_bandwidth(int runs);
 
 // The machine's limits over a run: each measure() takes them again (before the cases and after each),
 // the best kept, since a shared host's speed drifts over a run (one Emerald Rapids VM's FMA peak
@@ -103,8 +109,8 @@ struct Limits {
   double bandwidth = 0;  // bytes/s (measure_bandwidth); 0 unless measured
   int rounds = 0;
   int runs_per_round = kLimitRuns;  // 1 for --quick
+  int peak_runs = 0, bandwidth_runs = 0;  // timed over all the rounds, as the probes counted them
   void measure(bool with_bandwidth);
-  int runs() const { return runs_per_round * rounds; }
 };
 
 // Both sides of one case timed: interleaved, so that a slow spell of the machine hits both; on more

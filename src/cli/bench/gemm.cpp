@@ -95,7 +95,7 @@ int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
     fmt::print("{}\n", nlohmann::json{{"isa", to_string(gemm_isa())},
                                       {"peak_gflops", peak},
                                       {"peak_isa", limits.isa},
-                                      {"peak_runs", limits.runs()},
+                                      {"peak_runs", limits.peak_runs},
                                       {"reps", o.reps},
                                       {"heap", heap_pages()},
                                       {"products", out}}
@@ -106,7 +106,7 @@ int bench_gemm(const Options& o, const std::vector<BenchCase>& cases) {
       "tparity bench --gemm: the hand core's GEMM alone (x W^T, float32, {} path) | fp32 FMA peak {:.0f} GFLOP/s per "
       "core ({}, best of {} runs: {} before the products and {} after each) | medians of {} runs after 2 "
       "warm-ups\n{}\n\n",
-      to_string(gemm_isa()), peak, limits.isa, limits.runs(), limits.runs_per_round, limits.runs_per_round, o.reps,
+      to_string(gemm_isa()), peak, limits.isa, limits.peak_runs, limits.runs_per_round, limits.runs_per_round, o.reps,
       heap_pages());
   fmt::print("{:<20} {:<16} {:>18} {:>3} {:>24} {:>8} {:>8} {:>9}\n", "case", "product", "M x N x K", "thr",
              "ms (min-max)", "GFLOP/s", "of peak", "of square");

@@ -158,7 +158,7 @@ Stats stats(std::vector<double> v) {
 }
 
 // GFLOP/s of one core's fp32 FMA units, the best of `runs` runs, on the widest path the CPU has.
-double measure_peak(std::string& isa, int runs) {
+Best measure_peak(std::string& isa, int runs) {
 #if defined(__x86_64__)
   const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
   if (avx512 || avx2) {
@@ -174,11 +174,12 @@ double measure_peak(std::string& isa, int runs) {
       g.push_back(double(iters) * 12 * (avx512 ? 16 : 8) * 2 / s / 1e9);
     }
     (void)sink;
-    return *std::max_element(g.begin(), g.end());  // a limit: the best run (a neighbour only slows one down)
+    if (g.empty()) return {};
+    return {*std::max_element(g.begin(), g.end()), int(g.size())};  // a limit: the best run (a neighbour only slows one down)
   }
 #endif
   isa = "none";
-  return 0;
+  return {};
 }
 
 // One core's streaming read bandwidth, bytes/s: the best of `runs` sums over a 1 GiB buffer (far beyond
@@ -186,7 +187,7 @@ double measure_peak(std::string& isa, int runs) {
 // The buffer is the core's own storage, advised onto huge pages as the hand core's large tensors are
 // (core/tensor.hpp), so that the probe measures what one core can stream at best: on 4 KiB pages it
 // read 1-10% less on Zen 5 the same morning (docs/performance.md, "Huge pages by default").
-double measure_bandwidth(int runs) {
+Best measure_bandwidth(int runs) {
   const int64_t n = (int64_t(1) << 30) / 4;
   Storage<float> buf(size_t(n), 1.0f);
   std::vector<double> bw;
@@ -206,12 +207,17 @@ double measure_bandwidth(int runs) {
     bw.push_back(double(n) * 4 / std::chrono::duration<double>(Clock::now() - t0).count());
   }
   (void)sink;
-  return *std::max_element(bw.begin(), bw.end());
+  if (bw.empty()) return {};
+  return {*std::max_element(bw.begin(), bw.end()), int(bw.size())};
 }
 
 void Limits::measure(bool with_bandwidth) {
-  peak = std::max(peak, measure_peak(isa, runs_per_round));
-  if (with_bandwidth) bandwidth = std::max(bandwidth, measure_bandwidth(runs_per_round));
+  const Best p = measure_peak(isa, runs_per_round);
+  peak = std::max(peak, p.value), peak_runs += p.runs;
+  if (with_bandwidth) {
+    const Best b = measure_bandwidth(runs_per_round);
+    bandwidth = std::max(bandwidth, b.value), bandwidth_runs += b.runs;
+  }
   ++rounds;
 }
 

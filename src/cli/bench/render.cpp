@@ -67,11 +67,11 @@ nlohmann::json profile_json(const Options& o, const Result& r) {
   return j;
 }
 
-// How many runs the peak and the bandwidth are the best of, and when they were taken.
-std::string limits_when(const Run& run) {
+// How many runs a limit is the best of (`runs`, the peak's or the bandwidth's), and when they were taken.
+std::string limits_when(const Run& run, int runs) {
   const int each = run.limits.runs_per_round;
-  return run.limits.rounds > 1 ? fmt::format("{} runs: {} before the cases and {} after each", run.limits.runs(), each, each)
-                              : std::to_string(each);
+  return run.limits.rounds > 1 ? fmt::format("{} runs: {} before the cases and {} after each", runs, each, each)
+                              : fmt::format("{} runs", runs);
 }
 
 }  // namespace
@@ -88,7 +88,8 @@ void print_json(const Options& o, const Run& run) {
                         {"reference", to_json(ref)},
                         {"peak_gflops", peak},
                         {"peak_isa", run.limits.isa},
-                        {"limit_runs", run.limits.runs()},
+                        {"limit_runs", run.limits.peak_runs},
+                        {"bandwidth_runs", run.limits.bandwidth_runs},
                         {"bandwidth_bytes_s", bandwidth},
                         {"unset", dropped ? dropped : ""},
                         {"pinned", pinned ? pinned : ""},
@@ -150,12 +151,12 @@ void print_table(const Options& o, const Run& run) {
   const std::vector<Result>& results = run.results;
   fmt::print(
       "tparity bench: {} | hand core ISA {} | fp32 FMA peak {:.0f} GFLOP/s per core ({}, best of {})\nreference: {}\n",
-      cpu_model(), to_string(gemm_isa()), peak, run.limits.isa, limits_when(run), ref.line());
+      cpu_model(), to_string(gemm_isa()), peak, run.limits.isa, limits_when(run, run.limits.peak_runs), ref.line());
   if (!ref.warning.empty()) fmt::print("warning: {}\n", ref.warning);
   fmt::print("{}\n", caches_line());
   if (bandwidth > 0)
     fmt::print("memory bandwidth: {:.1f} GB/s (one core's streaming read of 1 GiB, best of {})\n", bandwidth / 1e9,
-               limits_when(run));
+               limits_when(run, run.limits.bandwidth_runs));
   fmt::print("{}\n", dropped ? fmt::format("unset for this run, so OpenBLAS picks its own kernels: {}", dropped)
                              : std::string("no OpenBLAS overrides were set"));
   if (pinned) fmt::print("pinned for LibTorch in this run: {}\n", pinned);
