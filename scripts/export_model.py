@@ -262,13 +262,19 @@ def resolve_checkpoint(a):
 
 def load_config(folder, gguf):
     from transformers import AutoConfig
+    # A field of the wrong type (num_hidden_layers 2.0 or "3") fails huggingface_hub's strict dataclass
+    # validation, whose message spans lines: "Validation error for field 'num_hidden_layers':" and then
+    # "TypeError: Field ... expected int, got float (value: 2.0)". One line of it, both parts.
+    from huggingface_hub.errors import StrictDataclassError
     try:
         if gguf:
             return AutoConfig.from_pretrained(folder, gguf_file=gguf)
         return AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
         what = f"--gguf-file {gguf}" if gguf else os.path.join(folder, "config.json")
-        raise UsageError(f"{what}: transformers cannot read its config: {str(e).splitlines()[0][:200]}") from None
+        text = " ".join(str(e).split())
+        text = text if len(text) <= 240 else text[:237] + "..."
+        raise UsageError(f"{what}: transformers cannot read its config: {text}") from None
 
 
 def check_supported(cfg, where):

@@ -331,6 +331,11 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
              (with_config("layers_80000", num_hidden_layers=80000), "num_hidden_layers: expected a whole number "
               "from 1 to 4096, got 80000"),
              (with_config("layers_0", num_hidden_layers=0), "num_hidden_layers: expected a whole number"),
+             # a wrong type fails transformers' own validation, before the sizes are looked at: its two
+             # lines as one
+             (with_config("layers_float", num_hidden_layers=2.0), "'num_hidden_layers': TypeError: Field "
+              "'num_hidden_layers' expected int, got float (value: 2.0)"),
+             (with_config("eps_string", rms_norm_eps="1e-6"), "'rms_norm_eps'"),
              (with_config("heads_negative", num_attention_heads=-4), "num_attention_heads: expected a whole number "
               "from 1 to 65536, got -4"),
              (with_config("vocab_2_40", vocab_size=2 ** 40), "vocab_size: expected a whole number from 1 to 16777216"),
