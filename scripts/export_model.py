@@ -53,6 +53,7 @@ import contextlib
 import copy
 import importlib
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -316,6 +317,7 @@ SIZE_FIELDS = (("num_hidden_layers", 4096), ("hidden_size", 1 << 20), ("vocab_si
                ("num_attention_heads", 1 << 16), ("max_position_embeddings", 1 << 24),
                ("num_key_value_heads", 1 << 16), ("intermediate_size", 1 << 24), ("n_inner", 1 << 24),
                ("head_dim", 1 << 16))
+UNUSED_SHOWN = 5  # model.json's unused_tensors.first: at most this many names (eval/model.cpp reads as many)
 OPTIONAL_SIZES = ("num_key_value_heads", "intermediate_size", "n_inner", "head_dim")
 
 
@@ -470,6 +472,20 @@ class StreamedSource:
             if c in self.stored:
                 return c
         raise UsageError(f"--checkpoint {self.tensors.folder}: tensor {name} is missing from the checkpoint")
+
+    def unused(self):
+        """The checkpoint's tensors that the model its config builds reads none of, in natural order: a config
+        of fewer layers than the weights, a pretraining head beside a base model. transformers loads such a
+        checkpoint without them, saying so in its log only. A tensor named as one of the model's buffers is
+        the model's, though it makes its own (all-MiniLM-L6-v2 keeps embeddings.position_ids, a buffer saved
+        when it was persistent)."""
+        used = set()
+        for n in itertools.chain(self.meta.state_dict(), (b for b, _ in self.meta.named_buffers())):
+            try:
+                used.add(self.key(n))
+            except UsageError:
+                pass  # missing: materialize names it where a part needs it
+        return sorted(self.stored - used, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])
 
     def materialize(self, meta_module):
         m = copy.deepcopy(meta_module).to_empty(device="cpu")
@@ -1000,6 +1016,8 @@ def export(a, tmp, log):
     else:
         src = StreamedSource(folder, arch, cfg)
     cfg = src.cfg
+    # A GGUF file's tensors go by llama.cpp's names, not the model's: not looked at.
+    unused = None if gguf else (src if not whole else StreamedSource(folder, arch, cfg)).unused()
     t_load = time.monotonic()
     run = Runner(arch, cfg, ids, mask)
 
@@ -1150,6 +1168,7 @@ def export(a, tmp, log):
         "logit_softcap": None if cap is None else float(cap),
         "prompts": prompts,
         "generation": None if gen is None else {"steps": a.generate, "prompt_length": lengths[0]},
+        "unused_tensors": None if unused is None else {"count": len(unused), "first": unused[:UNUSED_SHOWN]},
         "tensor_file": "model.safetensors",
     }
     tf.write(os.path.join(tmp, "model.safetensors"))
@@ -1169,6 +1188,9 @@ def export(a, tmp, log):
                      f"top-1 agreement {top1}/{n}")
     if whole_note:
         lines.append("  " + whole_note)
+    if unused:
+        lines.append(f"  {len(unused)} tensor(s) of the checkpoint the config's model does not read: "
+                     f"{', '.join(unused[:UNUSED_SHOWN])}{', ...' if len(unused) > UNUSED_SHOWN else ''}")
     if gen is not None:
         new = gen["ids"][0, lengths[0]:].tolist()
         text = tok.decode(new) if tok is not None else str(new)

@@ -64,6 +64,8 @@ struct Fields {
   }
 };
 
+constexpr int64_t kUnusedNamesShown = 5;  // unused_tensors.first: the exporter's UNUSED_SHOWN
+
 const char* const kArchitectures[] = {"llama", "mistral", "qwen3", "gemma2", "gpt2", "bert"};
 
 // The tensor `name` of the export, its dtype and shape checked.
@@ -76,6 +78,17 @@ DTensor tensor_of(const ModelExport& m, const std::string& name, DType dtype, co
   if (t.shape != shape)
     throw InputError(where + ": " + name + ": expected shape " + to_string(shape) + ", got " + to_string(t.shape));
   return t;
+}
+
+// What the checkpoint holds beyond its config's model: judged is the model as configured, which may
+// not be the one the weights were trained as (a layer count cut short).
+std::string unused_note(const ModelExport& m) {
+  std::string names;
+  for (const std::string& n : m.unused_first) names += (names.empty() ? "" : ", ") + n;
+  return fmt::format("the checkpoint holds {} tensor{} that the model its config builds does not read ({}{}): "
+                     "judged is the model as configured",
+                     m.unused_count, m.unused_count == 1 ? "" : "s", names,
+                     m.unused_count > int64_t(m.unused_first.size()) ? ", ..." : "");
 }
 
 Shape ids_shape(const ModelExport& m) {
@@ -175,6 +188,27 @@ ModelExport read_model_export(const std::string& dir) {
     m.generate_steps = gf.integer("steps", 1, 4096);
     m.prompt_length = gf.integer("prompt_length", 1, 1 << 20);
     if (encoder) throw InputError(path + ": generation: an encoder generates nothing; expected null");
+  }
+  if (f.has("unused_tensors")) {
+    const auto& u = j.at("unused_tensors");
+    if (!u.is_object() || u.size() != 2 || !u.contains("count") || !u.contains("first"))
+      throw InputError(path + ": unused_tensors: expected {\"count\", \"first\"} or null, got " + show_json(u));
+    Fields uf{u, path + ": unused_tensors", {}};
+    m.unused_count = uf.integer("count", 0, int64_t(1) << 30);
+    const auto& names = u.at("first");
+    if (!names.is_array() || int64_t(names.size()) > std::min<int64_t>(m.unused_count, kUnusedNamesShown))
+      throw InputError(path + ": unused_tensors.first: expected an array of at most " +
+                       std::to_string(std::min<int64_t>(m.unused_count, kUnusedNamesShown)) + " names, got " +
+                       show_json(names));
+    for (const auto& n : names) {
+      const bool plain = n.is_string() && !n.get<std::string>().empty() && n.get<std::string>().size() <= 256 &&
+                         std::none_of(n.get_ref<const std::string&>().begin(), n.get_ref<const std::string&>().end(),
+                                      [](char c) { return (unsigned char)c < 0x20 || c == 0x7f; });
+      if (!plain)
+        throw InputError(path + ": unused_tensors.first: expected tensor names (1 to 256 bytes, no control "
+                         "characters), got " + show_json(n));
+      m.unused_first.push_back(n.get<std::string>());
+    }
   }
   const std::string tf = f.str("tensor_file");
   check_file_name(tf, path, "tensor_file");
@@ -712,6 +746,7 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
   if (!o.perturb_weight.empty())
     r.notes.push_back(fmt::format("layer {}'s {} moved by Gaussian noise of relative size {:g} in the hand core",
                                   o.perturb_layer, o.perturb_weight, o.perturb_size));
+  if (m.unused_count > 0) r.notes.push_back(unused_note(m));
   decide(r);
   return r;
 }
@@ -843,6 +878,7 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
   r.notes.push_back("an engine's dump: each layer's output judged against transformers' own float32 chain at its "
                     "depth (2 x quantile(n_eff) x its rel_l2 + 4u), float64 dumps at 1e-10");
   if (!with_output) r.notes.push_back("the dump holds no layer's output: its logits alone judged");
+  if (m.unused_count > 0) r.notes.push_back(unused_note(m));
   return r;
 }
 

@@ -9,6 +9,7 @@ every architecture must pass `tparity check` (TPARITY_BIN names another binary).
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 from safetensors import safe_open  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -128,6 +129,7 @@ def test_files_and_model_json(exports, arch):
     assert doc["layers"] == [{"index": k, "fixture": f"layer_{k:03d}.json"} for k in range(3)]
     assert doc["hidden_size"] == 64 and doc["vocab_size"] == 256 and doc["checkpoint"] == os.path.basename(ck)
     assert doc["prompts"] is None and doc["generation"] is None
+    assert doc["unused_tensors"] == {"count": 0, "first": []}  # the config's model reads every tensor
     assert t["input_ids"].dtype == torch.int64 and t["input_ids"].tolist() == TOKENS["input_ids"]
     assert t["attention_mask"].tolist() == TOKENS["attention_mask"]
     for k in range(4):
@@ -285,6 +287,43 @@ def test_an_existing_folder_that_is_not_an_export_is_refused(work, tokens_file, 
     link.symlink_to(target)
     rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(link)], capsys)
     assert rc == 2 and "symbolic link" in err and os.listdir(target) == []
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_tensors_the_config_leaves_unread_are_counted_and_named(work, tokens_file, capsys, arch):
+    # A config of one layer on a checkpoint of three: transformers builds and loads the one-layer model, the
+    # other two layers' weights unread; the export says how many and names the first five in natural order.
+    ck = make(work, arch)
+    cut = work / f"cut_{arch}"
+    if not cut.exists():
+        shutil.copytree(ck, cut)
+        doc = json.loads((cut / "config.json").read_text())
+        doc["n_layer" if arch == "gpt2" else "num_hidden_layers"] = 1
+        (cut / "config.json").write_text(json.dumps(doc))
+    with safe_open(os.path.join(ck, "model.safetensors"), "pt") as f:
+        stored = list(f.keys())
+    layer = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
+    want = sorted((n for n in stored if layer.search(n) and int(layer.search(n).group(1)) >= 1),
+                  key=lambda n: (int(layer.search(n).group(1)), n))
+    out = work / f"cut_{arch}_out"
+    rc, stdout, err = export(["--checkpoint", str(cut), "--tokens", tokens_file, "--out", str(out)], capsys)
+    assert rc == 0, err
+    doc, _ = model_of(out)
+    assert doc["num_hidden_layers"] == 1
+    assert doc["unused_tensors"]["count"] == len(want) and len(want) >= 2 * 4
+    assert doc["unused_tensors"]["first"] == want[:5]
+    assert f"{len(want)} tensor(s) of the checkpoint the config's model does not read" in err  # the summary
+    if arch == "gpt2":  # an old checkpoint's causal masks, which today's GPT-2 does not keep: unread too, layer 0's
+        masked = work / "cut_gpt2_masks"
+        if not masked.exists():
+            shutil.copytree(cut, masked)
+            t = load_file(str(masked / "model.safetensors"))
+            t["transformer.h.0.attn.bias"] = torch.tril(torch.ones(1, 1, 8, 8))
+            save_file(t, str(masked / "model.safetensors"), metadata={"format": "pt"})
+        rc, _, err = export(["--checkpoint", str(masked), "--tokens", tokens_file, "--out", str(out)], capsys)
+        assert rc == 0, err
+        assert model_of(out)[0]["unused_tensors"] == {"count": len(want) + 1,
+                                                      "first": ["transformer.h.0.attn.bias"] + want[:4]}
 
 
 def test_an_earlier_export_is_replaced(work, tokens_file, capsys):

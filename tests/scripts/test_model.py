@@ -353,6 +353,25 @@ def test_a_float32_model_that_overflows_is_no_reference(work, exports):
         r.stderr
 
 
+def test_a_config_cut_short_is_judged_as_configured_and_says_so(work, exports):
+    """A config.json of one layer on a checkpoint of three: both sides build the one-layer model and it
+    passes; the report says that the weights hold tensors the model as configured does not read."""
+    ck = work / "ck_cut"
+    shutil.copytree(work / "ck_llama", ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    (ck / "config.json").write_text(json.dumps(cfg))
+    r = tparity(["model", "--checkpoint", str(ck), "--tokens", str(work / "tokens.json"), "--format", "json"],
+                {"TPARITY_MODELS_DIR": str(work / "models_cut")})
+    assert r.returncode == 0, r.stdout[-1000:] + r.stderr
+    notes = json.loads(r.stdout)["notes"]
+    cut = [n for n in notes if "tensors that the model its config builds does not read" in n]
+    assert len(cut) == 1 and cut[0].startswith("the checkpoint holds 18 tensors that"), notes  # layers 1, 2: 9 each
+    assert "(model.layers.1.input_layernorm.weight, " in cut[0] and ", ...)" in cut[0], cut[0]
+    # the full config reads every tensor: no such note
+    assert not [n for n in json.loads(exports["llama"]["run"].stdout)["notes"] if "does not read" in n]
+
+
 def test_a_head_that_makes_nan_logits_is_refused(work, exports):
     """One NaN row of lm_head: the truth's logits hold NaN, whose argmax torch and tparity order
     differently (a false alarm in generation) and whose KL was shown as 0; refused like a layer's."""
@@ -433,6 +452,10 @@ CRAFTED = [
     ("architecture", _set("architecture", "t5"), "architecture"),
     ("module of another family", _set("module", "MultiheadAttention"), "module"),
     ("tensor file", _set("tensor_file", "../model.safetensors"), "tensor_file"),
+    ("unused names past the count", _set("unused_tensors", {"count": 1, "first": ["a", "b"]}), "unused_tensors.first"),
+    ("unused name with a newline", _set("unused_tensors", {"count": 1, "first": ["a\nPASS"]}), "unused_tensors.first"),
+    ("unused count negative", _set("unused_tensors", {"count": -1, "first": []}), "unused_tensors: count"),
+    ("unused not an object", _set("unused_tensors", [3]), "unused_tensors"),
 ]
 
 
@@ -480,6 +503,8 @@ def run_named(work, name):
 def test_minilm(work):
     doc, models = run_named(work, "minilm")
     assert len(doc["layers"]) == 6 and doc["pass"]
+    # its checkpoint keeps embeddings.position_ids, a buffer transformers now makes and drops knowingly
+    assert not [n for n in doc["notes"] if "does not read" in n], doc["notes"]
     ex = named_model_export(models, "minilm")
     r = tparity(["model", "--export", ex, "--defect", "layernorm-eps", "--defect-layer", "3"])
     assert r.returncode == 1 and "first diverging layer 3: norm1" in r.stdout, r.stdout[-1500:]

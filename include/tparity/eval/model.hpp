@@ -52,6 +52,11 @@ struct ModelExport {
   std::optional<double> logit_softcap;
   int64_t generate_steps = 0, prompt_length = 0;
   std::vector<std::string> prompts;
+  // The checkpoint's tensors that the model its config builds does not read (a config of fewer layers
+  // than the weights, a pretraining head beside a base model): how many, and the first few names;
+  // -1 when the exporter could not tell (a GGUF file).
+  int64_t unused_count = -1;
+  std::vector<std::string> unused_first;
   std::shared_ptr<const SafetensorsFile> tensors;  // model.safetensors
   bool has_head() const { return tensors->find("lm_head.weight") != nullptr; }
 };
