@@ -164,6 +164,14 @@ size_t set_kept_limit(size_t) noexcept { return 0; }
 
 }  // namespace
 
+bool unset_filled_with_nan() noexcept {
+#ifdef NDEBUG
+  return false;
+#else
+  return true;
+#endif
+}
+
 void* tensor_allocate(size_t bytes) { return bytes < kHugeBlock ? ::operator new(bytes) : large_allocate(bytes); }
 
 void tensor_deallocate(void* p, size_t bytes) noexcept {

@@ -78,6 +78,13 @@ void release_kept_memory() noexcept;
 namespace detail {
 void* tensor_allocate(size_t bytes);                   // throws std::bad_alloc
 void tensor_deallocate(void* p, size_t bytes) noexcept;  // bytes: as allocated
+// Set on this thread by Storage::resize_unset alone, for its one resize: TensorAllocator::construct
+// then leaves a number it is asked to value-initialise unset.
+inline thread_local bool t_leave_unset = false;
+// Whether Tensor::unset fills its elements with NaN: in the core library's builds with assertions (the
+// sanitizers'), so that an element an op leaves unwritten shows in their tests. Decided where the
+// library is built (tensor.cpp), not in each includer, so that every object agrees on it.
+bool unset_filled_with_nan() noexcept;
 }  // namespace detail
 
 template <class T>
@@ -91,12 +98,14 @@ struct TensorAllocator {
     return static_cast<T*>(detail::tensor_allocate(n * sizeof(T)));
   }
   void deallocate(T* p, size_t n) noexcept { detail::tensor_deallocate(p, n * sizeof(T)); }
-  // An element the vector would value-initialise (zero, for a number) is default-initialised: left as
-  // the memory held it. Storage asks for zeros explicitly wherever a std::vector gives them (its count
-  // constructor, resize, emplace_back); only Storage::resize_unset leaves numbers unset.
+  // An element the vector value-initialises (zero, for a number) as std::allocator's would be; but
+  // default-initialised, left as the memory held it, inside Storage::resize_unset alone.
   template <class U>
   void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
-    ::new (static_cast<void*>(p)) U;
+    if (detail::t_leave_unset)
+      ::new (static_cast<void*>(p)) U;
+    else
+      ::new (static_cast<void*>(p)) U();
   }
   template <class U, class... A>
   void construct(U* p, A&&... a) {
@@ -121,15 +130,16 @@ class Storage : public std::vector<T, TensorAllocator<T>> {
 
  public:
   using Base::Base;
-  using Base::emplace_back;
-  using Base::resize;
   Storage() = default;
-  // n zeros, as a std::vector's: the allocator would leave them unset (TensorAllocator::construct)
-  explicit Storage(size_t n, const TensorAllocator<T>& a = TensorAllocator<T>()) : Base(n, T(), a) {}
-  void resize(size_t n) { Base::resize(n, T()); }
-  T& emplace_back() { return Base::emplace_back(T()); }
-  // n elements, those past the old size left as the memory held them (Tensor::unset)
-  void resize_unset(size_t n) { Base::resize(n); }
+  // n elements, those past the old size left as the memory held them (Tensor::unset); every other way
+  // a std::vector makes elements of none gives zeros, as ever.
+  void resize_unset(size_t n) {
+    struct Leave {
+      Leave() { detail::t_leave_unset = true; }
+      ~Leave() { detail::t_leave_unset = false; }
+    } leave;
+    this->resize(n);
+  }
   operator std::vector<T>() const { return std::vector<T>(this->begin(), this->end()); }
 };
 
@@ -156,17 +166,16 @@ struct Tensor {
   }
   // A tensor whose elements are left as the memory held them, for an output that the next op writes
   // whole before anything reads it (a GEMM's C at beta 0, an elementwise op's out): no pass of zeros
-  // over it first (the seed block's layer spent 3% of its time filling its output so). Builds with
-  // assertions fill it with NaN instead, so that an element left unwritten shows in their tests.
+  // over it first (the seed block's layer spent 3% of its time filling its output so). The core
+  // library's builds with assertions fill it with NaN instead (detail::unset_filled_with_nan).
   static Tensor unset(Shape s) {
     Tensor t;
     const int64_t n = checked_numel(s);
     t.shape = std::move(s);
-#ifdef NDEBUG
-    t.data.resize_unset(size_t(n));
-#else
-    t.data.assign(size_t(n), std::numeric_limits<T>::has_quiet_NaN ? std::numeric_limits<T>::quiet_NaN() : T(0));
-#endif
+    if (std::numeric_limits<T>::has_quiet_NaN && detail::unset_filled_with_nan())
+      t.data.assign(size_t(n), std::numeric_limits<T>::quiet_NaN());
+    else
+      t.data.resize_unset(size_t(n));
     return t;
   }
   Tensor(Shape s, Storage<T> d) : shape(std::move(s)), data(std::move(d)) {
