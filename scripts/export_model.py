@@ -317,8 +317,17 @@ SIZE_FIELDS = (("num_hidden_layers", 4096), ("hidden_size", 1 << 20), ("vocab_si
                ("num_attention_heads", 1 << 16), ("max_position_embeddings", 1 << 24),
                ("num_key_value_heads", 1 << 16), ("intermediate_size", 1 << 24), ("n_inner", 1 << 24),
                ("head_dim", 1 << 16))
-UNUSED_SHOWN = 5  # model.json's unused_tensors.first: at most this many names (eval/model.cpp reads as many)
 OPTIONAL_SIZES = ("num_key_value_heads", "intermediate_size", "n_inner", "head_dim")
+
+
+UNUSED_SHOWN = 5  # model.json's unused_tensors.first: at most this many names (eval/model.cpp reads as many)
+
+
+def shown_name(n):
+    """A checkpoint's tensor name as model.json may hold it (eval/model.cpp): printable ASCII, every other
+    character escaped as Python escapes it, at most 256 bytes."""
+    text = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in n)
+    return text if len(text) <= 256 else text[:253] + "..."
 
 
 def check_sizes(cfg, where):
@@ -466,8 +475,9 @@ class StreamedSource:
             candidates.append(name[len(self.base_prefix):])
         else:
             candidates.append(self.base_prefix + name)
-        if name in self.tied:
-            candidates.append(self.tied[name])
+        if name in self.tied:  # the embedding, itself with or without the base model's prefix
+            t = self.tied[name]
+            candidates += [t, t[len(self.base_prefix):] if t.startswith(self.base_prefix) else self.base_prefix + t]
         for c in candidates:
             if c in self.stored:
                 return c
@@ -476,16 +486,28 @@ class StreamedSource:
     def unused(self):
         """The checkpoint's tensors that the model its config builds reads none of, in natural order: a config
         of fewer layers than the weights, a pretraining head beside a base model. transformers loads such a
-        checkpoint without them, saying so in its log only. A tensor named as one of the model's buffers is
-        the model's, though it makes its own (all-MiniLM-L6-v2 keeps embeddings.position_ids, a buffer saved
-        when it was persistent)."""
+        checkpoint without them, saying so in its log only. Left out, as transformers leaves them out of its
+        own report: what the model makes itself though older checkpoints saved it, named as one of its
+        buffers (all-MiniLM-L6-v2's embeddings.position_ids; LLaMA's per-layer rotary_emb.inv_freq, the
+        model's own now one level up), and the model's _keys_to_ignore_on_load_unexpected (GPT-2's causal
+        masks, attn.bias), each matched as whole components at the name's end (transformers searches its
+        patterns anywhere, so that GPT-2's attn.bias there hides c_attn.bias too)."""
         used = set()
-        for n in itertools.chain(self.meta.state_dict(), (b for b, _ in self.meta.named_buffers())):
+        for n in self.meta.state_dict():
             try:
                 used.add(self.key(n))
             except UsageError:
                 pass  # missing: materialize names it where a part needs it
-        return sorted(self.stored - used, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])
+        ends = {".".join(b.split(".")[-2:]) for b, _ in self.meta.named_buffers()}
+        ignored = [re.compile(rf"(?:^|\.)(?:{p})$")
+                   for p in (getattr(self.meta, "_keys_to_ignore_on_load_unexpected", None) or ())]
+
+        def own(n):
+            return any(n == e or n.endswith("." + e) for e in ends) or any(r.search(n) for r in ignored)
+
+        def natural(n):
+            return [int(t) if t.isascii() and t.isdigit() else t for t in re.split(r"([0-9]+)", n)]
+        return sorted((n for n in self.stored - used if not own(n)), key=natural)
 
     def materialize(self, meta_module):
         m = copy.deepcopy(meta_module).to_empty(device="cpu")
@@ -1168,7 +1190,8 @@ def export(a, tmp, log):
         "logit_softcap": None if cap is None else float(cap),
         "prompts": prompts,
         "generation": None if gen is None else {"steps": a.generate, "prompt_length": lengths[0]},
-        "unused_tensors": None if unused is None else {"count": len(unused), "first": unused[:UNUSED_SHOWN]},
+        "unused_tensors": None if unused is None else {"count": len(unused),
+                                                        "first": [shown_name(n) for n in unused[:UNUSED_SHOWN]]},
         "tensor_file": "model.safetensors",
     }
     tf.write(os.path.join(tmp, "model.safetensors"))
@@ -1190,7 +1213,7 @@ def export(a, tmp, log):
         lines.append("  " + whole_note)
     if unused:
         lines.append(f"  {len(unused)} tensor(s) of the checkpoint the config's model does not read: "
-                     f"{', '.join(unused[:UNUSED_SHOWN])}{', ...' if len(unused) > UNUSED_SHOWN else ''}")
+                     f"{', '.join(map(shown_name, unused[:UNUSED_SHOWN]))}{', ...' if len(unused) > UNUSED_SHOWN else ''}")
     if gen is not None:
         new = gen["ids"][0, lengths[0]:].tolist()
         text = tok.decode(new) if tok is not None else str(new)

@@ -136,6 +136,13 @@ TEST_CASE("io: JSON nested without bound, a key twice, a number beyond double's 
   CHECK(show_json(nlohmann::json(big)).size() <= 43);
   CHECK(show_json(parse_json(ok, "f.json")) == "[[[[[...]]]]]");
   CHECK(show_text("a\nb\x1b", 80) == "a\\nb\\x1b");
+  // Past ASCII: a line break to Python's splitlines (U+2028, U+0085), a terminal's CSI (U+009B), a bidi
+  // override (U+202E) and isolate (U+2066) escaped; other text, and a character cut at its end, as it is.
+  CHECK(show_text("a\u2028PASS\u2029b\u0085c\u009bd\u202ee\u2066f", 80) ==
+        "a\\u2028PASS\\u2029b\\u0085c\\u009bd\\u202ee\\u2066f");
+  CHECK(show_text("caf\u00e9 \u2027\u202f\u2070 \u4e2d", 80) == "caf\u00e9 \u2027\u202f\u2070 \u4e2d");
+  CHECK(show_text(std::string("x\xe2\x80"), 80) == std::string("x\xe2\x80"));
+  CHECK(show_json(nlohmann::json("n\u2028PASS")) == "\"n\\u2028PASS\"");
 }
 
 TEST_CASE("io: a name that names files is a plain name", "[io]") {

@@ -195,18 +195,25 @@ ModelExport read_model_export(const std::string& dir) {
       throw InputError(path + ": unused_tensors: expected {\"count\", \"first\"} or null, got " + show_json(u));
     Fields uf{u, path + ": unused_tensors", {}};
     m.unused_count = uf.integer("count", 0, int64_t(1) << 30);
+    // exactly the first min(count, 5) names, each once, as the exporter writes them (shown_name:
+    // printable ASCII, at most 256 bytes): nothing a terminal or a line-splitting reader takes for
+    // anything but a name
+    const int64_t shown = std::min<int64_t>(m.unused_count, kUnusedNamesShown);
     const auto& names = u.at("first");
-    if (!names.is_array() || int64_t(names.size()) > std::min<int64_t>(m.unused_count, kUnusedNamesShown))
-      throw InputError(path + ": unused_tensors.first: expected an array of at most " +
-                       std::to_string(std::min<int64_t>(m.unused_count, kUnusedNamesShown)) + " names, got " +
+    if (!names.is_array() || int64_t(names.size()) != shown)
+      throw InputError(path + ": unused_tensors.first: expected an array of " + std::to_string(shown) +
+                       " names (the count's first, at most " + std::to_string(kUnusedNamesShown) + "), got " +
                        show_json(names));
     for (const auto& n : names) {
-      const bool plain = n.is_string() && !n.get<std::string>().empty() && n.get<std::string>().size() <= 256 &&
-                         std::none_of(n.get_ref<const std::string&>().begin(), n.get_ref<const std::string&>().end(),
-                                      [](char c) { return (unsigned char)c < 0x20 || c == 0x7f; });
+      const bool plain = n.is_string() && !n.get_ref<const std::string&>().empty() &&
+                         n.get_ref<const std::string&>().size() <= 256 &&
+                         std::all_of(n.get_ref<const std::string&>().begin(), n.get_ref<const std::string&>().end(),
+                                     [](char c) { return c >= 0x20 && c <= 0x7e; });
       if (!plain)
-        throw InputError(path + ": unused_tensors.first: expected tensor names (1 to 256 bytes, no control "
-                         "characters), got " + show_json(n));
+        throw InputError(path + ": unused_tensors.first: expected tensor names of 1 to 256 printable ASCII "
+                         "characters, got " + show_json(n));
+      if (std::find(m.unused_first.begin(), m.unused_first.end(), n.get<std::string>()) != m.unused_first.end())
+        throw InputError(path + ": unused_tensors.first: " + show_json(n) + " comes twice; expected each name once");
       m.unused_first.push_back(n.get<std::string>());
     }
   }

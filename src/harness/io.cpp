@@ -83,6 +83,25 @@ void show_into(const nlohmann::json& j, std::string& out, int depth) {
   out += array ? ']' : '}';
 }
 
+// The characters past ASCII that a terminal or a reader splitting lines takes for more than text: the C1
+// controls (U+0085, a line break to Python's splitlines; U+009B, a terminal's CSI), the line and paragraph
+// separators U+2028 and U+2029, and the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+// U+2066-U+2069), which reorder what a terminal shows. The UTF-8 length of the one at s[i], or 0.
+int unsafe_character(const std::string& s, size_t i) {
+  auto at = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  if (at(i) == 0xC2 && at(i + 1) >= 0x80 && at(i + 1) <= 0x9F) return 2;
+  if (at(i) == 0xE2 && at(i + 1) == 0x80 && at(i + 2) >= 0xA8 && at(i + 2) <= 0xAE) return 3;
+  if (at(i) == 0xE2 && at(i + 1) == 0x81 && at(i + 2) >= 0xA6 && at(i + 2) <= 0xA9) return 3;
+  return 0;
+}
+
+// The code point of the n-byte UTF-8 sequence at s[i] (n 2 or 3, as unsafe_character found it).
+unsigned decode(const std::string& s, size_t i, int n) {
+  auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  return n == 2 ? (at(i) & 0x1Fu) << 6 | (at(i + 1) & 0x3Fu)
+                : (at(i) & 0x0Fu) << 12 | (at(i + 1) & 0x3Fu) << 6 | (at(i + 2) & 0x3Fu);
+}
+
 }  // namespace
 
 std::string show_text(const std::string& s, size_t max) {
@@ -101,6 +120,8 @@ std::string show_text(const std::string& s, size_t max) {
       out += "\\t";
     else if (c < 0x20 || c == 0x7f)
       out += fmt::format("\\x{:02x}", c);
+    else if (const int n = unsafe_character(s, i))
+      out += fmt::format("\\u{:04x}", decode(s, i, n)), i += size_t(n - 1);
     else
       out += char(c);
   }

@@ -452,10 +452,18 @@ CRAFTED = [
     ("architecture", _set("architecture", "t5"), "architecture"),
     ("module of another family", _set("module", "MultiheadAttention"), "module"),
     ("tensor file", _set("tensor_file", "../model.safetensors"), "tensor_file"),
-    ("unused names past the count", _set("unused_tensors", {"count": 1, "first": ["a", "b"]}), "unused_tensors.first"),
-    ("unused name with a newline", _set("unused_tensors", {"count": 1, "first": ["a\nPASS"]}), "unused_tensors.first"),
+    ("unused names past the count", _set("unused_tensors", {"count": 1, "first": ["a", "b"]}),
+     "unused_tensors.first: expected an array of 1 names"),
+    ("unused names short of the count", _set("unused_tensors", {"count": 7, "first": []}),
+     "unused_tensors.first: expected an array of 5 names"),
+    ("unused name twice", _set("unused_tensors", {"count": 2, "first": ["a", "a"]}), "comes twice"),
+    ("unused name with a newline", _set("unused_tensors", {"count": 1, "first": ["a\nPASS"]}), "printable ASCII"),
+    ("unused name with a line separator", _set("unused_tensors", {"count": 1, "first": ["a\u2028PASS"]}),
+     "printable ASCII"),
+    ("unused name of 257 bytes", _set("unused_tensors", {"count": 1, "first": ["x" * 257]}), "printable ASCII"),
     ("unused count negative", _set("unused_tensors", {"count": -1, "first": []}), "unused_tensors: count"),
-    ("unused not an object", _set("unused_tensors", [3]), "unused_tensors"),
+    ("unused count past 2^30", _set("unused_tensors", {"count": 2 ** 40, "first": []}), "unused_tensors: count"),
+    ("unused not an object", _set("unused_tensors", [3]), "unused_tensors: expected {"),
 ]
 
 
