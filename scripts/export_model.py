@@ -324,9 +324,9 @@ UNUSED_SHOWN = 5  # model.json's unused_tensors.first: at most this many names (
 
 
 def shown_name(n):
-    """A checkpoint's tensor name as model.json may hold it (eval/model.cpp): printable ASCII, every other
-    character escaped as Python escapes it, at most 256 bytes."""
-    text = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in n)
+    """A checkpoint's tensor name as model.json may hold it (eval/model.cpp): printable ASCII, a backslash and
+    every character past it escaped as Python escapes them, at most 256 bytes; the empty name as ''."""
+    text = "".join(c if " " <= c <= "~" and c != "\\" else ascii(c)[1:-1] for c in n) or "''"
     return text if len(text) <= 256 else text[:253] + "..."
 
 
@@ -364,7 +364,7 @@ class CheckpointTensors:
             try:
                 with open(index, encoding="utf-8") as f:
                     weight_map = json.load(f)["weight_map"]
-                assert isinstance(weight_map, dict)
+                assert isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())
             except (OSError, ValueError, KeyError, AssertionError, TypeError):
                 raise UsageError(f"{index}: weight_map: expected an object of tensor name -> shard file") from None
             shards = sorted(set(weight_map.values()))
@@ -505,8 +505,8 @@ class StreamedSource:
         def own(n):
             return any(n == e or n.endswith("." + e) for e in ends) or any(r.search(n) for r in ignored)
 
-        def natural(n):
-            return [int(t) if t.isascii() and t.isdigit() else t for t in re.split(r"([0-9]+)", n)]
+        def natural(n):  # then the name itself: w.01 and w.1 in one order on every run
+            return [int(t) if t.isascii() and t.isdigit() else t for t in re.split(r"([0-9]+)", n)], n
         return sorted((n for n in self.stored - used if not own(n)), key=natural)
 
     def materialize(self, meta_module):

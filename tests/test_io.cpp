@@ -141,8 +141,15 @@ TEST_CASE("io: JSON nested without bound, a key twice, a number beyond double's 
   CHECK(show_text("a\u2028PASS\u2029b\u0085c\u009bd\u202ee\u2066f", 80) ==
         "a\\u2028PASS\\u2029b\\u0085c\\u009bd\\u202ee\\u2066f");
   CHECK(show_text("caf\u00e9 \u2027\u202f\u2070 \u4e2d", 80) == "caf\u00e9 \u2027\u202f\u2070 \u4e2d");
-  CHECK(show_text(std::string("x\xe2\x80"), 80) == std::string("x\xe2\x80"));
+  // Bytes that are no UTF-8 text, each escaped: a lone 0x85 and 0x9B, a sequence cut at the end, an
+  // overlong '/', a surrogate.
+  CHECK(show_text(std::string("a\x85" "b\x9b" "c\xc0\xaf" "d\xed\xa0\x80" "x\xe2\x80"), 80) ==
+        "a\\x85b\\x9bc\\xc0\\xafd\\xed\\xa0\\x80x\\xe2\\x80");
   CHECK(show_json(nlohmann::json("n\u2028PASS")) == "\"n\\u2028PASS\"");
+  // The cut never splits an escape or a character, nor passes the length asked for.
+  CHECK(show_text("abc\u2028", 8) == "abc...");
+  CHECK(show_text("ab\u00e9\u00e9", 5) == "ab\u00e9...");
+  CHECK(show_json(nlohmann::json(std::string(30, 'x') + "\u2028\u2028\u2028")).size() <= 40);
 }
 
 TEST_CASE("io: a name that names files is a plain name", "[io]") {

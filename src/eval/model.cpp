@@ -195,9 +195,9 @@ ModelExport read_model_export(const std::string& dir) {
       throw InputError(path + ": unused_tensors: expected {\"count\", \"first\"} or null, got " + show_json(u));
     Fields uf{u, path + ": unused_tensors", {}};
     m.unused_count = uf.integer("count", 0, int64_t(1) << 30);
-    // exactly the first min(count, 5) names, each once, as the exporter writes them (shown_name:
-    // printable ASCII, at most 256 bytes): nothing a terminal or a line-splitting reader takes for
-    // anything but a name
+    // exactly the first min(count, 5) names, as the exporter writes them (shown_name: printable ASCII, at
+    // most 256 bytes, so two long names cut alike may read the same): nothing a terminal or a
+    // line-splitting reader takes for anything but a name
     const int64_t shown = std::min<int64_t>(m.unused_count, kUnusedNamesShown);
     const auto& names = u.at("first");
     if (!names.is_array() || int64_t(names.size()) != shown)
@@ -212,8 +212,6 @@ ModelExport read_model_export(const std::string& dir) {
       if (!plain)
         throw InputError(path + ": unused_tensors.first: expected tensor names of 1 to 256 printable ASCII "
                          "characters, got " + show_json(n));
-      if (std::find(m.unused_first.begin(), m.unused_first.end(), n.get<std::string>()) != m.unused_first.end())
-        throw InputError(path + ": unused_tensors.first: " + show_json(n) + " comes twice; expected each name once");
       m.unused_first.push_back(n.get<std::string>());
     }
   }

@@ -83,47 +83,65 @@ void show_into(const nlohmann::json& j, std::string& out, int depth) {
   out += array ? ']' : '}';
 }
 
-// The characters past ASCII that a terminal or a reader splitting lines takes for more than text: the C1
-// controls (U+0085, a line break to Python's splitlines; U+009B, a terminal's CSI), the line and paragraph
-// separators U+2028 and U+2029, and the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
-// U+2066-U+2069), which reorder what a terminal shows. The UTF-8 length of the one at s[i], or 0.
-int unsafe_character(const std::string& s, size_t i) {
+// The length of the well-formed UTF-8 sequence at s[i] (1 for ASCII), or 0 where the bytes are no such
+// sequence: a stray continuation byte, a lead byte short of its continuations (the string's end
+// included), an overlong form, a surrogate, past U+10FFFF.
+int utf8_length(const std::string& s, size_t i) {
   auto at = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
-  if (at(i) == 0xC2 && at(i + 1) >= 0x80 && at(i + 1) <= 0x9F) return 2;
-  if (at(i) == 0xE2 && at(i + 1) == 0x80 && at(i + 2) >= 0xA8 && at(i + 2) <= 0xAE) return 3;
-  if (at(i) == 0xE2 && at(i + 1) == 0x81 && at(i + 2) >= 0xA6 && at(i + 2) <= 0xA9) return 3;
+  auto cont = [&](size_t k, unsigned lo, unsigned hi) { return at(k) >= lo && at(k) <= hi; };
+  const unsigned c = at(i);
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(i + 1, 0x80, 0xBF) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF)
+    return cont(i + 1, c == 0xE0 ? 0xA0 : 0x80, c == 0xED ? 0x9F : 0xBF) && cont(i + 2, 0x80, 0xBF) ? 3 : 0;
+  if (c >= 0xF0 && c <= 0xF4)
+    return cont(i + 1, c == 0xF0 ? 0x90 : 0x80, c == 0xF4 ? 0x8F : 0xBF) && cont(i + 2, 0x80, 0xBF) &&
+                   cont(i + 3, 0x80, 0xBF)
+               ? 4
+               : 0;
   return 0;
 }
 
-// The code point of the n-byte UTF-8 sequence at s[i] (n 2 or 3, as unsafe_character found it).
+// The code point of the n-byte well-formed UTF-8 sequence at s[i].
 unsigned decode(const std::string& s, size_t i, int n) {
-  auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  return n == 2 ? (at(i) & 0x1Fu) << 6 | (at(i + 1) & 0x3Fu)
-                : (at(i) & 0x0Fu) << 12 | (at(i + 1) & 0x3Fu) << 6 | (at(i + 2) & 0x3Fu);
+  auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]) & 0x3Fu; };
+  unsigned code = static_cast<unsigned char>(s[i]) & (n == 1 ? 0x7Fu : n == 2 ? 0x1Fu : n == 3 ? 0x0Fu : 0x07u);
+  for (int k = 1; k < n; ++k) code = code << 6 | at(i + size_t(k));
+  return code;
+}
+
+// The characters past ASCII that a terminal or a reader splitting lines takes for more than text: the C1
+// controls (U+0085, a line break to Python's splitlines; U+009B, a terminal's CSI), the line and paragraph
+// separators U+2028 and U+2029, and the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+// U+2066-U+2069), which reorder what a terminal shows.
+bool unsafe_character(unsigned code) {
+  return (code >= 0x80 && code <= 0x9F) || (code >= 0x2028 && code <= 0x202E) || (code >= 0x2066 && code <= 0x2069);
 }
 
 }  // namespace
 
 std::string show_text(const std::string& s, size_t max) {
+  // Character by character: control characters (and the unsafe ones past ASCII) escaped, a byte that is
+  // no UTF-8 text as \xNN (a terminal taking 8-bit controls reads a lone 0x9B as CSI, a Latin-1 reader a
+  // lone 0x85 as a line break); cut before the first character, escape or not, that would pass `max`.
   std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (out.size() >= max) {
-      // Cut before a UTF-8 continuation byte's sequence ends mid-character.
-      while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xC0) == 0x80) out.pop_back();
-      if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xC0) out.pop_back();
-      return out + "...";
-    }
+  for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
+    const int n = utf8_length(s, i);
+    std::string piece;
     if (c == '\n')
-      out += "\\n";
+      piece = "\\n";
     else if (c == '\t')
-      out += "\\t";
-    else if (c < 0x20 || c == 0x7f)
-      out += fmt::format("\\x{:02x}", c);
-    else if (const int n = unsafe_character(s, i))
-      out += fmt::format("\\u{:04x}", decode(s, i, n)), i += size_t(n - 1);
+      piece = "\\t";
+    else if (n == 0 || c < 0x20 || c == 0x7f)
+      piece = fmt::format("\\x{:02x}", c);
+    else if (n > 1 && unsafe_character(decode(s, i, n)))
+      piece = fmt::format("\\u{:04x}", decode(s, i, n));
     else
-      out += char(c);
+      piece = s.substr(i, size_t(n));
+    if (out.size() + piece.size() > max) return out + "...";
+    out += piece;
+    i += n == 0 ? 1 : size_t(n);
   }
   return out;
 }

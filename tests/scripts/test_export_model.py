@@ -322,11 +322,13 @@ def test_tensors_the_config_leaves_unread_are_counted_and_named(work, tokens_fil
         shutil.copytree(cut, old)
         t = load_file(str(old / "model.safetensors"))
         t[extra] = torch.ones(8)
-        t["a\tweight"] = torch.ones(2)
+        t["a\tweight"] = torch.ones(2)  # a tab, and a backslash and t: escaped apart
+        t["a\\tweight"] = torch.ones(2)
         save_file(t, str(old / "model.safetensors"), metadata={"format": "pt"})
     rc, _, err = export(["--checkpoint", str(old), "--tokens", tokens_file, "--out", str(out)], capsys)
     assert rc == 0, err
-    assert model_of(out)[0]["unused_tensors"] == {"count": len(want) + 1, "first": ["a\\tweight"] + want[:4]}
+    assert model_of(out)[0]["unused_tensors"] == {"count": len(want) + 2,
+                                                  "first": ["a\\tweight", "a\\\\tweight"] + want[:3]}
 
 
 def test_a_bert_checkpoint_s_saved_position_ids_and_a_tied_head_without_prefix_are_the_model_s(work, tokens_file,

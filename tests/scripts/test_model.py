@@ -456,7 +456,6 @@ CRAFTED = [
      "unused_tensors.first: expected an array of 1 names"),
     ("unused names short of the count", _set("unused_tensors", {"count": 7, "first": []}),
      "unused_tensors.first: expected an array of 5 names"),
-    ("unused name twice", _set("unused_tensors", {"count": 2, "first": ["a", "a"]}), "comes twice"),
     ("unused name with a newline", _set("unused_tensors", {"count": 1, "first": ["a\nPASS"]}), "printable ASCII"),
     ("unused name with a line separator", _set("unused_tensors", {"count": 1, "first": ["a\u2028PASS"]}),
      "printable ASCII"),
