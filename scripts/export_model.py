@@ -1191,7 +1191,7 @@ def export(a, tmp, log):
         "prompts": prompts,
         "generation": None if gen is None else {"steps": a.generate, "prompt_length": lengths[0]},
         "unused_tensors": None if unused is None else {"count": len(unused),
-                                                        "first": [shown_name(n) for n in unused[:UNUSED_SHOWN]]},
+                                                        "first": list(map(shown_name, unused[:UNUSED_SHOWN]))},
         "tensor_file": "model.safetensors",
     }
     tf.write(os.path.join(tmp, "model.safetensors"))
@@ -1213,7 +1213,7 @@ def export(a, tmp, log):
         lines.append("  " + whole_note)
     if unused:
         lines.append(f"  {len(unused)} tensor(s) of the checkpoint the config's model does not read: "
-                     f"{', '.join(map(shown_name, unused[:UNUSED_SHOWN]))}{', ...' if len(unused) > UNUSED_SHOWN else ''}")
+                     f"{', '.join(doc['unused_tensors']['first'])}{', ...' if len(unused) > UNUSED_SHOWN else ''}")
     if gen is not None:
         new = gen["ids"][0, lengths[0]:].tolist()
         text = tok.decode(new) if tok is not None else str(new)

@@ -135,8 +135,8 @@ std::string show_text(const std::string& s, size_t max) {
       piece = "\\t";
     else if (n == 0 || c < 0x20 || c == 0x7f)
       piece = fmt::format("\\x{:02x}", c);
-    else if (n > 1 && unsafe_character(decode(s, i, n)))
-      piece = fmt::format("\\u{:04x}", decode(s, i, n));
+    else if (const unsigned code = n > 1 ? decode(s, i, n) : c; unsafe_character(code))
+      piece = fmt::format("\\u{:04x}", code);
     else
       piece = s.substr(i, size_t(n));
     if (out.size() + piece.size() > max) return out + "...";
