@@ -392,7 +392,8 @@ class CheckpointTensors:
         import torch
         t = self.handles[self.files[name]].get_tensor(name)
         if not t.is_floating_point():
-            raise UsageError(f"{self.folder}: tensor {name}: dtype {t.dtype}, expected a floating-point weight")
+            raise UsageError(f"{self.folder}: tensor {shown_name(name)}: dtype {t.dtype}, expected a floating-point "
+                             "weight")
         return t.to(torch.float32)
 
 
@@ -464,23 +465,43 @@ class StreamedSource:
         self.tied = {}
         if getattr(cfg, "tie_word_embeddings", False):
             self.tied = dict(getattr(self.meta, "_tied_weights_keys", None) or {})
-        self.base_prefix = getattr(self.meta, "base_model_prefix", "") + "."
         self.stored = self.tensors.names()
+        self.loads = self.loaded_as(folder)
+
+    def loaded_as(self, folder):
+        """{the model's parameter: the checkpoint's tensor it loads from}, renamed as from_pretrained renames
+        the checkpoint's names (transformers' own mapping and renaming: old BERT checkpoints' LayerNorm.gamma
+        and beta for weight and bias; a base model's prefix added or taken off)."""
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key, \
+            rename_source_key
+        mapping = get_model_conversion_mapping(self.meta)
+        renamings = [w for w in mapping if isinstance(w, WeightRenaming)]
+        converters = [w for w in mapping if isinstance(w, WeightConverter)]
+        meta = self.meta.state_dict()
+        base = self.meta.base_model_prefix
+        loads = {}
+        for original in sorted(self.stored, key=dot_natural_key):  # from_pretrained's order
+            renamed, pattern = rename_source_key(original, renamings, converters, base, meta)
+            if renamed not in meta and original in meta:  # as from_pretrained: a renaming that misses
+                renamed, pattern = rename_source_key(original, [], [], base, meta)
+            if renamed not in meta:
+                continue
+            if pattern is not None:  # none of the architectures tparity reads has one
+                raise UsageError(f"--checkpoint {folder}: tensor {shown_name(original)}: transformers converts it "
+                                 f"({pattern}), which the export does not")
+            if renamed in loads:  # from_pretrained takes the first and says nothing
+                raise UsageError(f"--checkpoint {folder}: tensors {shown_name(loads[renamed])} and "
+                                 f"{shown_name(original)} both load as {renamed}: expected one")
+            loads[renamed] = original
+        return loads
 
     def key(self, name):
-        """The checkpoint's name for the model's parameter `name` (a base model saved alone, or a head model's
-        base, lacks or adds the base model's prefix; a tied lm_head is the embedding)."""
-        candidates = [name]
-        if name.startswith(self.base_prefix):
-            candidates.append(name[len(self.base_prefix):])
-        else:
-            candidates.append(self.base_prefix + name)
-        if name in self.tied:  # the embedding, itself with or without the base model's prefix
-            t = self.tied[name]
-            candidates += [t, t[len(self.base_prefix):] if t.startswith(self.base_prefix) else self.base_prefix + t]
-        for c in candidates:
-            if c in self.stored:
-                return c
+        """The checkpoint's name for the model's parameter `name` (a tied lm_head absent: the embedding's)."""
+        if name in self.loads:
+            return self.loads[name]
+        if name in self.tied and self.tied[name] in self.loads:
+            return self.loads[self.tied[name]]
         raise UsageError(f"--checkpoint {self.tensors.folder}: tensor {name} is missing from the checkpoint")
 
     def unused(self):
@@ -516,7 +537,7 @@ class StreamedSource:
         for n, t in m.state_dict().items():
             w = self.tensors.get(self.key(p + n))
             if tuple(w.shape) != tuple(t.shape):
-                raise UsageError(f"--checkpoint {self.tensors.folder}: tensor {self.key(p + n)}: shape "
+                raise UsageError(f"--checkpoint {self.tensors.folder}: tensor {shown_name(self.key(p + n))}: shape "
                                  f"{list(w.shape)}, the config makes it {list(t.shape)}")
             sd[n] = w
         m.load_state_dict(sd, strict=True)

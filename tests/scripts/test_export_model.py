@@ -355,6 +355,43 @@ def test_a_bert_checkpoint_s_saved_position_ids_and_a_tied_head_without_prefix_a
         assert model_of(out)[0]["unused_tensors"] == {"count": 0, "first": []}
 
 
+def test_an_old_bert_checkpoint_s_gamma_and_beta_load_as_from_pretrained_loads_them(work, exports, tokens_file,
+                                                                                    capsys):
+    # bert-base-uncased's own checkpoint: LayerNorm.gamma and beta (TensorFlow's names), the "bert." prefix and
+    # the pretraining heads beside it
+    ck, modern = exports["bert"]
+    old = work / "bert_legacy"
+    if not old.exists():
+        shutil.copytree(ck, old)
+        t = load_file(str(old / "model.safetensors"))
+        t = {"bert." + n.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for n, v in t.items()}
+        assert sum(n.endswith("LayerNorm.gamma") for n in t) == 7
+        t["cls.predictions.bias"] = torch.zeros(256)
+        save_file(t, str(old / "model.safetensors"), metadata={"format": "pt"})
+    out = work / "bert_legacy_out"
+    rc, _, err = export(["--checkpoint", str(old), "--tokens", tokens_file, "--out", str(out)], capsys)
+    assert rc == 0, err
+    assert model_of(out)[0]["unused_tensors"] == {"count": 1, "first": ["cls.predictions.bias"]}
+    files = sorted(n for n in os.listdir(modern) if n.endswith(".safetensors"))
+    assert files == sorted(n for n in os.listdir(out) if n.endswith(".safetensors")) and len(files) > 1
+    for n in files:  # the same weights, hence the same fixtures, bit for bit
+        a, b = load_file(os.path.join(modern, n)), load_file(os.path.join(out, n))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), n
+    # both names of one parameter: from_pretrained would take one and say nothing
+    both = work / "bert_legacy_both"
+    if not both.exists():
+        shutil.copytree(old, both)
+        t = load_file(str(both / "model.safetensors"))
+        t["bert.embeddings.LayerNorm.weight"] = torch.ones(t["bert.embeddings.LayerNorm.gamma"].shape)
+        save_file(t, str(both / "model.safetensors"), metadata={"format": "pt"})
+    rc, _, err = export(["--checkpoint", str(both), "--tokens", tokens_file, "--out", str(work / "o_both")], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "tensors bert.embeddings.LayerNorm.gamma and bert.embeddings.LayerNorm.weight both load as " \
+           "embeddings.LayerNorm.weight: expected one" in err, err
+    assert not (work / "o_both").exists()
+
+
 def test_an_earlier_export_is_replaced(work, tokens_file, capsys):
     ck = make(work, "llama")
     out = work / "again"
