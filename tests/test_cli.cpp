@@ -75,8 +75,21 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
             "option --config sliding_window=4: LlamaDecoderLayer has no config key sliding_window (expected one of: "
             "attention_bias, causal, decode_steps, head_dim, hidden_size, intermediate_size, max_position_embeddings, "
             "mlp_bias, num_attention_heads, num_key_value_heads, partial_rotary_factor, rms_norm_eps, "
-            "rope_convention, rope_theta)"},
+            "rope_convention, rope_scaling, rope_theta)"},
            {"run --case llama --config rope_theta", "option --config rope_theta: expected KEY=VALUE"},
+           {"run --case llama --config 'rope_scaling={\"rope_type\": \"yarn\", \"factor\": 8, \"low_freq_factor\": 1, "
+            "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 64}'",
+            "case llama: --config rope_scaling.rope_type: expected \"llama3\", got \"yarn\""},
+           {"run --case llama --config 'rope_scaling={\"rope_type\": \"llama3\", \"factor\": 8}'",
+            "case llama: --config rope_scaling: expected null or {\"rope_type\": \"llama3\", \"factor\", "
+            "\"low_freq_factor\", \"high_freq_factor\", \"original_max_position_embeddings\"}, got"},
+           {"run --case llama --config 'rope_scaling={\"rope_type\": \"llama3\", \"factor\": 8, "
+            "\"low_freq_factor\": 4, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 64}'",
+            "config.rope_scaling.high_freq_factor: expected a number above low_freq_factor 4 up to 1e6, got 4"},
+           {"run --case llama --config 'rope_scaling={\"rope_type\": \"llama3\", \"factor\": 8, "
+            "\"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 0}'",
+            "--config rope_scaling.original_max_position_embeddings: expected an integer in [1, 2^31], got 0"},
+           {"run --case qwen3 --config rope_scaling=null", "Qwen3DecoderLayer has no config key rope_scaling"},
            {"run --case llama --config =4", "option --config =4: expected KEY=VALUE"},
            {"run --case llama --config rope_theta=abc", "option --config rope_theta=abc: malformed JSON"},
            {"run --case llama --config rope_theta=true",

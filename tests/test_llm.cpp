@@ -87,6 +87,36 @@ TEST_CASE("llm: rotary tables and both pair conventions, hand-worked", "[llm]") 
   }
 }
 
+TEST_CASE("llm: Llama 3's rope scaling, each band as Meta's apply_scaling treats it", "[llm]") {
+  // r = 6, theta 10000: inv_freq 1, 10000^(-1/3), 10000^(-2/3), wavelengths 2 pi / f = 6.3, 135.4, 2916.5.
+  // original 1024, low_freq_factor 1, high_freq_factor 8: above 1024 slowed by the factor, below 128
+  // kept, between smoothed: Meta's llama3 reference (models/llama3 apply_scaling) as an if-chain.
+  Llama3RopeScaling s;
+  s.factor = 4, s.low_freq_factor = 1, s.high_freq_factor = 8, s.original_max_position_embeddings = 1024;
+  const std::vector<double> plain = rope_inv_freq(6, 10000.0, Llama3RopeScaling{});
+  REQUIRE(plain.size() == 3);
+  CHECK(plain[0] == 1.0);
+  CHECK(plain[1] == Approx(std::pow(10000.0L, -1.0L / 3)).epsilon(1e-15));
+  const std::vector<double> scaled = rope_inv_freq(6, 10000.0, s);
+  auto meta = [](long double freq) {
+    const long double wavelen = 2 * 3.14159265358979323846264338327950288L / freq;
+    if (wavelen < 1024.0L / 8) return freq;
+    if (wavelen > 1024.0L / 1) return freq / 4;
+    const long double smooth = (1024 / wavelen - 1) / (8 - 1);
+    return (1 - smooth) * freq / 4 + smooth * freq;
+  };
+  CHECK(scaled[0] == plain[0]);      // high frequency: kept
+  CHECK(scaled[2] == plain[2] / 4);  // low frequency: slowed by the factor
+  CHECK(scaled[1] != plain[1]);      // between: smoothed
+  CHECK(scaled[1] > plain[1] / 4);
+  for (size_t i = 0; i < 3; ++i) CHECK(scaled[i] == Approx(double(meta(plain[i]))).epsilon(1e-14));
+  // the tables: angle = position * the scaled frequency
+  const int64_t pos = 300;
+  double c[3], sn[3];
+  rope_tables(c, sn, &pos, 1, 6, 10000.0, s);
+  for (size_t i = 0; i < 3; ++i) CHECK(c[i] == std::cos(300 * scaled[i]));
+}
+
 TEST_CASE("llm: repeat_kv's blocks: query head h reads kv head h / (H / Hkv)", "[llm]") {
   // H = 4 query heads over Hkv = 2; one key; v of kv head 0 is all 0, of kv head 1 all 1: the
   // context of query heads 0, 1 must be 0 and of 2, 3 must be 1 (interleaved would give 0, 1, 0, 1).

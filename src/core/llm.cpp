@@ -169,12 +169,30 @@ void gemma_rms_norm_forward(T* out, const T* inp, const T* weight, T eps, int64_
   }
 }
 
+std::vector<double> rope_inv_freq(int64_t r, double theta, const Llama3RopeScaling& s) {
+  std::vector<double> inv_freq(static_cast<size_t>(r / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = 1.0 / std::pow(theta, double(2 * i) / double(r));
+  if (!s.on()) return inv_freq;
+  const double original = double(s.original_max_position_embeddings);
+  const double low_freq_wavelen = original / s.low_freq_factor;
+  const double high_freq_wavelen = original / s.high_freq_factor;
+  for (double& f : inv_freq) {
+    const double wavelen = 2 * 3.141592653589793 / f;  // math.pi
+    const double llama = wavelen > low_freq_wavelen ? f / s.factor : f;  // the low frequencies slowed
+    const double smooth = (original / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    const double smoothed = (1 - smooth) * llama / s.factor + smooth * llama;
+    const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    f = medium ? smoothed : llama;
+  }
+  return inv_freq;
+}
+
 template <class T>
-void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t N, int64_t r, double theta) {
+void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t N, int64_t r, double theta,
+                 const Llama3RopeScaling& scaling) {
   // positions is (N); cos, sin will be (N, r / 2)
   const int64_t half = r / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0 / std::pow(theta, double(2 * i) / double(r));
+  const std::vector<double> inv_freq = rope_inv_freq(r, theta, scaling);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t i = 0; i < half; ++i) {
       const double angle = double(positions[n]) * inv_freq[size_t(i)];
@@ -388,7 +406,7 @@ Tensor<T> llama_attention_forward(const LlamaConfig& c, const LlamaAttentionWeig
     }
   std::optional<profile::Scope> phase(std::in_place, profile::Op::Rope);
   std::vector<T> cos(static_cast<size_t>(N * (r / 2))), sin(cos.size());
-  rope_tables(cos.data(), sin.data(), pos.data(), N, r, c.rope_theta);
+  rope_tables(cos.data(), sin.data(), pos.data(), N, r, c.rope_theta, c.rope_scaling);
   Tensor<T> q_rot = q, k_rot = k;
   rotary_forward(q_rot.ptr(), cos.data(), sin.data(), B, H, Tn, D, r, c.rope);
   rotary_forward(k_rot.ptr(), cos.data(), sin.data(), B, Hkv, Tn, D, r, c.rope);
@@ -572,7 +590,7 @@ Tensor<T> gpt2_block_forward(const Gpt2Config& c, const Gpt2Weights<T>& w, const
 
 #define TPARITY_INSTANTIATE(T)                                                                                         \
   template void rms_norm_forward<T>(T*, const T*, const T*, T, int64_t, int64_t);                                      \
-  template void rope_tables<T>(T*, T*, const int64_t*, int64_t, int64_t, double);                                      \
+  template void rope_tables<T>(T*, T*, const int64_t*, int64_t, int64_t, double, const Llama3RopeScaling&);            \
   template void rotary_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, RopeStyle);     \
   template void gelu_new_forward<T>(T*, const T*, int64_t);                                                            \
   template void llm_linear<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                            \

@@ -19,7 +19,7 @@ namespace {
 
 // The keys every Llama-shaped attention takes, then the layer's (the MLP and the norms).
 #define TP_LLAMA_ATTENTION_KEYS                                                              \
-  "hidden_size num_attention_heads num_key_value_heads head_dim rope_theta rope_convention " \
+  "hidden_size num_attention_heads num_key_value_heads head_dim rope_theta rope_scaling rope_convention " \
   "partial_rotary_factor attention_bias max_position_embeddings"
 #define TP_LLAMA_LAYER_KEYS " intermediate_size rms_norm_eps mlp_bias"
 
@@ -44,6 +44,46 @@ constexpr LlmRow kLlmRows[] = {
        c.query_pre_attn_scalar = 256, c.attn_logit_softcapping = 50;
      }},
 };
+
+// config.rope_scaling as config.json writes Llama 3's: its five keys, rope_type "llama3" (the ranges are
+// checked with the rest of the config).
+Llama3RopeScaling llama3_rope_from_json(
+    const nlohmann::json& v, const std::function<void(const std::string& field, const std::string& what)>& fail) {
+  const std::string where = "config.rope_scaling";
+  static const char* const keys[] = {"rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                                     "original_max_position_embeddings"};
+  if (!v.is_object() || v.size() != 5 ||
+      !std::all_of(std::begin(keys), std::end(keys), [&](const char* k) { return v.contains(k); }))
+    fail(where,
+         "expected null or {\"rope_type\": \"llama3\", \"factor\", \"low_freq_factor\", \"high_freq_factor\", "
+         "\"original_max_position_embeddings\"}, got " + show_json(v));
+  const nlohmann::json& type = v["rope_type"];
+  if (type != "llama3") fail(where + ".rope_type", "expected \"llama3\", got " + show_json(type));
+  Llama3RopeScaling r;
+  auto number = [&](const char* k, double& out) {
+    if (!v[k].is_number()) fail(where + "." + k, "expected a number, got " + show_json(v[k]));
+    out = v[k].get<double>();
+  };
+  number("factor", r.factor);
+  number("low_freq_factor", r.low_freq_factor);
+  number("high_freq_factor", r.high_freq_factor);
+  const nlohmann::json& n = v["original_max_position_embeddings"];
+  if (!n.is_number_integer() || (n.is_number_unsigned() && n.get<uint64_t>() > (uint64_t(1) << 31)) ||
+      n.get<int64_t>() < 1 || n.get<int64_t>() > (int64_t(1) << 31))
+    fail(where + ".original_max_position_embeddings", "expected an integer in [1, 2^31], got " + show_json(n));
+  r.original_max_position_embeddings = n.get<int64_t>();
+  if (!r.on()) fail(where + ".factor", "expected a number in [1, 1e6], got " + show_json(v["factor"]));
+  return r;
+}
+
+nlohmann::json llama3_rope_json(const Llama3RopeScaling& r) {
+  if (!r.on()) return nullptr;
+  return {{"rope_type", "llama3"},
+          {"factor", r.factor},
+          {"low_freq_factor", r.low_freq_factor},
+          {"high_freq_factor", r.high_freq_factor},
+          {"original_max_position_embeddings", r.original_max_position_embeddings}};
+}
 
 std::vector<std::string> split_keys(const char* keys) {
   std::vector<std::string> out;
@@ -209,6 +249,20 @@ void validate_llm(const Problem& p, const std::function<void(const std::string&)
     fail(fmt::format("config.num_key_value_heads: expected a divisor of num_attention_heads {}, got {}", c.num_heads,
                      c.num_kv_heads));
   if (!(c.rope_theta > 0)) fail(fmt::format("config.rope_theta: expected a positive number, got {}", c.rope_theta));
+  if (const Llama3RopeScaling& r = c.rope_scaling; r.on()) {  // as transformers' _validate_llama3_rope_parameters
+    if (!(r.factor >= 1 && r.factor <= 1e6))
+      fail(fmt::format("config.rope_scaling.factor: expected a number in [1, 1e6], got {}", r.factor));
+    if (!(r.low_freq_factor > 0 && r.low_freq_factor <= 1e6))
+      fail(fmt::format("config.rope_scaling.low_freq_factor: expected a positive number up to 1e6, got {}",
+                       r.low_freq_factor));
+    if (!(r.high_freq_factor > r.low_freq_factor && r.high_freq_factor <= 1e6))
+      fail(fmt::format("config.rope_scaling.high_freq_factor: expected a number above low_freq_factor {} up to "
+                       "1e6, got {}",
+                       r.low_freq_factor, r.high_freq_factor));
+    if (r.original_max_position_embeddings < 1)
+      fail(fmt::format("config.rope_scaling.original_max_position_embeddings: expected a positive integer, got {}",
+                       r.original_max_position_embeddings));
+  }
   if (!(c.partial_rotary_factor >= 0 && c.partial_rotary_factor <= 1))
     fail(fmt::format("config.partial_rotary_factor: expected a fraction in [0, 1], got {}", c.partial_rotary_factor));
   if (c.rotary_dim() % 2)
@@ -279,6 +333,8 @@ nlohmann::json llm_config_json(const Problem& p) {
     j = nlohmann::json::object();
     for (const auto& [key, value] : values)
       if (llm_takes(m, key)) j[key] = value;
+    // only when on: the fixtures written before it hold no such key
+    if (c.rope_scaling.on()) j["rope_scaling"] = llama3_rope_json(c.rope_scaling);
   }
   j["causal"] = p.causal;
   j["decode_steps"] = p.decode_steps;
@@ -303,6 +359,9 @@ std::string llm_summary(const Problem& p) {
     if (llm_takes(m, "intermediate_size"))
       s += fmt::format(" intermediate={} rms_eps={:g}", c.intermediate_size, c.rms_norm_eps);
     s += fmt::format(" rope={} theta={:g}", rope_style_name(c.rope), c.rope_theta);
+    if (const Llama3RopeScaling& r = c.rope_scaling; r.on())
+      s += fmt::format(" llama3_rope(factor={:g} low={:g} high={:g} original={})", r.factor, r.low_freq_factor,
+                       r.high_freq_factor, r.original_max_position_embeddings);
     if (c.partial_rotary_factor != 1) s += fmt::format(" rotary_dim={}", c.rotary_dim());
     if (c.attention_bias) s += " attention_bias";
     if (c.mlp_bias) s += " mlp_bias";
@@ -375,6 +434,8 @@ void apply_llm_config(const nlohmann::json& j, Problem& p,
   number("rms_norm_eps", c.rms_norm_eps);
   boolean("mlp_bias", c.mlp_bias);
   number("rope_theta", c.rope_theta);
+  if (const nlohmann::json* v = find("rope_scaling"); v && !v->is_null())  // null: the default rope
+    c.rope_scaling = llama3_rope_from_json(*v, fail);
   if (const nlohmann::json* v = find("rope_convention")) {
     if (!v->is_string()) fail(field("rope_convention"), "expected \"half\" or \"interleaved\", got " + show_json(*v));
     try {

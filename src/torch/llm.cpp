@@ -38,10 +38,24 @@ TT rotate_every_two(const TT& x) {
 }
 
 // The rotary tables of LlamaRotaryEmbedding / GPT-NeoX's (partial_rotary_factor) in the run's dtype:
-// inv_freq = 1 / theta^(arange(0, r, 2) / r), freqs = position_ids[..., None] * inv_freq, (B, T, r/2).
-std::pair<TT, TT> rope_angles(const TT& positions, int64_t r, double theta, at::ScalarType st) {
+// inv_freq = 1 / theta^(arange(0, r, 2) / r), scaled as _compute_llama3_parameters scales it (Llama 3's
+// rope_scaling), freqs = position_ids[..., None] * inv_freq, (B, T, r/2).
+std::pair<TT, TT> rope_angles(const TT& positions, int64_t r, double theta, const Llama3RopeScaling& s,
+                              at::ScalarType st) {
   const auto o = at::TensorOptions().dtype(st);
-  const TT inv_freq = 1.0 / at::pow(theta, at::arange(0, r, 2, o) / double(r));
+  TT inv_freq = 1.0 / at::pow(theta, at::arange(0, r, 2, o) / double(r));
+  if (s.on()) {
+    const double original = double(s.original_max_position_embeddings);
+    const double low_freq_wavelen = original / s.low_freq_factor, high_freq_wavelen = original / s.high_freq_factor;
+    // a Python number over a tensor is the tensor's reciprocal times the number (Tensor.__rtruediv__)
+    const TT wavelen = inv_freq.reciprocal() * (2 * 3.141592653589793);  // 2 * math.pi / inv_freq
+    const TT llama = at::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+    const TT smooth =
+        (wavelen.reciprocal() * original - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    const TT smoothed = (1 - smooth) * llama / s.factor + smooth * llama;
+    const TT medium = (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
+    inv_freq = at::where(medium, smoothed, llama);
+  }
   const TT freqs = positions.unsqueeze(-1).to(st) * inv_freq;
   return {freqs.cos(), freqs.sin()};
 }
@@ -142,7 +156,7 @@ struct Call {
       k = rms_norm(k, param(ps, pre + "k_norm.weight"), c.rms_norm_eps);
       sink.put("q_norm", q), sink.put("k_norm", k);
     }
-    const auto [cos, sin] = rope_angles(positions_all.slice(1, t0, t0 + Tn), r, c.rope_theta, st);
+    const auto [cos, sin] = rope_angles(positions_all.slice(1, t0, t0 + Tn), r, c.rope_theta, c.rope_scaling, st);
     const TT q_rot = apply_rotary(q, cos, sin, r, c.rope), k_rot = apply_rotary(k, cos, sin, r, c.rope);
     sink.put("q_rot", q_rot), sink.put("k_rot", k_rot);
     append(cache, k_rot, v, observe, sink);

@@ -37,6 +37,20 @@ enum class RopeStyle { HalfSplit, Interleaved };
 std::string rope_style_name(RopeStyle s);            // "half" | "interleaved"
 RopeStyle rope_style_from_name(const std::string&);  // throws std::invalid_argument
 
+// Llama 3's rope scaling (rope_type "llama3", transformers' _compute_llama3_parameters); factor 0: none.
+// With wavelen = 2 pi / inv_freq, lo = original_max_position_embeddings / low_freq_factor and
+// hi = original_max_position_embeddings / high_freq_factor, each inverse frequency becomes
+//   inv_freq / factor                             where wavelen > lo (the low frequencies)
+//   inv_freq                                      where wavelen < hi (the high frequencies)
+//   (1 - s) inv_freq / factor + s inv_freq        between, s = (original / wavelen - low) / (high - low)
+struct Llama3RopeScaling {
+  double factor = 0;  // >= 1 when on
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;  // above low_freq_factor
+  int64_t original_max_position_embeddings = 8192;
+  bool on() const { return factor > 0; }
+};
+
 // LlamaConfig's fields as LlamaDecoderLayer reads them, plus the rotary options of GPT-J and
 // GPT-NeoX. rotary_dim() dims of each head rotate (the first ones), the rest pass through.
 struct LlamaConfig {
@@ -47,6 +61,7 @@ struct LlamaConfig {
   int64_t intermediate_size = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000;
+  Llama3RopeScaling rope_scaling;  // config.json's rope_scaling of rope_type "llama3" (Llama 3.1, 3.2, 3.3)
   RopeStyle rope = RopeStyle::HalfSplit;
   double partial_rotary_factor = 1.0;  // GPT-NeoX rotary_pct; GPT-J rotary_dim / head_dim
   bool attention_bias = false;
@@ -138,13 +153,18 @@ void rms_norm_forward(T* out, const T* inp, const T* weight, T eps, int64_t N, i
 template <class T>
 void gemma_rms_norm_forward(T* out, const T* inp, const T* weight, T eps, int64_t N, int64_t C);
 
-// mirrors LlamaRotaryEmbedding.forward (default rope type, attention_scaling 1), computed in double
-// and rounded once to T: inv_freq[i] = 1 / theta^(2i / r), angle = position * inv_freq[i],
+// The rotary inverse frequencies, in double: inv_freq[i] = 1 / theta^(2i / r), i < r / 2, then
+// scaled as Llama 3's rope_scaling says (when on), in _compute_llama3_parameters' order of operations.
+std::vector<double> rope_inv_freq(int64_t r, double theta, const Llama3RopeScaling& scaling);
+
+// mirrors LlamaRotaryEmbedding.forward (default or llama3 rope type, attention_scaling 1), computed in
+// double and rounded once to T: inv_freq = rope_inv_freq(r, theta, scaling), angle = position * inv_freq[i],
 // cos[n, i] = cos(angle), sin[n, i] = sin(angle), i < r / 2 (transformers' emb = cat(freqs, freqs)
 // repeats these for the two halves; GPT-J's sincos table holds them once and repeat_interleaves).
 // positions is (N); cos and sin will be (N, r / 2). r even.
 template <class T>
-void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t N, int64_t r, double theta);
+void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t N, int64_t r, double theta,
+                 const Llama3RopeScaling& scaling = {});
 
 // mirrors apply_rotary_pos_emb: x * cos + rotate(x) * sin on the first r dims of each head, the rest
 // passing through (GPT-NeoX's q_rot / q_pass, GPT-J's rotary_dim), in place.
