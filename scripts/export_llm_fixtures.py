@@ -192,13 +192,27 @@ ROTARY = {LlamaConfig: ML.LlamaRotaryEmbedding, GPTNeoXConfig: MN.GPTNeoXRotaryE
 
 def rope(config, position_ids, dtype, true):
     """LlamaRotaryEmbedding / GPTNeoXRotaryEmbedding / Qwen3, Mistral, Gemma2RotaryEmbedding.forward (default
-    rope): transformers' own in float32 then cast to dtype, or (true) its code in dtype throughout."""
+    rope; Llama 3's llama3 rope too): transformers' own in float32 then cast to dtype, or (true) its code in
+    dtype throughout."""
     if not true:
         return ROTARY[type(config)](config)(torch.zeros(1, dtype=dtype), position_ids)
     base = config.rope_parameters["rope_theta"]
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
+    rp = config.rope_parameters
+    if rp.get("rope_type", "default") == "llama3":  # _compute_llama3_parameters' lines, in dtype
+        factor, low_freq_factor, high_freq_factor = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+        old_context_len = rp["original_max_position_embeddings"]
+        low_freq_wavelen, high_freq_wavelen = old_context_len / low_freq_factor, old_context_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+        is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        inv_freq = torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+    else:
+        assert rp.get("rope_type", "default") == "default", rp
     freqs = position_ids[..., None].to(dtype) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -571,6 +585,16 @@ def fidelity_extra(runs, decode_steps):
     return extra
 
 
+def llama3_rope(cfg):
+    """A LlamaConfig's llama3 rope scaling as fixtures hold it (config.json's rope_scaling), or None."""
+    rp = cfg.rope_parameters
+    if rp.get("rope_type", "default") != "llama3":
+        return None
+    return {"rope_type": "llama3", "factor": float(rp["factor"]), "low_freq_factor": float(rp["low_freq_factor"]),
+            "high_freq_factor": float(rp["high_freq_factor"]),
+            "original_max_position_embeddings": int(rp["original_max_position_embeddings"])}
+
+
 def llama_config_json(cfg, decode_steps, attention_only=False):
     """A LlamaDecoderLayer (or LlamaAttention) fixture's config, from a LlamaConfig."""
     config = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
@@ -581,6 +605,8 @@ def llama_config_json(cfg, decode_steps, attention_only=False):
     if not attention_only:
         config.update({"intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
                        "mlp_bias": cfg.mlp_bias})
+    if llama3_rope(cfg) is not None:  # only then: the fixtures made before it hold no such key
+        config["rope_scaling"] = llama3_rope(cfg)
     return config
 
 

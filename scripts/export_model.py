@@ -290,7 +290,22 @@ def check_supported(cfg, where):
                              f"{' or '.join(repr(w) for w in want)})")
     if mt in LLAMA_FAMILY:
         rp = cfg.rope_parameters or {}
-        need("rope_parameters.rope_type", rp.get("rope_type", "default"), ("default",))
+        need("rope_parameters.rope_type", rp.get("rope_type", "default"), ("default", "llama3") if mt == "llama"
+             else ("default",))
+        if rp.get("rope_type") == "llama3":  # what tparity's fixtures hold (harness/llm.cpp), as transformers
+            # warns of outside these ranges; a fraction of a position is not a count
+            def number(k, ok, expected):
+                v = rp.get(k)
+                if not (isinstance(v, (int, float)) and not isinstance(v, bool) and ok(v) and v <= 1e6):
+                    raise UsageError(f"{where}: rope_scaling.{k}: expected {expected} up to 1e6, got {v!r}")
+            number("factor", lambda v: v >= 1, "a number from 1")
+            low = rp.get("low_freq_factor")
+            number("low_freq_factor", lambda v: v > 0, "a positive number")
+            number("high_freq_factor", lambda v: v > low, f"a number above low_freq_factor {low!r}")
+            n = rp.get("original_max_position_embeddings")
+            if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 2 ** 31):
+                raise UsageError(f"{where}: rope_scaling.original_max_position_embeddings: expected a whole number "
+                                 f"from 1 to 2^31, got {n!r}")
         need("hidden_act" if mt != "gemma2" else "hidden_activation",
              cfg.hidden_act if mt != "gemma2" else cfg.hidden_activation,
              ("silu",) if mt != "gemma2" else ("gelu_pytorch_tanh",))

@@ -193,6 +193,49 @@ def test_tparity_check_passes_every_layer(exports, arch):
         assert r.returncode == 0, r.stdout + r.stderr
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+
+def with_rope(work, arch, name, rope_scaling):
+    """A copy of the tiny checkpoint with config.json's rope as Llama 3.1 and 3.2 write theirs: rope_theta beside
+    rope_scaling. At head_dim 16 and theta 500000 the wavelengths are 6.3, 32.4, 167, ...: against an original
+    64 positions and frequency factors 1 and 4 one pair is kept, one smoothed and the rest slowed 8 times."""
+    d = work / f"rope_{name}"
+    if not d.exists():
+        shutil.copytree(make(work, arch), d)
+        doc = json.loads((d / "config.json").read_text())
+        doc.pop("rope_parameters", None)
+        doc.update(rope_theta=500000.0, rope_scaling=rope_scaling)
+        (d / "config.json").write_text(json.dumps(doc))
+    return str(d)
+
+
+def test_a_llama3_checkpoint_s_scaled_rope_is_exported_and_judged(work, tokens_file, capsys):
+    out = str(work / "llama3_out")
+    rc, _, err = export(["--checkpoint", with_rope(work, "llama", "llama3", LLAMA3_ROPE), "--tokens", tokens_file,
+                         "--out", out], capsys)
+    assert rc == 0, err
+    for k in range(3):
+        assert fixture_of(out, k)[0]["config"]["rope_scaling"] == LLAMA3_ROPE
+    if not os.access(TPARITY, os.X_OK):
+        return
+    for k in range(3):
+        r = subprocess.run([TPARITY, "check", "--fixture", os.path.join(out, f"layer_{k:03d}.json")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+    # the same fixture told the rope is not scaled: both the hand core and LibTorch rotate otherwise
+    plain = work / "llama3_plain"
+    plain.mkdir(exist_ok=True)
+    fx, _ = fixture_of(out, 1)
+    fx["config"]["rope_scaling"] = None
+    (plain / "layer_001.json").write_text(json.dumps(fx))
+    shutil.copy(os.path.join(out, fx["tensor_file"]), plain / fx["tensor_file"])
+    r = subprocess.run([TPARITY, "check", "--fixture", str(plain / "layer_001.json")], capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "first divergence: component attn.q_rot" in r.stdout, r.stdout
+
+
 def test_a_slice_and_a_sharded_checkpoint(work, tokens_file, exports, capsys):
     ck = make(work, "llama", 0, "sharded", shard="40KB")
     assert os.path.isfile(os.path.join(ck, "model.safetensors.index.json"))
@@ -446,7 +489,19 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
              (with_config("vocab_2_40", vocab_size=2 ** 40), "vocab_size: expected a whole number from 1 to 16777216"),
              # GPT-2's sizes by its own keys: n_layer for num_hidden_layers; n_inner (None: 4 x n_embd)
              (with_config_of(gpt2, "gpt2_layers", n_layer=80000), "config.json: n_layer: expected a whole number"),
-             (with_config_of(gpt2, "gpt2_inner", n_inner=2 ** 34), "config.json: n_inner: expected a whole number")]
+             (with_config_of(gpt2, "gpt2_inner", n_inner=2 ** 34), "config.json: n_inner: expected a whole number"),
+             # rope scaling: Llama 3's on LLaMA only, its numbers as transformers warns outside them
+             (with_rope(work, "llama", "yarn", {"rope_type": "yarn", "factor": 2.0,
+                                                "original_max_position_embeddings": 64}),
+              "rope_parameters.rope_type 'yarn' is not supported for llama (expected 'default' or 'llama3')"),
+             (with_rope(work, "mistral", "mistral_llama3", LLAMA3_ROPE),
+              "rope_parameters.rope_type 'llama3' is not supported for mistral (expected 'default')"),
+             (with_rope(work, "llama", "factor_half", {**LLAMA3_ROPE, "factor": 0.5}),
+              "rope_scaling.factor: expected a number from 1 up to 1e6, got 0.5"),
+             (with_rope(work, "llama", "high_low", {**LLAMA3_ROPE, "high_freq_factor": 1.0}),
+              "rope_scaling.high_freq_factor: expected a number above low_freq_factor 1.0 up to 1e6, got 1.0"),
+             (with_rope(work, "llama", "original_half", {**LLAMA3_ROPE, "original_max_position_embeddings": 64.5}),
+              "rope_scaling.original_max_position_embeddings: expected a whole number from 1 to 2^31, got 64.5")]
     cases = [
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "2:9"], "--layers"),
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "x"], "--layers"),
