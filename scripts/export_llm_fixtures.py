@@ -11,6 +11,8 @@ module, built from a small config with random weights (nothing is loaded from a 
   llama_mqa_positions    LlamaDecoderLayer: multi-query (1 kv head), rope_theta 500000, positions 1990..
   llama_decode           LlamaDecoderLayer decode session: a left-padded prompt of 5 prefilled in one call,
                          then 3 steps of one token through transformers' DynamicCache
+  llama3_rope_decode     LlamaDecoderLayer decode session with Llama 3.1's rope scaling (llama3: factor 8,
+                         8192 original positions), positions 8188..8195 across the original context
   gpt2_block             GPT2Block: Conv1D weights (in, out), fused c_attn, gelu_new, a padded element
   gptj_attention         GPTJAttention (interleaved rotary pairs, rotary_dim 4 of 8) as a LlamaAttention
   neox_attention         GPTNeoXAttention (fused per-head query_key_value, rotary_pct 0.25, bias) as a
@@ -939,6 +941,14 @@ def fixtures():
         "prefilled in one call, then 3 steps of one token through DynamicCache; output is the full causal forward",
         llama_cfg(head_dim=8), 2, 8, 23, torch.arange(8).unsqueeze(0).repeat(2, 1) + torch.tensor([[0], [4]]),
         pad, decode_steps=3)
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    out["llama3_rope_decode"] = lambda: llama_fixture(
+        "llama3_rope_decode", "transformers' LlamaDecoderLayer with Llama 3.1's rope scaling (theta 500000, factor "
+        "8, frequency factors 1 and 4, 8192 original positions: at head_dim 16 four pairs kept, one smoothed, "
+        "three slowed), positions 8188..8195 across the original context: a prompt of 5 prefilled, then 3 steps",
+        llama_cfg(head_dim=16, rope_theta=500000.0, rope_parameters=llama3, max_position_embeddings=131072), 2, 8,
+        34, torch.arange(8).unsqueeze(0).repeat(2, 1) + 8188, None, decode_steps=3)
     out["gpt2_block"] = lambda: gpt2_fixture(
         "gpt2_block", "transformers' GPT2Block: Conv1D (in, out) weights, fused c_attn, gelu_new, element 1 "
         "right-padded by 3", B, 7, 24, right_pad(B, 7, [0, 3]))
