@@ -258,6 +258,17 @@ int model(const ModelCliOptions& o) {
     }
     if (!o.dump.empty()) throw InputError("model: --perturb: moves the hand core's weight, which --dump does not run");
   }
+  if (!o.export_dir.empty()) {  // the folder itself, as every file in it: a link is refused, not followed
+    std::string d = o.export_dir;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();  // "link/" would resolve through the link
+    struct stat st {};
+    if (::lstat(d.c_str(), &st) != 0)
+      throw InputError("model: --export " + show_text(o.export_dir) + ": " + std::strerror(errno));
+    if (S_ISLNK(st.st_mode))
+      throw InputError("model: --export " + show_text(o.export_dir) +
+                       ": it is a symbolic link (tparity reads no file through a link: name the folder itself)");
+    if (!S_ISDIR(st.st_mode)) throw InputError("model: --export " + show_text(o.export_dir) + ": not a folder");
+  }
   std::string export_note;
   const std::string dir = o.export_dir.empty() ? exported(o, &export_note) : o.export_dir;
   const ModelExport m = read_model_export(dir);

@@ -77,6 +77,14 @@ DTensor tensor_of(const ModelExport& m, const std::string& name, DType dtype, co
     throw InputError(where + ": " + name + ": expected " + dtype_name(dtype) + ", got " + dtype_name(t.dtype));
   if (t.shape != shape)
     throw InputError(where + ": " + name + ": expected shape " + to_string(shape) + ", got " + to_string(t.shape));
+  // The truth, transformers' float32 and the weights are finite in every export (the exporter refuses
+  // the rest): a NaN there would match the hand core's NaN and pass.
+  if (dtype == DType::Float64 || dtype == DType::Float32)
+    for (size_t i = 0; i < t.data.size(); ++i)
+      if (!std::isfinite(t.data[i]))
+        throw InputError(fmt::format("{}: {}: expected finite values (the exporter writes no other), got {} at flat "
+                                     "index {}",
+                                     where, name, t.data[i], i));
   return t;
 }
 
@@ -277,6 +285,7 @@ ModelExport read_model_export(const std::string& dir) {
       if (!wpe || wpe->shape.size() != 2 || wpe->shape[0] < P + N || wpe->shape[1] != m.hidden)
         throw InputError(where + ": wpe.weight: expected F32 (positions >= " + std::to_string(P + N) + ", " +
                          std::to_string(m.hidden) + ")");
+      (void)tensor_of(m, "wpe.weight", DType::Float32, wpe->shape);
     } else {
       (void)tensor_of(m, "embed_tokens.weight", DType::Float32, {m.vocab, m.hidden});
     }
@@ -296,6 +305,23 @@ double rel_l2(const A& a, const B& b) {
   const Metrics mm = measure(ta, tb);
   if (mm.nonfinite_mismatch) return std::numeric_limits<double>::infinity();
   return mm.rel_l2;
+}
+
+// The rows of a (B, T, C) hidden state at the real tokens (attention_mask 1), in order. A padding
+// position's row is the model's arithmetic on no token: a padded query whose sliding window holds only
+// padding sees no key, and transformers gives it uniform weights over whatever keys the call holds
+// (all T in the full forward, the cached ones in a decode step); an engine that runs each sequence
+// unpadded makes no such row at all.
+template <class A>  // std::vector<double> or Storage<double>
+std::vector<double> real_rows(const A& x, const ModelExport& m) {
+  const Shape bt = ids_shape(m);
+  const DTensor mask = m.tensors->tensor("attention_mask");
+  const size_t C = x.size() / size_t(bt[0] * bt[1]);
+  std::vector<double> out;
+  for (size_t i = 0; i < size_t(bt[0] * bt[1]); ++i)
+    if (mask.data[i] != 0)
+      out.insert(out.end(), x.begin() + std::ptrdiff_t(i * C), x.begin() + std::ptrdiff_t((i + 1) * C));
+  return out;
 }
 
 PositionStats stats(std::vector<double> v) {
@@ -345,7 +371,7 @@ double kl(const double* p, const double* q, int64_t V) {
   const std::vector<double> lp = log_softmax(p, V), lq = log_softmax(q, V);
   double s = 0;
   for (int64_t i = 0; i < V; ++i) s += std::exp(lp[size_t(i)]) * (lp[size_t(i)] - lq[size_t(i)]);
-  return std::max(0.0, s);
+  return std::isnan(s) ? s : std::max(0.0, s);  // a NaN row shows as NaN, never as 0
 }
 
 int64_t argmax(const double* x, int64_t V) { return int64_t(std::max_element(x, x + V) - x); }
@@ -714,7 +740,7 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
       p.decode_steps = std::min<int64_t>(3, Tn - 1);
       const RunResult d = run_hand(p, DType::Float64, false, e.fixture + " (decode)");
       p.decode_steps = 0;
-      l.decode64 = rel_l2(d.outputs.at("output").data, truth_out.data);
+      l.decode64 = rel_l2(real_rows(d.outputs.at("output").data, m), real_rows(truth_out.data, m));
       if (l.decode64 > o.policy.semantic_rel) {
         l.local_pass = false;
         if (l.local_divergence.empty())
@@ -826,16 +852,18 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
         throw InputError(dump + ": " + pre + "output: expected shape " + to_string(btc) + ", got " + to_string(out->shape));
       const DTensor got = d.tensor(pre + "output");
       const std::string k = std::to_string(e.index + 1);
-      const DTensor truth = m.tensors->tensor("hidden." + k), ref = m.tensors->tensor("hidden_float32." + k);
-      const double err = rel_l2(got.data, truth.data);
-      l.ref32 = rel_l2(ref.data, truth.data);
+      // on the real tokens only, as the logits: what an engine writes at padding is not judged
+      const std::vector<double> truth = real_rows(m.tensors->tensor("hidden." + k).data, m),
+                                ref = real_rows(m.tensors->tensor("hidden_float32." + k).data, m);
+      const double err = rel_l2(real_rows(got.data, m), truth);
+      l.ref32 = rel_l2(ref, truth);
       if (got.dtype == DType::Float64) {
         l.chain64 = err;
         l.bound32 = GatePolicy{}.semantic_rel;
         l.chain_pass = err <= l.bound32;
       } else {
         l.chain32 = err;
-        l.bound32 = float32_bound(ref.data, truth.data, &l.n_eff);
+        l.bound32 = float32_bound(ref, truth, &l.n_eff);
         l.chain_pass = err <= l.bound32;
       }
       if (!l.chain_pass) {

@@ -192,6 +192,53 @@ def test_an_engines_dump_is_judged_layer_by_layer(work, exports):
     assert tparity(["model", "--export", ex, "--dump", str(small)]).returncode == 0
 
 
+def test_a_dump_is_judged_on_the_real_tokens_only(work, exports):
+    """An engine that runs each sequence unpadded writes nothing meaningful at padding (zeros, NaN): the
+    layers' outputs are judged on the real tokens, as the logits are; a real token's row still counts."""
+    ex = exports["llama"]["dir"]
+    real = TOKENS["attention_mask"][1].count(1)  # row 1: 5 real tokens, then padding
+    for name, value in [("zeros", 0.0), ("nan", float("nan"))]:
+        d = dump_of(ex)
+        for k in [k for k in d if k.startswith("layers.")]:
+            d[k][1, real:] = value
+        path = work / f"dump_padding_{name}.safetensors"
+        save_file(d, str(path))
+        r = tparity(["model", "--export", ex, "--dump", str(path)])
+        assert r.returncode == 0, (name, r.stdout[-1500:] + r.stderr)
+    d = dump_of(ex)
+    d["layers.1.output"][1, real - 1] = 0.0  # the last real token of row 1
+    path = work / "dump_last_real_row.safetensors"
+    save_file(d, str(path))
+    r = tparity(["model", "--export", ex, "--dump", str(path)])
+    assert r.returncode == 1 and "first diverging layer 1: output" in r.stdout, r.stdout[-1500:]
+
+
+def test_padding_past_a_sliding_window_is_not_judged(work, exports):
+    """A right-padded row whose padding runs longer than the window: its padded queries see no key in
+    their window, and transformers gives them uniform weights over all the call's keys (the full
+    forward's T, a decode step's cache). The decode check compares the real tokens: Mistral's and
+    Gemma 2's tiny checkpoints (window 4) pass with 10 padding tokens."""
+    tokens = work / "tokens_long_padding.json"
+    ids = [5, 17, 200, 3, 9, 44, 12, 1, 2, 3, 4, 5]
+    tokens.write_text(json.dumps({"input_ids": [ids, [7, 8] + [0] * 10],
+                                  "attention_mask": [[1] * 12, [1, 1] + [0] * 10]}))
+    for arch in ("mistral", "gemma2"):
+        r = tparity(["model", "--checkpoint", str(work / f"ck_{arch}"), "--tokens", str(tokens)],
+                    {"TPARITY_MODELS_DIR": str(work / "models_long_padding")})
+        assert r.returncode == 0, (arch, r.stdout[-1500:] + r.stderr)
+
+
+def test_an_export_folder_that_is_a_link_is_refused(work, exports):
+    link = work / "export_link"
+    if not link.is_symlink():
+        os.symlink(exports["llama"]["dir"], link)
+    for given in (str(link), str(link) + "/"):
+        r = tparity(["model", "--export", given])
+        assert r.returncode == 2 and r.stdout == "", r.stdout[-500:] + r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--export" in lines[0] and "symbolic link" in lines[0], r.stderr
+
+
 def test_a_dump_is_judged_on_every_layer_or_refused(work, exports):
     """Nothing in a dump goes unjudged: a name outside the export's slice, a layer left out, a component
     without its layer's output, a dtype no engine computes in are refused with one line; a dump of the
@@ -438,7 +485,33 @@ def _ids_out_of_vocab(doc, dst):
     return False
 
 
+def _not_finite(name, index, value):
+    def f(doc, dst):
+        t = load_file(str(dst / "model.safetensors"))
+        t[name][index] = value
+        save_file(t, str(dst / "model.safetensors"))
+        return False
+    return f
+
+
+def _nan_head_and_truth(doc, dst):
+    """The head's row 7, the truth's and transformers' logits at 7 all NaN: NaN met NaN and passed."""
+    t = load_file(str(dst / "model.safetensors"))
+    t["lm_head.weight"][7] = float("nan")
+    t["logits"][..., 7] = float("nan")
+    t["logits_float32"][..., 7] = float("nan")
+    save_file(t, str(dst / "model.safetensors"))
+    return False
+
+
 CRAFTED = [
+    ("head and logits NaN alike", _nan_head_and_truth, "model.safetensors: lm_head.weight: expected finite values"),
+    ("truth logits NaN", _not_finite("logits", (0, 0, 7), float("nan")), "logits: expected finite values"),
+    ("truth hidden inf", _not_finite("hidden.2", (1, 3, 0), float("inf")), "hidden.2: expected finite values"),
+    ("float32 hidden NaN", _not_finite("hidden_float32.1", (0, 0, 0), float("nan")),
+     "hidden_float32.1: expected finite values"),
+    ("generation logits NaN", _not_finite("generation.logits", (0, 0), float("nan")),
+     "generation.logits: expected finite values"),
     ("format", _set("format", "tparity.fixture"), "format"),
     ("version", _set("version", 2), "version"),
     ("unknown field", _set("extra", 1), "unknown field"),
