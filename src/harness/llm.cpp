@@ -18,7 +18,7 @@ bool llm_module(ModuleKind m) { return module_row(m).family == ModuleFamily::Llm
 namespace {
 
 // The keys every Llama-shaped attention takes, then the layer's (the MLP and the norms).
-#define TP_LLAMA_ATTENTION_KEYS                                                              \
+#define TP_LLAMA_ATTENTION_KEYS                                                                           \
   "hidden_size num_attention_heads num_key_value_heads head_dim rope_theta rope_scaling rope_convention " \
   "partial_rotary_factor attention_bias max_position_embeddings"
 #define TP_LLAMA_LAYER_KEYS " intermediate_size rms_norm_eps mlp_bias"
@@ -434,8 +434,8 @@ void apply_llm_config(const nlohmann::json& j, Problem& p,
   number("rms_norm_eps", c.rms_norm_eps);
   boolean("mlp_bias", c.mlp_bias);
   number("rope_theta", c.rope_theta);
-  if (const nlohmann::json* v = find("rope_scaling"); v && !v->is_null())  // null: the default rope
-    c.rope_scaling = llama3_rope_from_json(*v, fail);
+  if (const nlohmann::json* v = find("rope_scaling"))  // null: the default rope
+    c.rope_scaling = v->is_null() ? Llama3RopeScaling{} : llama3_rope_from_json(*v, fail);
   if (const nlohmann::json* v = find("rope_convention")) {
     if (!v->is_string()) fail(field("rope_convention"), "expected \"half\" or \"interleaved\", got " + show_json(*v));
     try {
