@@ -369,7 +369,9 @@ def parse_layers(spec, L):
 
 
 class CheckpointTensors:
-    """A safetensors checkpoint's tensors by name (one file or an index of shards), read one at a time."""
+    """A safetensors checkpoint's tensors by name (one file or an index of shards), read one at a time. As
+    from_pretrained: every tensor of every shard the index's weight_map lists, whatever weight_map says for
+    its name (a stale index loads); a tensor held by two shards is refused (transformers keeps the later)."""
 
     def __init__(self, folder):
         from safetensors import safe_open
@@ -396,8 +398,10 @@ class CheckpointTensors:
         self.handles = handles
         for s, h in handles.items():
             for k in h.keys():
-                if weight_map is None or weight_map.get(k) == s:
-                    self.files[k] = s
+                if k in self.files:
+                    raise UsageError(f"--checkpoint {folder}: tensor {shown_name(k)} is stored in both {self.files[k]} "
+                                     f"and {s}: expected one (which value is the checkpoint's?)")
+                self.files[k] = s
         self.folder = folder
 
     def names(self):

@@ -252,6 +252,57 @@ def test_a_slice_and_a_sharded_checkpoint(work, tokens_file, exports, capsys):
     assert torch.equal(t["hidden.1"], whole["hidden.1"]) and torch.equal(t["hidden.2"], whole["hidden.2"])
 
 
+def test_a_stale_shard_index_loads_as_from_pretrained_and_a_tensor_in_two_shards_is_refused(work, tokens_file,
+                                                                                          exports, capsys):
+    # from_pretrained loads every tensor of every shard that weight_map's values list, whatever weight_map says
+    # for the name: an index that forgot a tensor, or names the wrong shard for it, loads the weights as stored
+    ck = make(work, "llama", 0, "sharded", shard="40KB")
+    name = "model.layers.0.input_layernorm.weight"
+
+    def edited(label, edit):
+        d = work / f"sharded_{label}"
+        if not d.exists():
+            shutil.copytree(ck, d)
+            index = json.loads((d / "model.safetensors.index.json").read_text())
+            edit(d, index["weight_map"])
+            (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        return str(d)
+
+    def moved(d, weight_map):  # the tensor moved to another shard, weight_map left naming the old one
+        holder = weight_map[name]
+        other = next(s for s in sorted(set(weight_map.values())) if s != holder)
+        a, b = load_file(str(d / holder)), load_file(str(d / other))
+        b[name] = a.pop(name)
+        save_file(a, str(d / holder), metadata={"format": "pt"})
+        save_file(b, str(d / other), metadata={"format": "pt"})
+
+    def copied(d, weight_map):  # a second, different value of the tensor in another shard
+        other = next(s for s in sorted(set(weight_map.values())) if s != weight_map[name])
+        b = load_file(str(d / other))
+        b[name] = torch.full((64,), 2.0)
+        save_file(b, str(d / other), metadata={"format": "pt"})
+    _, whole = model_of(exports["llama"][1])
+    for ck_stale in (edited("omitted", lambda d, w: w.pop(name)), edited("moved", moved)):
+        out = str(work / (os.path.basename(ck_stale) + "_out"))
+        rc, _, err = export(["--checkpoint", ck_stale, "--tokens", tokens_file, "--out", out], capsys)
+        assert rc == 0, err
+        _, t = model_of(out)  # the same weights as the checkpoint in one file: the same truth
+        assert all(torch.equal(t[f"hidden.{k}"], whole[f"hidden.{k}"]) for k in range(4))
+    dup = work / "sharded_twice"
+    if not dup.exists():
+        shutil.copytree(ck, dup)
+        weight_map = json.loads((dup / "model.safetensors.index.json").read_text())["weight_map"]
+        copied(dup, weight_map)
+    weight_map = json.loads((dup / "model.safetensors.index.json").read_text())["weight_map"]
+    shards = sorted(set(weight_map.values()))
+    holders = [s for s in shards if name in load_file(str(dup / s))]
+    assert len(holders) == 2
+    rc, _, err = export(["--checkpoint", str(dup), "--tokens", tokens_file, "--out", str(work / "o_twice")], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"tensor {name} is stored in both {holders[0]} and {holders[1]}" in err, err
+    assert not (work / "o_twice").exists()
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
 def test_generation(work, tokens_file, capsys, arch):
     ck = make(work, arch)
