@@ -59,6 +59,7 @@ import math
 import os
 import re
 import signal
+import struct
 import sys
 import tempfile
 import time
@@ -407,6 +408,13 @@ class CheckpointTensors:
     def names(self):
         return set(self.files)
 
+    def elements(self):
+        """Every stored tensor's element count, summed from the headers (no data read)."""
+        return sum(math.prod(self.shape(k)) for k in self.files)
+
+    def shape(self, name):
+        return list(self.handles[self.files[name]].get_slice(name).get_shape())
+
     def get(self, name):
         import torch
         t = self.handles[self.files[name]].get_tensor(name)
@@ -431,6 +439,40 @@ def parts(model, arch):
     if arch == "bert":
         return model.encoder.layer, {"embeddings": model.embeddings}, None, None
     return model.model.layers, {"embed_tokens": model.model.embed_tokens}, model.model.norm, model.lm_head
+
+
+def read_params(meta, arch):
+    """The parameter count of the parts the export reads (BERT's pooler is none of them), a tied head once."""
+    layers, emb, norm, head = parts(meta, arch)
+    sizes = {}
+    for mod in list(layers) + list(emb.values()) + [m for m in (norm, head) if m is not None]:
+        for p in mod.parameters():
+            sizes[id(p)] = p.numel()
+    return sum(sizes.values())
+
+
+def meta_model(arch, cfg):
+    import torch
+    with torch.device("meta"):
+        return model_class(arch).from_config(cfg, attn_implementation="eager")
+
+
+def check_gguf_holds(folder, gguf, arch, cfg):
+    """transformers builds the model a GGUF file's metadata describes whatever tensors it holds, and
+    dequantizes what it finds (a 70-byte file naming only general.architecture llama built the default 7B
+    Llama in float32, 23 GB): refused before it is built when the file's tensor list (gguf.GGUFReader,
+    memory-mapped, nothing dequantized) holds fewer elements (a quantized block counts its elements) than the
+    parameters the export reads."""
+    from gguf import GGUFReader
+    try:
+        held = sum(int(t.n_elements) for t in GGUFReader(os.path.join(folder, gguf), "r").tensors)
+    except (OSError, ValueError, IndexError, KeyError, struct.error) as e:
+        raise UsageError(f"--gguf-file {gguf}: the gguf package cannot read its tensor list: "
+                         f"{' '.join(str(e).split())[:200]}") from None
+    need = read_params(meta_model(arch, cfg), arch)
+    if held < need:
+        raise UsageError(f"--gguf-file {gguf}: its tensors hold {held:,} elements, fewer than the {need:,} "
+                         f"parameters of the model its metadata describes: expected that model's weights")
 
 
 def make_truth(m64, arch, cfg):
@@ -474,10 +516,8 @@ class StreamedSource:
     """The model built on the meta device; each part materialized from the checkpoint when it is needed."""
 
     def __init__(self, folder, arch, cfg):
-        import torch
         self.tensors = CheckpointTensors(folder)
-        with torch.device("meta"):
-            self.meta = model_class(arch).from_config(cfg, attn_implementation="eager")
+        self.meta = meta_model(arch, cfg)
         self.cfg, self.arch = self.meta.config, arch
         self.parts = parts(self.meta, arch)
         self.prefix = {id(m): (n + "." if n else "") for n, m in self.meta.named_modules()}
@@ -486,6 +526,14 @@ class StreamedSource:
             self.tied = dict(getattr(self.meta, "_tied_weights_keys", None) or {})
         self.stored = self.tensors.names()
         self.loads = self.loaded_as(folder)
+        try:
+            self.check_shapes()
+        except UsageError as e:  # the sizes say whether the config describes another model
+            held, need = self.tensors.elements(), read_params(self.meta, arch)
+            if held >= need:
+                raise
+            raise UsageError(f"{e} (its tensors hold {held:,} elements, fewer than the {need:,} parameters of the "
+                             f"model its config.json describes)") from None
 
     def loaded_as(self, folder):
         """{the model's parameter: the checkpoint's tensor it loads from}, renamed as from_pretrained renames
@@ -514,6 +562,23 @@ class StreamedSource:
                                  f"{shown_name(original)} both load as {renamed}: expected one")
             loads[renamed] = original
         return loads
+
+    def check_shapes(self):
+        """Every tensor a part reads is stored, of the shape the config makes, by the headers (no data read),
+        before anything large is built: from_pretrained (whole, for --generate) builds the model the config
+        describes whatever the checkpoint holds (a config far larger than its weights, 1.7 GB) and fills a
+        tensor it does not find with random values, silently."""
+        layers, emb, norm, head = self.parts
+        for mod in list(layers) + list(emb.values()) + [m for m in (norm, head) if m is not None]:
+            for n, t in mod.state_dict().items():
+                self.shape_of(self.prefix[id(mod)] + n, list(t.shape))
+
+    def shape_of(self, name, want):
+        key = self.key(name)
+        got = self.tensors.shape(key)
+        if got != want:
+            raise UsageError(f"--checkpoint {self.tensors.folder}: tensor {shown_name(key)}: shape {got}, the config "
+                             f"makes it {want}")
 
     def key(self, name):
         """The checkpoint's name for the model's parameter `name` (a tied lm_head absent: the embedding's)."""
@@ -554,11 +619,8 @@ class StreamedSource:
         p = self.prefix[id(meta_module)]
         sd = {}
         for n, t in m.state_dict().items():
-            w = self.tensors.get(self.key(p + n))
-            if tuple(w.shape) != tuple(t.shape):
-                raise UsageError(f"--checkpoint {self.tensors.folder}: tensor {shown_name(self.key(p + n))}: shape "
-                                 f"{list(w.shape)}, the config makes it {list(t.shape)}")
-            sd[n] = w
+            self.shape_of(p + n, list(t.shape))
+            sd[n] = self.tensors.get(self.key(p + n))
         m.load_state_dict(sd, strict=True)
         self.fix_buffers(m)
         return m.eval()
@@ -1072,14 +1134,18 @@ def export(a, tmp, log):
     t_inputs = time.monotonic()
 
     # the model
+    # Nothing large is built before the checkpoint is seen to hold the model's weights (check_gguf_holds,
+    # StreamedSource.check_shapes).
     whole = gguf is not None or a.generate > 0
-    if whole:
-        src = WholeSource(folder, gguf, arch, cfg)
+    if gguf:
+        check_gguf_holds(folder, gguf, arch, cfg)
+        stream = None
     else:
-        src = StreamedSource(folder, arch, cfg)
+        stream = StreamedSource(folder, arch, cfg)
+    src = WholeSource(folder, gguf, arch, cfg) if whole else stream
     cfg = src.cfg
     # A GGUF file's tensors go by llama.cpp's names, not the model's: not looked at.
-    unused = None if gguf else (src if not whole else StreamedSource(folder, arch, cfg)).unused()
+    unused = None if gguf else stream.unused()
     t_load = time.monotonic()
     run = Runner(arch, cfg, ids, mask)
 

@@ -576,6 +576,51 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
     assert not (work / "o1").exists()
 
 
+def test_weights_that_are_not_the_config_s_model_are_refused_before_it_is_built(work, tokens_file, capsys,
+                                                                                  monkeypatch):
+    def built(*args, **kwargs):  # from_pretrained's whole model: a 7B Llama for a GGUF file of no tensors
+        raise AssertionError("the whole model was built")
+    monkeypatch.setattr(export_model, "WholeSource", built)
+    # a GGUF file of no tensors, its metadata general.architecture llama alone: transformers' default Llama
+    gguf = pytest.importorskip("gguf")
+    folder = work / "gguf_empty"
+    folder.mkdir(exist_ok=True)
+    w = gguf.GGUFWriter(str(folder / "empty.gguf"), "llama")
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    rc, _, err = export(["--checkpoint", str(folder), "--gguf-file", "empty.gguf", "--tokens", tokens_file,
+                         "--out", str(work / "o_gguf")], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "--gguf-file empty.gguf: its tensors hold 0 elements, fewer than the " in err, err
+    # a config far larger than its weights, whole for --generate
+    ck = make(work, "llama")
+    big = work / "config_hidden_1024"
+    if not big.exists():
+        shutil.copytree(ck, big)
+        doc = json.loads((big / "config.json").read_text())
+        doc.update(hidden_size=1024, intermediate_size=4096, head_dim=256)
+        (big / "config.json").write_text(json.dumps(doc))
+    stored = sum(t.numel() for t in checkpoint_tensors(ck).values())
+    rc, _, err = export(["--checkpoint", str(big), "--tokens", tokens_file, "--out", str(work / "o_big"),
+                         "--generate", "2"], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"(its tensors hold {stored:,} elements, fewer than the " in err and "config.json describes)" in err, err
+    # a tensor missing beside one the model does not read, of its size: from_pretrained fills the missing one
+    # with random values and says nothing
+    gone = "model.layers.1.mlp.up_proj.weight"
+    swapped = work / "up_proj_swapped"
+    if not swapped.exists():
+        shutil.copytree(ck, swapped)
+        t = load_file(str(swapped / "model.safetensors"))
+        t["model.layers.1.mlp.spare.weight"] = t.pop(gone)
+        save_file(t, str(swapped / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.undo()
+    rc, _, err = export(["--checkpoint", str(swapped), "--tokens", tokens_file, "--out", str(work / "o_swapped"),
+                         "--generate", "2"], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err == f"export_model: --checkpoint {swapped}: tensor {gone} is missing from the checkpoint\n", err
+    assert not any((work / o).exists() for o in ("o_gguf", "o_big", "o_swapped"))
+
+
 def test_the_program(work, tokens_file):
     """As a program: exit 0, nothing on standard output, the summary on standard error."""
     ck = make(work, "qwen3")
