@@ -59,6 +59,7 @@ import math
 import os
 import re
 import signal
+import stat
 import struct
 import sys
 import tempfile
@@ -709,18 +710,40 @@ def check_json_keys(path):
         pass  # its reader says why
 
 
+def open_plain(path, option):
+    """A plain file handed to the export, opened for reading as UTF-8 text: a symbolic link is refused, never
+    followed (as --out; tparity model --export), and a FIFO, device or folder is refused at once, not waited
+    on (opening a FIFO blocked until a writer came, for ever)."""
+    kinds = {stat.S_IFLNK: "a symbolic link (a file handed to the export is never read through one: name the "
+                           "file itself)", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder",
+             stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{option} {path}: is {kinds.get(stat.S_IFMT(st.st_mode), 'not a plain file')}, "
+                             f"expected a plain file")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot read it: {e.strerror}") from None
+    f = os.fdopen(fd, encoding="utf-8")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since the lstat
+        f.close()
+        raise UsageError(f"{option} {path}: is not a plain file (it changed while it was opened)")
+    return f
+
+
 def read_tokens(path, vocab, max_positions):
     import torch
 
     def bad(field, msg):
         raise UsageError(f"--tokens {path}: {field}: {msg}")
-    try:
-        with open(path, encoding="utf-8") as f:
+    with open_plain(path, "--tokens") as f:
+        try:
             text = f.read()
-    except OSError as e:
-        raise UsageError(f"--tokens {path}: cannot read it: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--tokens {path}: not UTF-8 text") from None
+        except OSError as e:
+            raise UsageError(f"--tokens {path}: cannot read it: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--tokens {path}: not UTF-8 text") from None
 
     def no_constant(c):
         raise ValueError(f"{c} is not JSON")

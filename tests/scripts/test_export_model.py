@@ -360,6 +360,26 @@ def test_bad_tokens_exit_2_with_one_line(work, capsys, what, text, field):
     assert not [n for n in os.listdir(work) if n.startswith(f".{out.name}.")]
 
 
+def test_tokens_that_are_not_a_plain_file_are_refused_never_followed_or_waited_on(work, tokens_file, capsys):
+    ck = make(work, "llama")
+    link = work / "tokens_link.json"
+    if not link.is_symlink():
+        link.symlink_to(tokens_file)
+    for path, what in ((link, "is a symbolic link"), (work, "is a folder")):
+        rc, stdout, err = export(["--checkpoint", ck, "--tokens", str(path), "--out", str(work / "o_tok")], capsys)
+        assert rc == 2 and stdout == "" and err.count("\n") == 1, err
+        assert f"--tokens {path}: {what}" in err, err
+    # a FIFO: opening it waits for a writer, for ever; as a program, with a time limit
+    fifo = work / "tokens_fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "export_model.py"), "--checkpoint", ck, "--tokens",
+                        str(fifo), "--out", str(work / "o_tok")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--tokens {fifo}: is a FIFO, expected a plain file" in r.stderr, r.stderr
+    assert not (work / "o_tok").exists()
+
+
 def test_an_existing_folder_that_is_not_an_export_is_refused(work, tokens_file, capsys):
     ck = make(work, "llama")
     mine = work / "mine"
