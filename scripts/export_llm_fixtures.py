@@ -196,11 +196,13 @@ def rope(config, position_ids, dtype, true):
     """LlamaRotaryEmbedding / GPTNeoXRotaryEmbedding / Qwen3, Mistral, Gemma2RotaryEmbedding.forward (default
     rope; Llama 3's llama3 rope too): transformers' own in float32 then cast to dtype, or (true) its code in
     dtype throughout."""
+    rotary = ROTARY[type(config)](config)
     if not true:
-        return ROTARY[type(config)](config)(torch.zeros(1, dtype=dtype), position_ids)
+        return rotary(torch.zeros(1, dtype=dtype), position_ids)
     base = config.rope_parameters["rope_theta"]
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    dim = int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
+    # the dims the class itself rotates, twice its inv_freq's length: GPTNeoX's default rope and the llama3 rope
+    # read partial_rotary_factor, Llama's, Mistral's, Qwen3's and Gemma2's default rope do not
+    dim = 2 * rotary.inv_freq.numel()
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
     rp = config.rope_parameters
     if rp.get("rope_type", "default") == "llama3":  # _compute_llama3_parameters' lines, in dtype

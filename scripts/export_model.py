@@ -359,6 +359,22 @@ def check_sizes(cfg, where):
             raise UsageError(f"{where}: {key}: expected a whole number from 1 to {most}, got {got!r}")
 
 
+def check_rotary(cfg, where, mt):
+    """The dims transformers' own rotary embedding rotates (its inv_freq, twice): all of head_dim, or its
+    attention fails on a shape. Llama's default rope reads no partial_rotary_factor (every dim rotates, and
+    so does the truth), Llama 3's llama3 rope does."""
+    if mt not in LLAMA_FAMILY:
+        return
+    import export_llm_fixtures as E
+    rotated = 2 * E.ROTARY[type(cfg)](cfg).inv_freq.numel()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if rotated != head_dim:
+        rp = cfg.rope_parameters or {}
+        raise UsageError(f"{where}: partial_rotary_factor {rp.get('partial_rotary_factor')!r} is not supported for "
+                         f"{mt} with rope_type {rp.get('rope_type')!r} (transformers' rotary embedding then turns "
+                         f"{rotated} of head_dim {head_dim} dims, which its attention does not run)")
+
+
 def parse_layers(spec, L):
     if spec is None:
         return 0, L
@@ -1126,6 +1142,7 @@ def export(a, tmp, log):
     weights_where = where if gguf or a.smollm2 or a.minilm else f"--checkpoint {folder}"
     arch = check_supported(cfg, where)
     check_sizes(cfg, where)
+    check_rotary(cfg, where, arch)
     kind, norm_kind = ARCHS[arch]
     decoder = arch != "bert"
     L = cfg.num_hidden_layers

@@ -236,6 +236,25 @@ def test_a_llama3_checkpoint_s_scaled_rope_is_exported_and_judged(work, tokens_f
     assert "first divergence: component attn.q_rot" in r.stdout, r.stdout
 
 
+def test_llama_s_default_rope_turns_every_dim_whatever_partial_rotary_factor_says(work, tokens_file, exports,
+                                                                                  capsys):
+    # LlamaRotaryEmbedding's default rope reads no partial_rotary_factor: the model is the plain one, and so
+    # must the truth be (it turned half the dims, and the export died on a shape)
+    ck = work / "llama_partial"
+    if not ck.exists():
+        shutil.copytree(make(work, "llama"), ck)
+        doc = json.loads((ck / "config.json").read_text())
+        doc["partial_rotary_factor"] = 0.5
+        (ck / "config.json").write_text(json.dumps(doc))
+    out = str(work / "llama_partial_out")
+    rc, _, err = export(["--checkpoint", str(ck), "--tokens", tokens_file, "--out", out], capsys)
+    assert rc == 0, err
+    _, t = model_of(out)
+    _, plain = model_of(exports["llama"][1])
+    for n in ("logits", "logits_float32") + tuple(f"hidden{p}.{k}" for k in range(4) for p in ("", "_float32")):
+        assert torch.equal(t[n], plain[n]), n
+
+
 def test_a_slice_and_a_sharded_checkpoint(work, tokens_file, exports, capsys):
     ck = make(work, "llama", 0, "sharded", shard="40KB")
     assert os.path.isfile(os.path.join(ck, "model.safetensors.index.json"))
@@ -572,7 +591,10 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
              (with_rope(work, "llama", "high_low", {**LLAMA3_ROPE, "high_freq_factor": 1.0}),
               "rope_scaling.high_freq_factor: expected a number above low_freq_factor 1.0 up to 1e6, got 1.0"),
              (with_rope(work, "llama", "original_half", {**LLAMA3_ROPE, "original_max_position_embeddings": 64.5}),
-              "rope_scaling.original_max_position_embeddings: expected a whole number from 1 to 2^31, got 64.5")]
+              "rope_scaling.original_max_position_embeddings: expected a whole number from 1 to 2^31, got 64.5"),
+             # the llama3 rope turns int(head_dim * partial_rotary_factor) dims, where Llama's attention fails
+             (with_rope(work, "llama", "llama3_partial", {**LLAMA3_ROPE, "partial_rotary_factor": 0.5}),
+              "config.json: partial_rotary_factor 0.5 is not supported for llama with rope_type 'llama3'")]
     cases = [
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "2:9"], "--layers"),
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "x"], "--layers"),
