@@ -273,7 +273,8 @@ def load_config(folder, gguf):
         if gguf:
             return AutoConfig.from_pretrained(folder, gguf_file=gguf)
         return AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError, struct.error) as e:
+        # struct.error: a GGUF file cut short in its header
         what = f"--gguf-file {gguf}" if gguf else os.path.join(folder, "config.json")
         text = " ".join(str(e).split())
         text = text if len(text) <= 240 else text[:237] + "..."
@@ -357,6 +358,48 @@ def check_sizes(cfg, where):
         key = getattr(cfg, "attribute_map", {}).get(field, field)
         if isinstance(got, bool) or not isinstance(got, int) or not 1 <= got <= most:
             raise UsageError(f"{where}: {key}: expected a whole number from 1 to {most}, got {got!r}")
+
+
+def check_values(cfg, where, mt):
+    """The config's numbers within what tparity reads back (harness/llm.cpp's layer configs, eval/model.cpp's
+    model.json: final_norm.eps in [0, 1], logit_softcap in [1e-6, 1e6]; JSON holds no NaN or inf), named as
+    config.json names them, before a weight is read: they were refused later, blamed on the export's own files
+    or on the weights (a NaN truth)."""
+    def number(field, lo, hi, low_open=False, null=False):
+        got = getattr(cfg, field, None)
+        if got is None and null:
+            return
+        ok = isinstance(got, (int, float)) and not isinstance(got, bool) and \
+            (lo < got if low_open else lo <= got) and got <= hi
+        if not ok:
+            span = f"{'(' if low_open else '['}{lo:g}, {hi:g}]" if hi != math.inf else f"above {lo:g}"
+            raise UsageError(f"{where}: {field}: expected a number {'in ' if hi != math.inf else ''}{span}"
+                             f"{' or null' if null else ''}, got {got!r}")
+    if mt in LLAMA_FAMILY:
+        number("rms_norm_eps", 0, 1, low_open=True)
+        theta = (cfg.rope_parameters or {}).get("rope_theta")
+        if not (isinstance(theta, (int, float)) and not isinstance(theta, bool) and 0 < theta < math.inf):
+            raise UsageError(f"{where}: rope_theta: expected a positive number, got {theta!r}")
+        w = getattr(cfg, "sliding_window", None)
+        kv = getattr(cfg, "num_key_value_heads", None)
+        if kv is not None and cfg.num_attention_heads % kv:
+            raise UsageError(f"{where}: num_key_value_heads: expected a divisor of num_attention_heads "
+                             f"{cfg.num_attention_heads}, got {kv}")
+        if mt != "llama" and w is not None and (isinstance(w, bool) or not isinstance(w, int) or
+                                                not 1 <= w <= 2 ** 31):
+            raise UsageError(f"{where}: sliding_window: expected a whole number from 1 to 2^31 or null, got {w!r}")
+        sliding = [k for k, t in enumerate(getattr(cfg, "layer_types", None) or ()) if t == "sliding_attention"]
+        if mt in ("qwen3", "gemma2") and sliding and w is None:  # masking_utils fails on the whole model
+            raise UsageError(f"{where}: layer_types: layer {sliding[0]} is sliding_attention but sliding_window is "
+                             f"null (use_sliding_window false?): expected a window or full_attention layers")
+        if mt == "gemma2":
+            number("query_pre_attn_scalar", 1e-30, 1e30)
+            number("attn_logit_softcapping", 1e-30, 1e30, null=True)
+            number("final_logit_softcapping", 1e-6, 1e6, null=True)
+    elif mt == "gpt2":
+        number("layer_norm_epsilon", 0, 1, low_open=True)
+    else:
+        number("layer_norm_eps", 0, math.inf, low_open=True)
 
 
 def check_rotary(cfg, where, mt):
@@ -468,10 +511,15 @@ def read_params(meta, arch):
     return sum(sizes.values())
 
 
-def meta_model(arch, cfg):
+def meta_model(arch, cfg, where):
+    """The model on the meta device; transformers' own refusal of its config (a hidden size its heads do not
+    divide) as one line naming the config."""
     import torch
-    with torch.device("meta"):
-        return model_class(arch).from_config(cfg, attn_implementation="eager")
+    try:
+        with torch.device("meta"):
+            return model_class(arch).from_config(cfg, attn_implementation="eager")
+    except ValueError as e:
+        raise UsageError(f"{where}: transformers cannot build its model: {' '.join(str(e).split())[:240]}") from None
 
 
 def check_gguf_holds(folder, gguf, arch, cfg):
@@ -486,7 +534,7 @@ def check_gguf_holds(folder, gguf, arch, cfg):
     except (OSError, ValueError, IndexError, KeyError, struct.error) as e:
         raise UsageError(f"--gguf-file {gguf}: the gguf package cannot read its tensor list: "
                          f"{' '.join(str(e).split())[:200]}") from None
-    need = read_params(meta_model(arch, cfg), arch)
+    need = read_params(meta_model(arch, cfg, f"--gguf-file {gguf}"), arch)
     if held < need:
         raise UsageError(f"--gguf-file {gguf}: its tensors hold {held:,} elements, fewer than the {need:,} "
                          f"parameters of the model its metadata describes: expected that model's weights")
@@ -534,7 +582,7 @@ class StreamedSource:
 
     def __init__(self, folder, arch, cfg):
         self.tensors = CheckpointTensors(folder)
-        self.meta = meta_model(arch, cfg)
+        self.meta = meta_model(arch, cfg, os.path.join(folder, "config.json"))
         self.cfg, self.arch = self.meta.config, arch
         self.parts = parts(self.meta, arch)
         self.prefix = {id(m): (n + "." if n else "") for n, m in self.meta.named_modules()}
@@ -1142,6 +1190,7 @@ def export(a, tmp, log):
     weights_where = where if gguf or a.smollm2 or a.minilm else f"--checkpoint {folder}"
     arch = check_supported(cfg, where)
     check_sizes(cfg, where)
+    check_values(cfg, where, arch)
     check_rotary(cfg, where, arch)
     kind, norm_kind = ARCHS[arch]
     decoder = arch != "bert"

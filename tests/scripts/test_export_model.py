@@ -595,6 +595,49 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
              # the llama3 rope turns int(head_dim * partial_rotary_factor) dims, where Llama's attention fails
              (with_rope(work, "llama", "llama3_partial", {**LLAMA3_ROPE, "partial_rotary_factor": 0.5}),
               "config.json: partial_rotary_factor 0.5 is not supported for llama with rope_type 'llama3'")]
+    # numbers tparity refuses when it reads the export back (harness/llm.cpp: eps > 0, rope_theta > 0,
+    # sliding_window from 1, the soft-caps and scalar in [1e-30, 1e30]; eval/model.cpp: final_norm.eps in
+    # [0, 1], logit_softcap in [1e-6, 1e6]; JSON: finite), refused naming config.json's field
+    nan, inf = float("nan"), float("inf")
+    mistral, gemma2, qwen3 = make(work, "mistral"), make(work, "gemma2"), make(work, "qwen3")
+    values = [("llama", "rms_norm_eps", v, "rms_norm_eps: expected a number in (0, 1], got ") for v in
+              (0.0, -1e-6, 10.0, nan, inf)] + \
+        [("llama", "rope_parameters", {"rope_type": "default", "rope_theta": v}, "rope_theta: expected a positive "
+          "number, got ") for v in (nan, -1.0, inf)] + \
+        [("llama", "num_key_value_heads", 3, "num_key_value_heads: expected a divisor of num_attention_heads 4, got 3"),
+         ("mistral", "sliding_window", 0, "sliding_window: expected a whole number from 1 to 2^31 or null, got 0"),
+         ("mistral", "sliding_window", -1, "sliding_window: expected a whole number from 1 to 2^31 or null, got -1"),
+         ("gemma2", "sliding_window", 0, "sliding_window: expected a whole number from 1 to 2^31 or null, got 0"),
+         ("gemma2", "attn_logit_softcapping", nan, "attn_logit_softcapping: expected a number in [1e-30, 1e+30] or "
+          "null, got nan"),
+         ("gemma2", "final_logit_softcapping", 1e-9, "final_logit_softcapping: expected a number in [1e-06, 1e+06] "
+          "or null, got 1e-09"),
+         ("gemma2", "final_logit_softcapping", inf, "final_logit_softcapping: expected a number in [1e-06, 1e+06] "
+          "or null, got inf"),
+         ("gemma2", "query_pre_attn_scalar", 0, "query_pre_attn_scalar: expected a number in [1e-30, 1e+30], got 0"),
+         ("gpt2", "layer_norm_epsilon", 0.0, "layer_norm_epsilon: expected a number in (0, 1], got 0.0"),
+         ("gpt2", "layer_norm_epsilon", 2.0, "layer_norm_epsilon: expected a number in (0, 1], got 2.0"),
+         ("bert", "layer_norm_eps", nan, "layer_norm_eps: expected a number above 0, got nan"),
+         ("bert", "layer_norm_eps", -1.0, "layer_norm_eps: expected a number above 0, got -1.0"),
+         # transformers' own refusals when it builds the model, one line
+         ("gpt2", "n_head", 3, "transformers cannot build its model: `embed_dim` must be divisible by num_heads"),
+         ("bert", "num_attention_heads", 3, "transformers cannot build its model: The hidden size (64) is not a "
+          "multiple of the number of attention heads (3)")]
+    sources = {"llama": ck, "mistral": mistral, "gemma2": gemma2, "gpt2": gpt2, "bert": bert}
+    for i, (arch, field, value, message) in enumerate(values):
+        sized.append((with_config_of(sources[arch], f"value_{i}_{arch}_{field}", **{field: value}),
+                      f"config.json: {message}"))
+    # Qwen3's sliding layers without a window: transformers' whole model fails on its mask
+    sized.append((with_config_of(qwen3, "qwen3_no_window", use_sliding_window=False,
+                                 layer_types=["sliding_attention", "full_attention", "full_attention"]),
+                  "config.json: layer_types: layer 0 is sliding_attention but sliding_window is null"))
+    # a GGUF file cut short in its header (its key-value count promised, no key): struct.error
+    cut = work / "gguf_cut"
+    cut.mkdir(exist_ok=True)
+    (cut / "cut.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") +
+                                   (1).to_bytes(8, "little"))
+    gguf_cut = (["--checkpoint", str(cut), "--gguf-file", "cut.gguf", "--tokens", tokens_file, "--out",
+                 str(work / "o1")], "--gguf-file cut.gguf: transformers cannot read its config: ")
     cases = [
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "2:9"], "--layers"),
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "x"], "--layers"),
@@ -610,7 +653,8 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
         (["--checkpoint", str(t5), "--tokens", tokens_file, "--out", str(work / "o1")], "model_type 't5'"),
         (["--checkpoint", ck, "--gguf-file", "none.gguf", "--out", str(work / "o1")], "--gguf-file"),
         (["--tokens", tokens_file, "--out", str(work / "o1")], "--checkpoint"),
-    ] + [(["--checkpoint", c, "--tokens", tokens_file, "--out", str(work / "o1")], field) for c, field in sized]
+    ] + [(["--checkpoint", c, "--tokens", tokens_file, "--out", str(work / "o1")], field) for c, field in sized] + \
+        [gguf_cut]
     for argv, field in cases:
         rc, stdout, err = export(argv, capsys)
         assert rc == 2 and stdout == "", (argv, err)
