@@ -563,6 +563,12 @@ class WholeSource:
             raise UsageError(f"{what}: transformers cannot load the model: {str(e).splitlines()[0][:200]}") from None
         self.cfg = self.m32.config
         check(next(self.m32.parameters()).dtype == torch.float32, "the loaded model is not float32")
+        # from_pretrained's weights lie where the file put them (8 bytes past a 64-byte line, say), and MKL's
+        # product of a single row rounds by its operand's alignment: a one-token batch's layer differed from
+        # the same layer on the streamed weights (fresh, aligned) by 1e-7. Every weight in fresh memory.
+        with torch.no_grad():
+            for p in self.m32.parameters():
+                p.data = p.data.clone()
         self.m64 = make_truth(copy.deepcopy(self.m32).double().eval(), arch, self.cfg)
         self.arch = arch
         self.p32, self.p64 = parts(self.m32, arch), parts(self.m64, arch)

@@ -525,6 +525,18 @@ def test_an_old_bert_checkpoint_s_gamma_and_beta_load_as_from_pretrained_loads_t
     assert not (work / "o_both").exists()
 
 
+def test_a_one_token_prompt_is_exported(work, capsys):
+    """One sequence of one token: every product is a single row, which MKL rounds by its operand's alignment;
+    from_pretrained's weights (where the file put them) and the streamed ones (fresh memory) gave the same
+    layer 1e-7 apart, and the whole-model check refused a correct checkpoint."""
+    one = work / "tokens_one.json"
+    one.write_text(json.dumps({"input_ids": [[5]], "attention_mask": [[1]]}))
+    for arch in ("llama", "mistral"):
+        rc, _, err = export(["--checkpoint", make(work, arch), "--tokens", str(one), "--out",
+                             str(work / f"one_token_{arch}")], capsys)
+        assert rc == 0, (arch, err)
+
+
 def test_an_earlier_export_is_replaced(work, tokens_file, capsys):
     ck = make(work, "llama")
     out = work / "again"
