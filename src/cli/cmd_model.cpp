@@ -259,15 +259,24 @@ int model(const ModelCliOptions& o) {
     if (!o.dump.empty()) throw InputError("model: --perturb: moves the hand core's weight, which --dump does not run");
   }
   if (!o.export_dir.empty()) {  // the folder itself, as every file in it: a link is refused, not followed
-    std::string d = o.export_dir;
-    while (d.size() > 1 && d.back() == '/') d.pop_back();  // "link/" would resolve through the link
+    // "link/", "link/." and "link/./" resolve through the link: its own name, lexically
+    std::string d = fs::path(o.export_dir).lexically_normal().string();
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
     struct stat st {};
     if (::lstat(d.c_str(), &st) != 0)
       throw InputError("model: --export " + show_text(o.export_dir) + ": " + std::strerror(errno));
     if (S_ISLNK(st.st_mode))
       throw InputError("model: --export " + show_text(o.export_dir) +
                        ": it is a symbolic link (tparity reads no file through a link: name the folder itself)");
-    if (!S_ISDIR(st.st_mode)) throw InputError("model: --export " + show_text(o.export_dir) + ": not a folder");
+    if (!S_ISDIR(st.st_mode))
+      throw InputError("model: --export " + show_text(o.export_dir) + ": expected an export's folder, got " +
+                       (S_ISREG(st.st_mode) ? "a file" : "a special file"));
+    // "link/.." names the link's target's parent, not the folder its letters name
+    struct stat as_given {};
+    if (::stat(o.export_dir.c_str(), &as_given) != 0 || as_given.st_dev != st.st_dev || as_given.st_ino != st.st_ino)
+      throw InputError("model: --export " + show_text(o.export_dir) +
+                       ": it resolves through a symbolic link (tparity reads no file through a link: name the "
+                       "folder itself)");
   }
   std::string export_note;
   const std::string dir = o.export_dir.empty() ? exported(o, &export_note) : o.export_dir;

@@ -324,6 +324,28 @@ std::vector<double> real_rows(const A& x, const ModelExport& m) {
   return out;
 }
 
+// A component's elements at the real tokens: its token axis is the one after the batch (B, T, ...)
+// or after the heads (B, H, T, ...), as the components lay them out; one with neither is whole.
+std::vector<double> real_part(const DTensor& x, const ModelExport& m) {
+  const Shape bt = ids_shape(m);
+  const Shape& s = x.shape;
+  int axis = -1;
+  if (s.size() >= 2 && s[0] == bt[0] && s[1] == bt[1]) axis = 1;
+  else if (s.size() >= 3 && s[0] == bt[0] && s[2] == bt[1]) axis = 2;
+  if (axis < 0) return std::vector<double>(x.data.begin(), x.data.end());
+  int64_t inner = 1;  // elements per step of the token axis
+  for (size_t i = size_t(axis) + 1; i < s.size(); ++i) inner *= s[i];
+  int64_t per_batch = 1;
+  for (size_t i = 1; i < s.size(); ++i) per_batch *= s[i];
+  const DTensor mask = m.tensors->tensor("attention_mask");
+  std::vector<double> out;
+  for (size_t i = 0; i < x.data.size(); ++i) {
+    const int64_t b = int64_t(i) / per_batch, t = (int64_t(i) / inner) % bt[1];
+    if (mask.data[size_t(b * bt[1] + t)] != 0) out.push_back(x.data[i]);
+  }
+  return out;
+}
+
 PositionStats stats(std::vector<double> v) {
   PositionStats s;
   if (v.empty()) return s;
@@ -867,12 +889,12 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
         l.chain_pass = err <= l.bound32;
       }
       if (!l.chain_pass) {
-        // Name the first component (dataflow order) whose error is past the bound too.
+        // Name the first component (dataflow order) whose error is past the bound too, on the real tokens.
         for (const std::string& c : component_names(p)) {
           if (!d.find(pre + c)) continue;
           auto it = p.components.find(c);
           if (it == p.components.end()) continue;
-          const double ce = rel_l2(d.tensor(pre + c).data, it->second.data);
+          const double ce = rel_l2(real_part(d.tensor(pre + c), m), real_part(it->second, m));
           if (ce > l.bound32) {
             l.local_divergence = c;
             break;

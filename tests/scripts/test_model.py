@@ -211,6 +211,19 @@ def test_a_dump_is_judged_on_the_real_tokens_only(work, exports):
     save_file(d, str(path))
     r = tparity(["model", "--export", ex, "--dump", str(path)])
     assert r.returncode == 1 and "first diverging layer 1: output" in r.stdout, r.stdout[-1500:]
+    assert "first component past it" not in r.stdout, r.stdout[-1500:]
+    # beside it, transformers' own float32 components of the layer (q and scores: the token axis after the
+    # heads) with NaN at padding: still none of them named, the padding not looked at there either
+    fx = json.load(open(os.path.join(ex, "layer_001.json")))
+    ft = load_file(os.path.join(ex, fx["tensor_file"]))
+    for c, axis in [("input_layernorm", 1), ("attn.q", 2), ("attn.scores", 2)]:
+        x = ft[fx["components_float32"][c]["file"]].clone()
+        x.select(0, 1).narrow(axis - 1, real, x.shape[axis] - real).fill_(float("nan"))
+        d[f"layers.1.{c}"] = x
+    save_file(d, str(path))
+    r = tparity(["model", "--export", ex, "--dump", str(path)])
+    assert r.returncode == 1 and "first diverging layer 1: output" in r.stdout, r.stdout[-1500:]
+    assert "first component past it" not in r.stdout, r.stdout[-1500:]
 
 
 def test_padding_past_a_sliding_window_is_not_judged(work, exports):
@@ -232,11 +245,11 @@ def test_an_export_folder_that_is_a_link_is_refused(work, exports):
     link = work / "export_link"
     if not link.is_symlink():
         os.symlink(exports["llama"]["dir"], link)
-    for given in (str(link), str(link) + "/"):
+    for given in (str(link), str(link) + "/", str(link) + "/.", str(link) + "//./", str(link) + "/.."):
         r = tparity(["model", "--export", given])
         assert r.returncode == 2 and r.stdout == "", r.stdout[-500:] + r.stderr
         lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and "--export" in lines[0] and "symbolic link" in lines[0], r.stderr
+        assert len(lines) == 1 and "--export" in lines[0] and "symbolic link" in lines[0], (given, r.stderr)
 
 
 def test_a_dump_is_judged_on_every_layer_or_refused(work, exports):
