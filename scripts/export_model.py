@@ -414,8 +414,8 @@ def check_rotary(cfg, where, mt):
     if rotated != head_dim:
         rp = cfg.rope_parameters or {}
         raise UsageError(f"{where}: partial_rotary_factor {rp.get('partial_rotary_factor')!r} is not supported for "
-                         f"{mt} with rope_type {rp.get('rope_type')!r} (transformers' rotary embedding then turns "
-                         f"{rotated} of head_dim {head_dim} dims, which its attention does not run)")
+                         f"{mt} with rope_type {rp.get('rope_type')!r}: expected one that turns all {head_dim} dims "
+                         f"of a head (transformers' rotary embedding turns {rotated}, which its attention does not run)")
 
 
 def parse_layers(spec, L):
@@ -530,10 +530,16 @@ def check_gguf_holds(folder, gguf, arch, cfg):
     parameters the export reads."""
     from gguf import GGUFReader
     try:
-        held = sum(int(t.n_elements) for t in GGUFReader(os.path.join(folder, gguf), "r").tensors)
+        tensors = GGUFReader(os.path.join(folder, gguf), "r").tensors
+        held = sum(int(t.n_elements) for t in tensors)
+        names = {str(t.name) for t in tensors}
     except (OSError, ValueError, IndexError, KeyError, struct.error) as e:
         raise UsageError(f"--gguf-file {gguf}: the gguf package cannot read its tensor list: "
                          f"{' '.join(str(e).split())[:200]}") from None
+    if "rope_freqs.weight" in names:  # llama.cpp's Llama 3.1-3.3 rope scaling, as a tensor of frequency factors
+        raise UsageError(f"--gguf-file {gguf}: rope_freqs.weight: its rotary frequency factors (Llama 3's rope "
+                         f"scaling) are not read by transformers' GGUF loader, which builds the default rope: "
+                         f"expected a file without them, or the checkpoint's safetensors and config.json")
     need = read_params(meta_model(arch, cfg, f"--gguf-file {gguf}"), arch)
     if held < need:
         raise UsageError(f"--gguf-file {gguf}: its tensors hold {held:,} elements, fewer than the {need:,} "
@@ -1174,8 +1180,8 @@ def check_float32_reference(where, hidden64, hidden32, logits64, logits32, mask,
     if logits64 is not None:
         pairs.append(("the logits", logits32, logits64))
     for what, got, truth in pairs:
-        g = got[real]
-        err = rel(g, truth[real]) if bool(torch.isfinite(g).all()) else float("inf")  # rel skips non-finite
+        # finite everywhere, padding included: tparity reads no export holding anything else
+        err = rel(got[real], truth[real]) if bool(torch.isfinite(got).all()) else float("inf")  # rel skips them
         if not err <= FLOAT32_REFERENCE_MOST:
             raise UsageError(f"{where}: transformers' own float32 model is no reference for this checkpoint: rel_l2 "
                              f"{err:.3g} against the float64 truth at {what} (expected at most "
