@@ -585,13 +585,28 @@ def gemma_rms_norm(x, weight, eps):
     return (x * (1 / np.sqrt(variance + eps))) * (1 + weight)
 
 
-def rope_tables(positions, r, theta, dtype):
-    # mirrors LlamaRotaryEmbedding.forward (default rope, attention_scaling 1): inv_freq[i] = 1 / theta^(2i/r),
-    # angle = position * inv_freq[i]; computed in float64 and rounded once to dtype, as tparity's core does
+def llama3_inv_freq(inv_freq, s):
+    # Llama 3's rope scaling (config rope_scaling, rope_type "llama3"), as Meta's apply_scaling writes it:
+    # wavelengths above original / low_freq_factor slowed by factor, below original / high_freq_factor kept,
+    # smoothed between
+    original = s["original_max_position_embeddings"]
+    wavelen = 2 * np.pi / inv_freq
+    smooth = (original / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+    smoothed = (1 - smooth) * inv_freq / s["factor"] + smooth * inv_freq
+    return np.where(wavelen < original / s["high_freq_factor"], inv_freq,
+                    np.where(wavelen > original / s["low_freq_factor"], inv_freq / s["factor"], smoothed))
+
+
+def rope_tables(positions, r, theta, dtype, scaling=None):
+    # mirrors LlamaRotaryEmbedding.forward (default or llama3 rope, attention_scaling 1): inv_freq[i] =
+    # 1 / theta^(2i/r) (Llama 3's scaling applied, given one), angle = position * inv_freq[i]; computed in float64
+    # and rounded once to dtype, as tparity's core does
     # (the float64 run is then the mathematics; the float32 run's table is the nearest float32 to it)
     # positions is (B, T) int64; out will be cos, sin (B, T, r/2) (transformers' cat(freqs, freqs) repeats
     # these for the two halves; GPT-J's table holds them once and repeat_interleaves)
     inv_freq = 1.0 / theta ** (np.arange(0, r, 2, dtype=np.float64) / r)  # (r/2)
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     angle = positions.astype(np.float64)[..., None] * inv_freq  # (B, T, r/2)
     return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
 
@@ -703,7 +718,7 @@ def llama_attention(x, sd, c, positions, key_padding_mask, cache, tape, prefix="
     if c["qk_norm"]:  # Qwen3Attention: q_norm and k_norm (RMSNorm over each head's dims) before rotary
         q = tape(prefix + "q_norm", rms_norm(q, sd["q_norm.weight"], c["rms_norm_eps"]))
         k = tape(prefix + "k_norm", rms_norm(k, sd["k_norm.weight"], c["rms_norm_eps"]))
-    cos, sin = rope_tables(positions, c["rotary_dim"], c["rope_theta"], x.dtype)
+    cos, sin = rope_tables(positions, c["rotary_dim"], c["rope_theta"], x.dtype, c["rope_scaling"])
     q = tape(prefix + "q_rot", rotary(q, cos, sin, c["rotary_dim"], c["rope_convention"]))
     k = tape(prefix + "k_rot", rotary(k, cos, sin, c["rotary_dim"], c["rope_convention"]))
     # past_key_values.update(key_states, value_states): the cache holds k after rotary
@@ -802,6 +817,7 @@ def llm_config(module, config):
     c.update(kv_heads=config.get("num_key_value_heads", c["heads"]),
              head_dim=config.get("head_dim", c["hidden"] // c["heads"]),
              rope_theta=config.get("rope_theta", 10000.0), rope_convention=config.get("rope_convention", "half"),
+             rope_scaling=config.get("rope_scaling"),  # LlamaConfig's: Llama 3's llama3 scaling, or None
              max_positions=config.get("max_position_embeddings", 2048),
              rms_norm_eps=config.get("rms_norm_eps", 1e-6),
              sliding_window=config.get("sliding_window") or 0,  # MistralConfig's; None: full attention
