@@ -609,8 +609,9 @@ def llama_config_json(cfg, decode_steps, attention_only=False):
     if not attention_only:
         config.update({"intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
                        "mlp_bias": cfg.mlp_bias})
-    if llama3_rope(cfg) is not None:  # only then: the fixtures made before it hold no such key
-        config["rope_scaling"] = llama3_rope(cfg)
+    scaling = llama3_rope(cfg)
+    if scaling is not None:  # only then: the fixtures made before it hold no such key
+        config["rope_scaling"] = scaling
     return config
 
 

@@ -281,6 +281,15 @@ def load_config(folder, gguf):
         raise UsageError(f"{what}: transformers cannot read its config: {text}") from None
 
 
+def is_number(v):
+    """A JSON number as Python reads it (a bool is no number)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def is_whole(v, lo, hi):
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
 def check_supported(cfg, where):
     """The architecture, and the choices tparity's layers implement; anything else exits 2 naming the field."""
     mt = getattr(cfg, "model_type", None)
@@ -299,14 +308,14 @@ def check_supported(cfg, where):
             # warns of outside these ranges; a fraction of a position is not a count
             def number(k, ok, expected):
                 v = rp.get(k)
-                if not (isinstance(v, (int, float)) and not isinstance(v, bool) and ok(v) and v <= 1e6):
+                if not (is_number(v) and ok(v) and v <= 1e6):
                     raise UsageError(f"{where}: rope_scaling.{k}: expected {expected} up to 1e6, got {v!r}")
             number("factor", lambda v: v >= 1, "a number from 1")
             low = rp.get("low_freq_factor")
             number("low_freq_factor", lambda v: v > 0, "a positive number")
             number("high_freq_factor", lambda v: v > low, f"a number above low_freq_factor {low!r}")
             n = rp.get("original_max_position_embeddings")
-            if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 2 ** 31):
+            if not is_whole(n, 1, 2 ** 31):
                 raise UsageError(f"{where}: rope_scaling.original_max_position_embeddings: expected a whole number "
                                  f"from 1 to 2^31, got {n!r}")
         need("hidden_act" if mt != "gemma2" else "hidden_activation",
@@ -356,7 +365,7 @@ def check_sizes(cfg, where):
         if got is None and field in OPTIONAL_SIZES:
             continue  # not every architecture has it (GPT-2, BERT), or transformers derives it
         key = getattr(cfg, "attribute_map", {}).get(field, field)
-        if isinstance(got, bool) or not isinstance(got, int) or not 1 <= got <= most:
+        if not is_whole(got, 1, most):
             raise UsageError(f"{where}: {key}: expected a whole number from 1 to {most}, got {got!r}")
 
 
@@ -369,8 +378,7 @@ def check_values(cfg, where, mt):
         got = getattr(cfg, field, None)
         if got is None and null:
             return
-        ok = isinstance(got, (int, float)) and not isinstance(got, bool) and \
-            (lo < got if low_open else lo <= got) and got <= hi
+        ok = is_number(got) and (lo < got if low_open else lo <= got) and got <= hi
         if not ok:
             span = f"{'(' if low_open else '['}{lo:g}, {hi:g}]" if hi != math.inf else f"above {lo:g}"
             raise UsageError(f"{where}: {field}: expected a number {'in ' if hi != math.inf else ''}{span}"
@@ -378,15 +386,14 @@ def check_values(cfg, where, mt):
     if mt in LLAMA_FAMILY:
         number("rms_norm_eps", 0, 1, low_open=True)
         theta = (cfg.rope_parameters or {}).get("rope_theta")
-        if not (isinstance(theta, (int, float)) and not isinstance(theta, bool) and 0 < theta < math.inf):
+        if not (is_number(theta) and 0 < theta < math.inf):
             raise UsageError(f"{where}: rope_theta: expected a positive number, got {theta!r}")
         w = getattr(cfg, "sliding_window", None)
         kv = getattr(cfg, "num_key_value_heads", None)
         if kv is not None and cfg.num_attention_heads % kv:
             raise UsageError(f"{where}: num_key_value_heads: expected a divisor of num_attention_heads "
                              f"{cfg.num_attention_heads}, got {kv}")
-        if mt != "llama" and w is not None and (isinstance(w, bool) or not isinstance(w, int) or
-                                                not 1 <= w <= 2 ** 31):
+        if mt != "llama" and w is not None and not is_whole(w, 1, 2 ** 31):
             raise UsageError(f"{where}: sliding_window: expected a whole number from 1 to 2^31 or null, got {w!r}")
         sliding = [k for k, t in enumerate(getattr(cfg, "layer_types", None) or ()) if t == "sliding_attention"]
         if mt in ("qwen3", "gemma2") and sliding and w is None:  # masking_utils fails on the whole model

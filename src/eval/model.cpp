@@ -307,25 +307,12 @@ double rel_l2(const A& a, const B& b) {
   return mm.rel_l2;
 }
 
-// The rows of a (B, T, C) hidden state at the real tokens (attention_mask 1), in order. A padding
-// position's row is the model's arithmetic on no token: a padded query whose sliding window holds only
-// padding sees no key, and transformers gives it uniform weights over whatever keys the call holds
-// (all T in the full forward, the cached ones in a decode step); an engine that runs each sequence
+// A tensor's elements at the real tokens (attention_mask 1), in order: its token axis is the one after
+// the batch (B, T, ...: hidden states, most components) or after the heads (B, H, T, ...); one with neither
+// is whole. A padding position is the model's arithmetic on no token: a padded query whose sliding window
+// holds only padding sees no key, and transformers gives it uniform weights over whatever keys the call
+// holds (all T in the full forward, the cached ones in a decode step); an engine that runs each sequence
 // unpadded makes no such row at all.
-template <class A>  // std::vector<double> or Storage<double>
-std::vector<double> real_rows(const A& x, const ModelExport& m) {
-  const Shape bt = ids_shape(m);
-  const DTensor mask = m.tensors->tensor("attention_mask");
-  const size_t C = x.size() / size_t(bt[0] * bt[1]);
-  std::vector<double> out;
-  for (size_t i = 0; i < size_t(bt[0] * bt[1]); ++i)
-    if (mask.data[i] != 0)
-      out.insert(out.end(), x.begin() + std::ptrdiff_t(i * C), x.begin() + std::ptrdiff_t((i + 1) * C));
-  return out;
-}
-
-// A component's elements at the real tokens: its token axis is the one after the batch (B, T, ...)
-// or after the heads (B, H, T, ...), as the components lay them out; one with neither is whole.
 std::vector<double> real_part(const DTensor& x, const ModelExport& m) {
   const Shape bt = ids_shape(m);
   const Shape& s = x.shape;
@@ -762,7 +749,7 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
       p.decode_steps = std::min<int64_t>(3, Tn - 1);
       const RunResult d = run_hand(p, DType::Float64, false, e.fixture + " (decode)");
       p.decode_steps = 0;
-      l.decode64 = rel_l2(real_rows(d.outputs.at("output").data, m), real_rows(truth_out.data, m));
+      l.decode64 = rel_l2(real_part(d.outputs.at("output"), m), real_part(truth_out, m));
       if (l.decode64 > o.policy.semantic_rel) {
         l.local_pass = false;
         if (l.local_divergence.empty())
@@ -875,9 +862,9 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
       const DTensor got = d.tensor(pre + "output");
       const std::string k = std::to_string(e.index + 1);
       // on the real tokens only, as the logits: what an engine writes at padding is not judged
-      const std::vector<double> truth = real_rows(m.tensors->tensor("hidden." + k).data, m),
-                                ref = real_rows(m.tensors->tensor("hidden_float32." + k).data, m);
-      const double err = rel_l2(real_rows(got.data, m), truth);
+      const std::vector<double> truth = real_part(m.tensors->tensor("hidden." + k), m),
+                                ref = real_part(m.tensors->tensor("hidden_float32." + k), m);
+      const double err = rel_l2(real_part(got, m), truth);
       l.ref32 = rel_l2(ref, truth);
       if (got.dtype == DType::Float64) {
         l.chain64 = err;
