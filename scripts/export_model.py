@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/export_model.py --checkpoint PATH [--gguf-file NAME] --out DIR
         [--prompt TEXT ...] [--tokens FILE.json] [--layers A:B] [--generate N] [--smollm2 | --minilm]
+        [--max-elements N]
 
 PATH is a folder with config.json and model.safetensors (or model.safetensors.index.json and its shards), or,
 with --gguf-file NAME, a GGUF file in that folder that transformers reads (dequantized to float32).
@@ -45,6 +46,13 @@ memory. A GGUF file, and any run with --generate, loads the whole model (float32
 When the whole model is small (below 200M parameters) the layer-at-a-time chain is also checked bit for bit
 against transformers' whole-model forward (hidden states and logits, both precisions).
 
+Before any layer is computed, what the batch will take is worked out from the first checked layer's own
+replay on one sequence of one token and of two (each tensor of a fixture holds B (a T + b T^2) elements: the
+attention's scores and weights are quadratic in the tokens). A batch is refused (exit 2, naming --tokens or
+--prompt) when a tensor would hold more than --max-elements (default 2^28, tparity's own, which tparity model
+passes on: tparity could not read it), when the export would not fit the free space of DIR's file system, or
+when the layer loop would need more memory than /proc/meminfo's MemAvailable.
+
 Standard output stays empty; a summary goes to standard error. Exit codes: 0 written; 1 a self-check failed
 (one line); 2 bad input: an option, a file or a field (one line naming it); 77 a package is missing.
 """
@@ -58,6 +66,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import stat
 import struct
@@ -124,6 +133,7 @@ def parse_args(argv):
     ap.add_argument("--generate", type=int, default=0, metavar="N")
     ap.add_argument("--smollm2", action="store_true")
     ap.add_argument("--minilm", action="store_true")
+    ap.add_argument("--max-elements", type=int, default=MAX_ELEMENTS, metavar="N")
     a = ap.parse_args(argv)
     if a.smollm2 and a.minilm:
         raise UsageError("--smollm2 and --minilm: expected one checkpoint, got both")
@@ -138,6 +148,8 @@ def parse_args(argv):
         raise UsageError("--prompt: an empty prompt")
     if a.generate < 0:
         raise UsageError(f"--generate {a.generate}: expected a number of tokens >= 0")
+    if a.max_elements < 1:
+        raise UsageError(f"--max-elements {a.max_elements}: expected a number of elements >= 1")
     if a.gguf_file is not None and (a.gguf_file in ("", ".", "..") or "/" in a.gguf_file):
         raise UsageError(f"--gguf-file {a.gguf_file}: expected a file name in the --checkpoint folder")
     if a.layers is not None and not re.fullmatch(r"\d*:\d*", a.layers):
@@ -884,6 +896,94 @@ def read_tokens(path, vocab, max_positions):
     return torch.tensor(ids, dtype=torch.int64), torch.tensor(mask, dtype=torch.int64)
 
 
+# ---- what the export will take, before it is made ---------------------------------------------------------------
+MAX_ELEMENTS = 1 << 28  # tparity's own --max-elements default (src/cli/common.hpp); tparity model passes its own
+# The layer loop's peak memory over one checked layer's fixture tensors (the components in both precisions, the
+# input and outputs): transformers' eager attention holds its scores, their softmax and the mask at once in
+# each precision, beside the components kept. With it, the estimate below was 1.21 to 1.34 times the process's
+# peak RSS over its RSS before the loop on every architecture's tiny checkpoint at 32 sequences of 256 tokens
+# (0.7 to 1.4 GB), and about 100 MB above it at 64 x 16, 8 x 64 and 1 x 256.
+LAYER_PEAK = 4.5
+
+
+def gb(n):
+    return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB" if n >= 1e5 else f"{n / 1e3:.3g} KB"
+
+
+def layer_tensors(m32, arch, cfg, k, T):
+    """Each tensor a checked layer's fixture holds beside its weights, as {name: (a, b)}: B (a T + b T^2)
+    elements for B sequences of T tokens (a token's vector, or a pair of tokens' score: the attention's scores
+    and weights), read off layer k's own replay (m32) on one sequence of one token and of two."""
+    import torch
+    counts = []
+    for t in ((1, 2) if T >= 2 else (1,)):
+        run = Runner(arch, cfg, torch.zeros(1, t, dtype=torch.int64), torch.ones(1, t, dtype=torch.int64))
+        x = torch.zeros(1, t, cfg.hidden_size)  # the values do not matter here, the shapes do
+        out, comps = run.call(m32, x, "hf32", k, True)
+        counts.append({"(input)": x.numel(), "(output)": out.numel(), **{n: c.numel() for n, c in comps.items()}})
+    if len(counts) == 1:
+        return {n: (c, 0) for n, c in counts[0].items()}
+    return {n: (2 * c - counts[1][n] / 2, counts[1][n] / 2 - c) for n, c in counts[0].items()}
+
+
+def check_cost(a, src, arch, cfg, ids, layers, tmp, whole_check):
+    """Refuses (naming the tokens' option) a batch whose export cannot be made here: a tensor larger than
+    --max-elements (tparity would refuse to read it), a file system without room for the export, or less memory
+    than the layer loop needs. Before anything large is computed: an export of a long prompt is quadratic in
+    its tokens (each layer's attention scores and weights, in two precisions)."""
+    B, T = ids.shape
+    A, Bend = layers
+    what = f"--tokens {a.tokens}" if a.tokens is not None else "--prompt" if a.prompt else "the default prompts"
+    batch = f"{B} sequence{'s' if B > 1 else ''} of {T} token{'s' if T > 1 else ''}"
+    verb = (lambda v: v) if B > 1 else (lambda v: v + "s")
+    m32, _ = src.layer(A)
+    per = layer_tensors(m32, arch, cfg, A, T)
+    elements = {n: B * (x * T + y * T * T) for n, (x, y) in per.items()}
+    V, d, n_layers = cfg.vocab_size, cfg.hidden_size, Bend - A
+    head = B * T * V if arch != "bert" and Bend == cfg.num_hidden_layers else 0
+    name, largest = max(elements.items(), key=lambda e: e[1])
+    if head > largest:
+        name, largest = "logits", head
+    if largest > a.max_elements:
+        raise UsageError(f"{what}: {batch} {verb('make')} a tensor of {largest:.0f} elements (layer {A}'s {name}), "
+                         f"more than --max-elements {a.max_elements}: give fewer or shorter sequences")
+    weights = 4 * sum(p.numel() for p in m32.state_dict().values())  # float32, as the fixture holds them
+    per_layer = 12 * sum(elements.values())
+    hidden = 12 * (n_layers + 1) * B * T * d
+    head_weights = 4 * V * d if head else 0  # lm_head's (the final norm's are a rounding error)
+    generation = (4 * V * d + 12 * a.generate * V) if a.generate else 0  # the embeddings, each step's logits
+    disk = n_layers * (per_layer + weights) + hidden + 12 * head + head_weights + generation
+    free = shutil.disk_usage(tmp).free
+    parent = os.path.dirname(os.path.abspath(a.out))
+    if disk > free:
+        raise UsageError(f"{what}: {batch} {verb('make')} an export of about {gb(disk)} ({gb(per_layer)} of "
+                         f"components for each of {n_layers} layer{'s' if n_layers > 1 else ''}), and the file "
+                         f"system of {parent} has {gb(free)} free: give fewer or shorter sequences")
+    # A streamed layer is built in both precisions; either way its weights are copied and serialized for its file.
+    layer_weights = (5 if isinstance(src, StreamedSource) else 2) * weights
+    whole = 12 * count_params(src) if whole_check and not isinstance(src, WholeSource) else 0
+    # lm_head's weights copied, serialized and read back; the interpreter's own small allocations.
+    memory = LAYER_PEAK * per_layer + layer_weights + hidden + 3 * 12 * head + 3 * head_weights + whole + 100e6
+    available = available_memory()
+    if available is not None and memory > available:
+        raise UsageError(f"{what}: {batch} {verb('need')} about {gb(memory)} of memory to export "
+                         f"({gb(per_layer)} of components for each layer, in two precisions), and {gb(available)} "
+                         f"is available: give fewer or shorter sequences")
+    return disk, memory
+
+
+def available_memory():
+    """MemAvailable from /proc/meminfo, bytes; None where the kernel does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def has_tokenizer(folder, gguf):
     if gguf:
         return True
@@ -1256,6 +1356,7 @@ def export(a, tmp, log):
     unused = None if gguf else stream.unused()
     t_load = time.monotonic()
     run = Runner(arch, cfg, ids, mask)
+    check_cost(a, src, arch, cfg, ids, (A, B), tmp, whole or count_params(src) < WHOLE_CHECK_PARAMS)
 
     # embeddings
     e32, e64 = src.embeddings()

@@ -24,6 +24,7 @@
 #include "tparity/eval/foreign.hpp"
 #include "tparity/eval/model.hpp"
 #include "tparity/harness/io.hpp"
+#include "tparity/harness/problem.hpp"
 
 namespace fs = std::filesystem;
 
@@ -184,6 +185,9 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   std::vector<std::string> argv{python, script};
   argv.insert(argv.end(), args.begin(), args.end());
   argv.insert(argv.end(), {"--out", out});
+  // Not part of the export's key: the same export, whatever the cap; the exporter refuses, before it
+  // computes anything large, a batch whose tensors tparity would then refuse to read.
+  argv.insert(argv.end(), {"--max-elements", std::to_string(max_elements())});
   // Progress for a person at a terminal; elsewhere the report's note says it (standard error holds
   // one line, the refusal, when the export fails).
   if (isatty(2))

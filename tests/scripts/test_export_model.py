@@ -399,6 +399,64 @@ def test_tokens_that_are_not_a_plain_file_are_refused_never_followed_or_waited_o
     assert not (work / "o_tok").exists()
 
 
+def long_tokens(work, B, T):
+    path = work / f"tokens_{B}x{T}.json"
+    path.write_text(json.dumps({"input_ids": [[(7 * b + 11 * t) % 250 + 1 for t in range(T)] for b in range(B)]}))
+    return str(path)
+
+
+def predicting(monkeypatch):
+    """export_model.check_cost, its predictions kept: [(disk bytes, memory bytes)]."""
+    seen, real = [], export_model.check_cost
+    monkeypatch.setattr(export_model, "check_cost", lambda *a: seen.append(real(*a)) or seen[-1])
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2", "bert"])
+def test_the_export_s_size_is_known_before_it_is_made(work, capsys, monkeypatch, arch):
+    # 4 sequences of 96 tokens: each layer's attention scores and weights (B x heads x T^2, two precisions)
+    # are most of it; the prediction comes from the layer's own replay on one and two tokens
+    seen = predicting(monkeypatch)
+    out = work / f"o_size_{arch}"
+    rc, _, err = export(["--checkpoint", make(work, arch), "--tokens", long_tokens(work, 4, 96), "--out", str(out)],
+                        capsys)
+    assert rc == 0, err
+    made = sum(f.stat().st_size for f in out.iterdir())
+    assert len(seen) == 1 and 0.97 < seen[0][0] / made < 1.03, (seen, made)
+
+
+def test_a_batch_whose_export_cannot_be_made_here_is_refused_before_it_is_computed(work, capsys, monkeypatch):
+    ck = make(work, "llama")
+    tokens = long_tokens(work, 2, 128)  # layer 0's scores: 2 x 4 heads x 128 x 128 = 131072 elements
+    out = work / "o_cost"
+
+    def refused(extra, *want):
+        rc, stdout, err = export(["--checkpoint", ck, "--tokens", tokens, "--out", str(out)] + extra, capsys)
+        assert rc == 2 and stdout == "" and err.count("\n") == 1, err
+        assert err.startswith(f"export_model: --tokens {tokens}: 2 sequences of 128 tokens ") and all(
+            w in err for w in want), err
+        assert not out.exists() and not [n for n in os.listdir(work) if n.startswith(".o_cost.")]
+
+    refused(["--max-elements", "131071"], "a tensor of 131072 elements (layer 0's attn.scores)",
+            "more than --max-elements 131071")
+    refused(["--layers", "2:3", "--max-elements", "131071"], "(layer 2's attn.scores)")
+    real_usage = export_model.shutil.disk_usage
+    monkeypatch.setattr(export_model.shutil, "disk_usage",
+                        lambda p: real_usage(p)._replace(free=10_000_000))
+    refused([], "make an export of about", f"and the file system of {work} has 10 MB free")
+    monkeypatch.undo()
+    monkeypatch.setattr(export_model, "available_memory", lambda: 10_000_000)
+    refused([], "need about", "of memory to export", "and 10 MB is available")
+    monkeypatch.undo()
+    # at the cap, it is made; an unknown amount of memory (no /proc/meminfo) refuses nothing
+    monkeypatch.setattr(export_model, "available_memory", lambda: None)
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens, "--out", str(out), "--max-elements", "131072"],
+                        capsys)
+    assert rc == 0, err
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens, "--out", str(out), "--max-elements", "0"], capsys)
+    assert rc == 2 and "--max-elements 0: expected a number of elements >= 1" in err, err
+
+
 def test_an_existing_folder_that_is_not_an_export_is_refused(work, tokens_file, capsys):
     ck = make(work, "llama")
     mine = work / "mine"

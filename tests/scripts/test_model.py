@@ -241,6 +241,23 @@ def test_padding_past_a_sliding_window_is_not_judged(work, exports):
         assert r.returncode == 0, (arch, r.stdout[-1500:] + r.stderr)
 
 
+def test_tokens_whose_export_tparity_could_not_read_are_refused_before_the_export(work, exports):
+    # 2 x 4 heads x 128 x 128 attention scores; tparity's --max-elements reaches the exporter, and the refusal
+    # comes before anything large is computed or written (and the same export is made under a larger cap)
+    tokens = work / "tokens_2x128.json"
+    tokens.write_text(json.dumps({"input_ids": [[(5 * b + t) % 250 + 1 for t in range(128)] for b in range(2)]}))
+    models = work / "models_cap"
+    for cap, rc in (("131071", 2), ("131072", 0)):
+        r = tparity(["model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(tokens), "--max-elements", cap],
+                    {"TPARITY_MODELS_DIR": str(models)})
+        assert r.returncode == rc, r.stdout[-1500:] + r.stderr
+        if rc == 2:
+            assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+            assert (f"--tokens {tokens}: 2 sequences of 128 tokens make a tensor of 131072 elements (layer 0's "
+                    f"attn.scores), more than --max-elements 131071") in r.stderr, r.stderr
+            assert not [d for d in models.iterdir() if d.is_dir()], list(models.iterdir())
+
+
 def test_an_export_folder_that_is_a_link_is_refused(work, exports):
     link = work / "export_link"
     if not link.is_symlink():
