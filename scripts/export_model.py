@@ -48,10 +48,11 @@ against transformers' whole-model forward (hidden states and logits, both precis
 
 Before any layer is computed, what the batch will take is worked out from the first checked layer's own
 replay on one sequence of one token and of two (each tensor of a fixture holds B (a T + b T^2) elements: the
-attention's scores and weights are quadratic in the tokens). A batch is refused (exit 2, naming --tokens or
---prompt) when a tensor would hold more than --max-elements (default 2^28, tparity's own, which tparity model
-passes on: tparity could not read it), when the export would not fit the free space of DIR's file system, or
-when the layer loop would need more memory than /proc/meminfo's MemAvailable.
+attention's scores and weights are quadratic in the tokens). It is refused (exit 2) when a layer fixture's
+largest tensor as tparity counts it exceeds --max-elements (default 2^28, tparity's own, which tparity model
+passes on), when the export would not fit the free space of DIR's file system, or when the export would need
+more memory than /proc/meminfo's MemAvailable: naming --tokens or --prompt for what the batch adds, the
+checkpoint for what its weights take whatever the tokens.
 
 Standard output stays empty; a summary goes to standard error. Exit codes: 0 written; 1 a self-check failed
 (one line); 2 bad input: an option, a file or a field (one line naming it); 77 a package is missing.
@@ -900,14 +901,17 @@ def read_tokens(path, vocab, max_positions):
 MAX_ELEMENTS = 1 << 28  # tparity's own --max-elements default (src/cli/common.hpp); tparity model passes its own
 # The layer loop's peak memory over one checked layer's fixture tensors (the components in both precisions, the
 # input and outputs): transformers' eager attention holds its scores, their softmax and the mask at once in
-# each precision, beside the components kept. With it, the estimate below was 1.21 to 1.34 times the process's
+# each precision, beside the components kept. With it, check_cost's estimate was 1.23-1.45 times the process's
 # peak RSS over its RSS before the loop on every architecture's tiny checkpoint at 32 sequences of 256 tokens
-# (0.7 to 1.4 GB), and about 100 MB above it at 64 x 16, 8 x 64 and 1 x 256.
+# (0.7 to 1.4 GB), and about 200 MB above it at 64 x 16, 8 x 64 and 1 x 256.
 LAYER_PEAK = 4.5
 
 
 def gb(n):
-    return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB" if n >= 1e5 else f"{n / 1e3:.3g} KB"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n / 1e3:.3g} KB"
 
 
 def layer_tensors(m32, arch, cfg, k, T):
@@ -926,49 +930,91 @@ def layer_tensors(m32, arch, cfg, k, T):
     return {n: (2 * c - counts[1][n] / 2, counts[1][n] / 2 - c) for n, c in counts[0].items()}
 
 
-def check_cost(a, src, arch, cfg, ids, layers, tmp, whole_check):
-    """Refuses (naming the tokens' option) a batch whose export cannot be made here: a tensor larger than
-    --max-elements (tparity would refuse to read it), a file system without room for the export, or less memory
-    than the layer loop needs. Before anything large is computed: an export of a long prompt is quadratic in
-    its tokens (each layer's attention scores and weights, in two precisions)."""
+def tparity_largest(arch, cfg, m32, B, T):
+    """The largest tensor tparity counts a layer fixture's check at, and what it is: its validate()'s measure
+    (src/harness/problem.cpp largest_tensor, llm_largest_tensor): the weights and inputs, the attention's
+    B x heads x T^2 scores, and B x T x the widest activation."""
+    c = layer_config(arch, cfg, m32, None)
+    sd = bert_layer_state_dict(m32) if arch == "bert" else m32.state_dict()
+    name, n = max(((f"state_dict.{k}", t.numel()) for k, t in sd.items()), key=lambda e: e[1])
+    d = c.get("d_model", c.get("hidden_size"))
+    H = c.get("nhead", c.get("num_attention_heads"))
+    if arch == "bert":
+        width = max(3 * d, c["dim_feedforward"])
+    elif arch == "gpt2":
+        width = max(3 * d, c["n_inner"])
+    else:
+        width = max(3 * H * c["head_dim"], 2 * c["intermediate_size"])
+    for what, m in ((f"the input, {B} x {T} x {d}", B * T * d),
+                    (f"the attention's scores, {B} x {H} heads x {T} x {T}", B * H * T * T),
+                    (f"the activations, {B} x {T} x {width}", B * T * width)):
+        if m > n:
+            name, n = what, m
+    return name, n
+
+
+def check_cost(a, src, arch, cfg, ids, layers, tmp, whole_check, weights_where):
+    """Refuses a batch whose export cannot be made here, before any layer is computed: a layer fixture that
+    tparity would refuse to read (--max-elements), a file system without room for the export, or less memory
+    than the export needs. An export of a long prompt is quadratic in its tokens (each layer's attention
+    scores and weights, in two precisions). What the batch adds is blamed on the tokens' option; what the
+    checkpoint's weights need whatever the batch, on the checkpoint and --layers."""
     B, T = ids.shape
     A, Bend = layers
-    what = f"--tokens {a.tokens}" if a.tokens is not None else "--prompt" if a.prompt else "the default prompts"
+    what = (f"--tokens {a.tokens}" if a.tokens is not None else "--prompt" if a.prompt
+            else "--prompt (the default prompts)")
     batch = f"{B} sequence{'s' if B > 1 else ''} of {T} token{'s' if T > 1 else ''}"
     verb = (lambda v: v) if B > 1 else (lambda v: v + "s")
+    fewer = "give fewer or shorter sequences"
     m32, _ = src.layer(A)
+    name, largest = tparity_largest(arch, cfg, m32, B, T)
+    if largest > a.max_elements:
+        raise UsageError(f"{what}: {batch} {verb('make')} layer fixtures whose largest tensor tparity counts at "
+                         f"{largest:.0f} elements ({name}), more than --max-elements {a.max_elements}: {fewer}")
     per = layer_tensors(m32, arch, cfg, A, T)
-    elements = {n: B * (x * T + y * T * T) for n, (x, y) in per.items()}
+    per_layer = 12 * sum(B * (x * T + y * T * T) for x, y in per.values())  # float64 and float32
     V, d, n_layers = cfg.vocab_size, cfg.hidden_size, Bend - A
     head = B * T * V if arch != "bert" and Bend == cfg.num_hidden_layers else 0
-    name, largest = max(elements.items(), key=lambda e: e[1])
-    if head > largest:
-        name, largest = "logits", head
-    if largest > a.max_elements:
-        raise UsageError(f"{what}: {batch} {verb('make')} a tensor of {largest:.0f} elements (layer {A}'s {name}), "
-                         f"more than --max-elements {a.max_elements}: give fewer or shorter sequences")
     weights = 4 * sum(p.numel() for p in m32.state_dict().values())  # float32, as the fixture holds them
-    per_layer = 12 * sum(elements.values())
-    hidden = 12 * (n_layers + 1) * B * T * d
+    layers_named = f"{n_layers} layer{'s' if n_layers > 1 else ''}"
+
+    # on disk: what grows with the batch, and what the weights take whatever it is
     head_weights = 4 * V * d if head else 0  # lm_head's (the final norm's are a rounding error)
-    generation = (4 * V * d + 12 * a.generate * V) if a.generate else 0  # the embeddings, each step's logits
-    disk = n_layers * (per_layer + weights) + hidden + 12 * head + head_weights + generation
+    fixed_disk = n_layers * weights + head_weights + (4 * V * d if a.generate else 0)  # --generate: the embeddings
+    disk = fixed_disk + n_layers * per_layer + 12 * (n_layers + 1) * B * T * d + 12 * head + 12 * a.generate * V
     free = shutil.disk_usage(tmp).free
     parent = os.path.dirname(os.path.abspath(a.out))
+    if fixed_disk > free:
+        raise UsageError(f"{weights_where}: the weights of {layers_named} make an export of about {gb(fixed_disk)} "
+                         f"whatever the tokens, and the file system of {parent} has {gb(free)} free: check fewer "
+                         f"layers (--layers A:B)")
     if disk > free:
         raise UsageError(f"{what}: {batch} {verb('make')} an export of about {gb(disk)} ({gb(per_layer)} of "
-                         f"components for each of {n_layers} layer{'s' if n_layers > 1 else ''}), and the file "
-                         f"system of {parent} has {gb(free)} free: give fewer or shorter sequences")
-    # A streamed layer is built in both precisions; either way its weights are copied and serialized for its file.
-    layer_weights = (5 if isinstance(src, StreamedSource) else 2) * weights
-    whole = 12 * count_params(src) if whole_check and not isinstance(src, WholeSource) else 0
-    # lm_head's weights copied, serialized and read back; the interpreter's own small allocations.
-    memory = LAYER_PEAK * per_layer + layer_weights + hidden + 3 * 12 * head + 3 * head_weights + whole + 100e6
+                         f"components a layer, {layers_named}), and the file system of {parent} has {gb(free)} "
+                         f"free: {fewer}")
+
+    # in memory: the largest of the phases. Every hidden state from the embeddings on is kept (both precisions).
+    hidden = 12 * (Bend + 1) * B * T * d
+    streamed = isinstance(src, StreamedSource)
+    # A layer's weights: a streamed one built in both precisions; either way copied, widened to be compared with
+    # the truth's, serialized and read back for its file.
+    layer_weights = 5 * weights
+    embeddings = 12 * sum(p.numel() for m in src.parts[1].values() for p in m.parameters()) if streamed else 0
+    whole = 12 * count_params(src) if whole_check and streamed else 0
+    phases = {"the embeddings": (embeddings, 0),
+              "a layer": (layer_weights, LAYER_PEAK * per_layer + hidden),
+              "the head": (3 * head_weights, 3 * 12 * head + hidden),  # its weights copied, serialized, read back
+              "the whole model's forward": (whole, hidden + 3 * 12 * head)}
+    # What the allocators keep beside: SmolLM2's export peaked 555 and 631 MB above its start in two runs.
+    fixed_memory = max(f for f, _ in phases.values()) + 200e6
+    memory = max(f + b for f, b in phases.values()) + 200e6
     available = available_memory()
+    if available is not None and fixed_memory > available:
+        raise UsageError(f"{weights_where}: its weights need about {gb(fixed_memory)} of memory to export whatever "
+                         f"the tokens, and {gb(available)} is available")
     if available is not None and memory > available:
-        raise UsageError(f"{what}: {batch} {verb('need')} about {gb(memory)} of memory to export "
-                         f"({gb(per_layer)} of components for each layer, in two precisions), and {gb(available)} "
-                         f"is available: give fewer or shorter sequences")
+        raise UsageError(f"{what}: {batch} {verb('need')} about {gb(memory)} of memory to export ({gb(per_layer)} "
+                         f"of components a layer, in two precisions), and {gb(available)} is available: {fewer}")
     return disk, memory
 
 
@@ -1356,7 +1402,7 @@ def export(a, tmp, log):
     unused = None if gguf else stream.unused()
     t_load = time.monotonic()
     run = Runner(arch, cfg, ids, mask)
-    check_cost(a, src, arch, cfg, ids, (A, B), tmp, whole or count_params(src) < WHOLE_CHECK_PARAMS)
+    check_cost(a, src, arch, cfg, ids, (A, B), tmp, whole or count_params(src) < WHOLE_CHECK_PARAMS, weights_where)
 
     # embeddings
     e32, e64 = src.embeddings()

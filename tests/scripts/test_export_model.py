@@ -412,14 +412,18 @@ def predicting(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2", "bert"])
-def test_the_export_s_size_is_known_before_it_is_made(work, capsys, monkeypatch, arch):
+SIZED = [(arch, []) for arch in ARCHS] + [("llama", ["--generate", "2"]), ("llama", ["--layers", "1:3"]),
+                                            ("gpt2", ["--layers", "0:2"])]
+
+
+@pytest.mark.parametrize("arch,extra", SIZED, ids=[a + "".join(e) for a, e in SIZED])
+def test_the_export_s_size_is_known_before_it_is_made(work, capsys, monkeypatch, arch, extra):
     # 4 sequences of 96 tokens: each layer's attention scores and weights (B x heads x T^2, two precisions)
     # are most of it; the prediction comes from the layer's own replay on one and two tokens
     seen = predicting(monkeypatch)
-    out = work / f"o_size_{arch}"
-    rc, _, err = export(["--checkpoint", make(work, arch), "--tokens", long_tokens(work, 4, 96), "--out", str(out)],
-                        capsys)
+    out = work / f"o_size_{arch}{''.join(extra).replace(':', '_')}"
+    rc, _, err = export(["--checkpoint", make(work, arch), "--tokens", long_tokens(work, 4, 96), "--out", str(out)]
+                        + extra, capsys)
     assert rc == 0, err
     made = sum(f.stat().st_size for f in out.iterdir())
     assert len(seen) == 1 and 0.97 < seen[0][0] / made < 1.03, (seen, made)
@@ -427,26 +431,40 @@ def test_the_export_s_size_is_known_before_it_is_made(work, capsys, monkeypatch,
 
 def test_a_batch_whose_export_cannot_be_made_here_is_refused_before_it_is_computed(work, capsys, monkeypatch):
     ck = make(work, "llama")
-    tokens = long_tokens(work, 2, 128)  # layer 0's scores: 2 x 4 heads x 128 x 128 = 131072 elements
     out = work / "o_cost"
 
-    def refused(extra, *want):
+    def refused(tokens, extra, start, *want):
         rc, stdout, err = export(["--checkpoint", ck, "--tokens", tokens, "--out", str(out)] + extra, capsys)
         assert rc == 2 and stdout == "" and err.count("\n") == 1, err
-        assert err.startswith(f"export_model: --tokens {tokens}: 2 sequences of 128 tokens ") and all(
-            w in err for w in want), err
+        assert err.startswith(f"export_model: {start}") and all(w in err for w in want), err
         assert not out.exists() and not [n for n in os.listdir(work) if n.startswith(".o_cost.")]
 
-    refused(["--max-elements", "131071"], "a tensor of 131072 elements (layer 0's attn.scores)",
-            "more than --max-elements 131071")
-    refused(["--layers", "2:3", "--max-elements", "131071"], "(layer 2's attn.scores)")
+    # tparity's own measure of a fixture (its --max-elements): the attention's scores, 2 x 4 heads x 128 x 128;
+    # on 20 tokens the activations' widest, 2 x 20 x 2 x intermediate 128, above every tensor the fixture holds
+    tokens = long_tokens(work, 2, 128)
+    batch = f"--tokens {tokens}: 2 sequences of 128 tokens "
+    refused(tokens, ["--max-elements", "131071"], batch + "make layer fixtures whose largest tensor tparity counts "
+            "at 131072 elements (the attention's scores, 2 x 4 heads x 128 x 128), more than --max-elements 131071")
+    short = long_tokens(work, 2, 20)
+    refused(short, ["--layers", "0:2", "--max-elements", "10239"], f"--tokens {short}: 2 sequences of 20 tokens",
+            "at 10240 elements (the activations, 2 x 20 x 256)")
+    one = long_tokens(work, 1, 1)
+    refused(one, ["--max-elements", "1"], f"--tokens {one}: 1 sequence of 1 token makes layer fixtures",
+            "(state_dict.mlp.")
     real_usage = export_model.shutil.disk_usage
-    monkeypatch.setattr(export_model.shutil, "disk_usage",
-                        lambda p: real_usage(p)._replace(free=10_000_000))
-    refused([], "make an export of about", f"and the file system of {work} has 10 MB free")
+    monkeypatch.setattr(export_model.shutil, "disk_usage", lambda p: real_usage(p)._replace(free=10_000_000))
+    refused(tokens, [], batch + "make an export of about", f"and the file system of {work} has 10 MB free")
+    # what the weights take whatever the tokens is not blamed on them
+    monkeypatch.setattr(export_model.shutil, "disk_usage", lambda p: real_usage(p)._replace(free=100_000))
+    refused(one, [], f"--checkpoint {ck}: the weights of 3 layers make an export of about",
+            f"and the file system of {work} has 100 KB free: check fewer layers (--layers A:B)")
     monkeypatch.undo()
+    monkeypatch.setattr(export_model, "available_memory", lambda: 250_000_000)
+    big = long_tokens(work, 8, 128)
+    refused(big, [], f"--tokens {big}: 8 sequences of 128 tokens need about", "of memory to export",
+            "and 250 MB is available")
     monkeypatch.setattr(export_model, "available_memory", lambda: 10_000_000)
-    refused([], "need about", "of memory to export", "and 10 MB is available")
+    refused(one, [], f"--checkpoint {ck}: its weights need about", "and 10 MB is available")
     monkeypatch.undo()
     # at the cap, it is made; an unknown amount of memory (no /proc/meminfo) refuses nothing
     monkeypatch.setattr(export_model, "available_memory", lambda: None)

@@ -242,20 +242,24 @@ def test_padding_past_a_sliding_window_is_not_judged(work, exports):
 
 
 def test_tokens_whose_export_tparity_could_not_read_are_refused_before_the_export(work, exports):
-    # 2 x 4 heads x 128 x 128 attention scores; tparity's --max-elements reaches the exporter, and the refusal
-    # comes before anything large is computed or written (and the same export is made under a larger cap)
-    tokens = work / "tokens_2x128.json"
-    tokens.write_text(json.dumps({"input_ids": [[(5 * b + t) % 250 + 1 for t in range(128)] for b in range(2)]}))
+    # tparity's --max-elements reaches the exporter, whose measure is tparity's own: the attention's 2 x 4 heads
+    # x 128 x 128 scores; on 20 tokens, the widest activation 2 x 20 x 2 x intermediate 128, a tensor no
+    # fixture holds. Refused before anything large is computed or written; made under the cap itself.
     models = work / "models_cap"
-    for cap, rc in (("131071", 2), ("131072", 0)):
-        r = tparity(["model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(tokens), "--max-elements", cap],
-                    {"TPARITY_MODELS_DIR": str(models)})
-        assert r.returncode == rc, r.stdout[-1500:] + r.stderr
-        if rc == 2:
-            assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
-            assert (f"--tokens {tokens}: 2 sequences of 128 tokens make a tensor of 131072 elements (layer 0's "
-                    f"attn.scores), more than --max-elements 131071") in r.stderr, r.stderr
-            assert not [d for d in models.iterdir() if d.is_dir()], list(models.iterdir())
+    for T, layers, n in ((128, "0:3", 131072), (20, "0:2", 10240)):
+        tokens = work / f"tokens_2x{T}.json"
+        tokens.write_text(json.dumps({"input_ids": [[(5 * b + t) % 250 + 1 for t in range(T)] for b in range(2)]}))
+        for cap, rc in ((n - 1, 2), (n, 0)):
+            r = tparity(["model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(tokens), "--layers", layers,
+                         "--max-elements", str(cap)], {"TPARITY_MODELS_DIR": str(models)})
+            assert r.returncode == rc, r.stdout[-1500:] + r.stderr
+            if rc == 2:
+                assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+                assert (f"--tokens {tokens}: 2 sequences of {T} tokens make layer fixtures whose largest tensor "
+                        f"tparity counts at {n} elements") in r.stderr, r.stderr
+                assert f"more than --max-elements {cap}" in r.stderr, r.stderr
+                assert not [d for d in models.iterdir() if d.is_dir()], list(models.iterdir())
+        shutil.rmtree(models)
 
 
 def test_an_export_folder_that_is_a_link_is_refused(work, exports):
