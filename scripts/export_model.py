@@ -1005,7 +1005,7 @@ def check_cost(a, src, arch, cfg, ids, layers, tmp, whole_check, weights_where):
               "a layer": (layer_weights, LAYER_PEAK * per_layer + hidden),
               "the head": (3 * head_weights, 3 * 12 * head + hidden),  # its weights copied, serialized, read back
               "the whole model's forward": (whole, hidden + 3 * 12 * head)}
-    # What the allocators keep beside: SmolLM2's export peaked 555 and 631 MB above its start in two runs.
+    # What the allocators keep beside: SmolLM2's export peaked 555-631 MB above its start in three runs.
     fixed_memory = max(f for f, _ in phases.values()) + 200e6
     memory = max(f + b for f, b in phases.values()) + 200e6
     available = available_memory()

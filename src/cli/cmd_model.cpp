@@ -185,8 +185,8 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   std::vector<std::string> argv{python, script};
   argv.insert(argv.end(), args.begin(), args.end());
   argv.insert(argv.end(), {"--out", out});
-  // Not part of the export's key: the same export, whatever the cap; the exporter refuses, before it
-  // computes anything large, a batch whose tensors tparity would then refuse to read.
+  // Not part of the export's key: the same export, whatever the cap; the exporter refuses, before its
+  // first layer's run, a batch whose fixtures tparity would then refuse to read.
   argv.insert(argv.end(), {"--max-elements", std::to_string(max_elements())});
   // Progress for a person at a terminal; elsewhere the report's note says it (standard error holds
   // one line, the refusal, when the export fails).
