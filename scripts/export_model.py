@@ -51,7 +51,8 @@ replay on one sequence of one token and of two (each tensor of a fixture holds B
 attention's scores and weights are quadratic in the tokens). It is refused (exit 2) when a layer fixture's
 largest tensor as tparity counts it exceeds --max-elements (default 2^28, tparity's own, which tparity model
 passes on), when the export would not fit the free space of DIR's file system, or when the export would need
-more memory than /proc/meminfo's MemAvailable: naming --tokens or --prompt for what the batch adds, the
+more memory than is available (/proc/meminfo's MemAvailable, or less where a memory cgroup's limit, a
+container's, leaves less): naming --tokens or --prompt for what the batch adds, the
 checkpoint for what its weights take whatever the tokens.
 
 Standard output stays empty; a summary goes to standard error. Exit codes: 0 written; 1 a self-check failed
@@ -1008,26 +1009,90 @@ def check_cost(a, src, arch, cfg, ids, layers, tmp, whole_check, weights_where):
     # What the allocators keep beside: SmolLM2's export peaked 555-631 MB above its start in three runs.
     fixed_memory = max(f for f, _ in phases.values()) + 200e6
     memory = max(f + b for f, b in phases.values()) + 200e6
-    available = available_memory()
+    available, bound = available_memory()
     if available is not None and fixed_memory > available:
         raise UsageError(f"{weights_where}: its weights need about {gb(fixed_memory)} of memory to export whatever "
-                         f"the tokens, and {gb(available)} is available")
+                         f"the tokens, and {gb(available)} is available{bound}")
     if available is not None and memory > available:
         raise UsageError(f"{what}: {batch} {verb('need')} about {gb(memory)} of memory to export ({gb(per_layer)} "
-                         f"of components a layer, in two precisions), and {gb(available)} is available: {fewer}")
+                         f"of components a layer, in two precisions), and {gb(available)} is available{bound}: {fewer}")
     return disk, memory
 
 
 def available_memory():
-    """MemAvailable from /proc/meminfo, bytes; None where the kernel does not say."""
+    """The memory this process may still take, in bytes, and what bounds it (" within the memory cgroup's limit
+    of X" or ""): the least of /proc/meminfo's MemAvailable and the room its memory cgroups leave it
+    (cgroup_memory_room: a container's limit, which MemAvailable, the whole machine's, does not see). None
+    where neither is known."""
+    available = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    room = cgroup_memory_room()
+    if room is not None and (available is None or room[0] < available):
+        return room[0], f" within the memory cgroup's limit of {gb(room[1])}"
+    return available, ""
+
+
+def cgroup_memory_room(proc_cgroup="/proc/self/cgroup", root="/sys/fs/cgroup"):
+    """The room the memory cgroups of this process leave it, as (bytes, the limit), the tightest of them; None
+    where no limit is set or none can be read. Each cgroup from this process's up to its hierarchy's root (in a
+    container, the container's own, whatever /proc/self/cgroup names) counts: its limit (cgroup v2's
+    memory.max, v1's memory.limit_in_bytes) less what it holds (memory.current, memory.usage_in_bytes), the
+    page cache among that (active_file, inactive_file) counted as room, since the kernel takes it back
+    before it kills anything, as MemAvailable counts it."""
+    def read(path):
+        with open(path) as f:
+            return f.read()
+
+    def stat_file_pages(path, prefix):
+        pages = 0
+        for line in read(path).splitlines():
+            key, _, value = line.partition(" ")
+            if key in (prefix + "active_file", prefix + "inactive_file"):
+                pages += int(value)
+        return pages
+
+    try:
+        lines = read(proc_cgroup).splitlines()
+    except OSError:
+        return None
+    tightest = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2: its root mounted at root, or at root/unified beside v1's
+            base = root if os.path.isfile(os.path.join(root, "cgroup.controllers")) else os.path.join(root, "unified")
+            files = ("memory.max", "memory.current", "memory.stat", "")
+        elif "memory" in controllers.split(","):
+            base = os.path.join(root, "memory")
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat", "total_")
+        else:
+            continue
+        limit_name, usage_name, stat_name, prefix = files
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
+        for depth in range(len(parts), -1, -1):
+            folder = os.path.join(base, *parts[:depth])
+            try:
+                text = read(os.path.join(folder, limit_name)).strip()
+                if text == "max" or int(text) >= 1 << 62:  # no limit (v1 writes one near 2^63)
+                    continue
+                limit = int(text)
+                used = int(read(os.path.join(folder, usage_name)).strip())
+                cache = stat_file_pages(os.path.join(folder, stat_name), prefix)
+            except (OSError, ValueError):
+                continue
+            room = max(0, limit - used + cache)
+            if tightest is None or room < tightest[0]:
+                tightest = (room, limit)
+    return tightest
 
 
 def has_tokenizer(folder, gguf):

@@ -459,20 +459,77 @@ def test_a_batch_whose_export_cannot_be_made_here_is_refused_before_it_is_comput
     refused(one, [], f"--checkpoint {ck}: the weights of 3 layers make an export of about",
             f"and the file system of {work} has 100 KB free: check fewer layers (--layers A:B)")
     monkeypatch.undo()
-    monkeypatch.setattr(export_model, "available_memory", lambda: 250_000_000)
+    monkeypatch.setattr(export_model, "available_memory", lambda: (250_000_000, ""))
     big = long_tokens(work, 8, 128)
     refused(big, [], f"--tokens {big}: 8 sequences of 128 tokens need about", "of memory to export",
-            "and 250 MB is available")
-    monkeypatch.setattr(export_model, "available_memory", lambda: 10_000_000)
+            "and 250 MB is available: give fewer")
+    monkeypatch.setattr(export_model, "available_memory", lambda: (10_000_000, ""))
     refused(one, [], f"--checkpoint {ck}: its weights need about", "and 10 MB is available")
     monkeypatch.undo()
+    # a container's limit, which the machine's MemAvailable does not see, is the one that binds
+    monkeypatch.setattr(export_model, "cgroup_memory_room", lambda: (250_000_000, 2_000_000_000))
+    refused(big, [], f"--tokens {big}: 8 sequences of 128 tokens need about",
+            "and 250 MB is available within the memory cgroup's limit of 2 GB: give fewer")
+    monkeypatch.undo()
     # at the cap, it is made; an unknown amount of memory (no /proc/meminfo) refuses nothing
-    monkeypatch.setattr(export_model, "available_memory", lambda: None)
+    monkeypatch.setattr(export_model, "available_memory", lambda: (None, ""))
     rc, _, err = export(["--checkpoint", ck, "--tokens", tokens, "--out", str(out), "--max-elements", "131072"],
                         capsys)
     assert rc == 0, err
     rc, _, err = export(["--checkpoint", ck, "--tokens", tokens, "--out", str(out), "--max-elements", "0"], capsys)
     assert rc == 2 and "--max-elements 0: expected a number of elements >= 1" in err, err
+
+
+def cgroup_tree(root, files):
+    """A stand-in for /sys/fs/cgroup: {relative path: text}."""
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(root)
+
+
+def test_the_room_a_memory_cgroup_leaves_is_the_tightest_limit_less_what_it_holds_but_its_page_cache(work):
+    room = export_model.cgroup_memory_room
+    # cgroup v2: the process in /a/b; /a limits to 2 GB and holds 1.5 GB, 150 MB of it page cache; /a/b sets no
+    # limit; the root has no memory.max at all
+    v2 = cgroup_tree(work / "cg2", {
+        "cgroup.controllers": "cpu memory\n",
+        "a/memory.max": "2000000000\n", "a/memory.current": "1500000000\n",
+        "a/memory.stat": "anon 1000\nfile 160000000\nactive_file 100000000\ninactive_file 50000000\nshmem 10000000\n",
+        "a/b/memory.max": "max\n", "a/b/memory.current": "1400000000\n", "a/b/memory.stat": "active_file 0\n"})
+    proc = work / "cgroup_v2"
+    proc.write_text("0::/a/b\n")
+    assert room(str(proc), v2) == (650_000_000, 2_000_000_000)
+    # a tighter limit below it binds: 1 GB holding 900 MB, none of it cache
+    cgroup_tree(work / "cg2", {"a/b/memory.max": "1000000000\n", "a/b/memory.current": "900000000\n"})
+    assert room(str(proc), v2) == (100_000_000, 1_000_000_000)
+    # more held than the limit (the cache over it): no room, not a negative one
+    cgroup_tree(work / "cg2", {"a/b/memory.current": "1200000000\n"})
+    assert room(str(proc), v2) == (0, 1_000_000_000)
+
+    # cgroup v1 in a container: /proc/self/cgroup names the host's path, the container sees its own cgroup
+    # at the mount's root; the hierarchy's totals (total_*) count, not the cgroup's own
+    v1 = cgroup_tree(work / "cg1", {
+        "memory/memory.limit_in_bytes": "4000000000\n", "memory/memory.usage_in_bytes": "3000000000\n",
+        "memory/memory.stat": "active_file 5\ninactive_file 5\ntotal_active_file 300000000\n"
+                              "total_inactive_file 200000000\n"})
+    proc1 = work / "cgroup_v1"
+    proc1.write_text("12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n")
+    assert room(str(proc1), v1) == (1_500_000_000, 4_000_000_000)
+    # no limit set: v1's "unlimited" is a number near 2^63; v2's is "max"
+    cgroup_tree(work / "cg1", {"memory/memory.limit_in_bytes": "9223372036854771712\n"})
+    assert room(str(proc1), v1) is None
+    v2_none = cgroup_tree(work / "cg2n", {"cgroup.controllers": "memory\n", "memory.max": "max\n",
+                                          "memory.current": "5\n", "memory.stat": ""})
+    proc2 = work / "cgroup_root"
+    proc2.write_text("0::/\n")
+    assert room(str(proc2), v2_none) is None
+    # what cannot be read refuses nothing: no such files, an unreadable number, no /proc/self/cgroup
+    assert room(str(proc), str(work / "nowhere")) is None
+    cgroup_tree(work / "cg2n", {"memory.max": "lots\n"})
+    assert room(str(proc2), v2_none) is None
+    assert room(str(work / "no_proc_file"), v2) is None
 
 
 def test_an_existing_folder_that_is_not_an_export_is_refused(work, tokens_file, capsys):
