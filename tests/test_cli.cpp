@@ -787,6 +787,21 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
     CHECK_THAT(r.err, Catch::Contains("minilm.log: cannot write the exporter's log: it is a FIFO"));
     fs::remove(dir / "minilm.log");
   }
+  // An exporter the kernel kills (its out-of-memory killer sends SIGKILL) is said to have been killed,
+  // and by what, not "exit -1"; another signal by its name.
+  for (const auto& [sig, said] : std::vector<std::pair<std::string, std::string>>{
+           {"KILL", "killed by SIGKILL, signal 9: most often the kernel's out-of-memory killer"},
+           {"SEGV", "killed by SIGSEGV, signal 11,"}}) {
+    const fs::path killed = scratch() / ("python-killed-" + sig);
+    std::ofstream(killed) << "#!/bin/sh\nkill -" << sig << " $$\n";
+    fs::permissions(killed, fs::perms::owner_all);
+    r = shell("TPARITY_PRETRAINED_DIR=" + dir.string() + " TPARITY_PYTHON=" + killed.string() + " " + tparity_bin() +
+              " run --case minilm");
+    CHECK(r.code == 2);
+    CHECK(one_line(r.err));
+    CHECK_THAT(r.err, Catch::Contains("case minilm: exporting the fixture with export_pretrained.py failed (" + said));
+    CHECK_FALSE(fs::exists(dir / "minilm_l6.json"));
+  }
   // Sizes belong to the checkpoint.
   r = cli("run --case minilm --batch 2");
   CHECK(r.code == 2);

@@ -192,9 +192,9 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   // one line, the refusal, when the export fails).
   if (isatty(2))
     std::cerr << "model: exporting " << (n ? o.name : o.checkpoint) << " with transformers (log " << log << ")\n";
-  int rc = 0;
+  ChildEnd ended;
   try {
-    rc = run_logged(argv, log);
+    ended = run_logged(argv, log);
   } catch (const Interrupted&) {
     // The exporter killed: its temporary folder beside the export is removed (this run holds the lock,
     // so no other run's export is under way there).
@@ -205,16 +205,16 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
         fs::remove_all(it->path(), rm);
     throw;
   }
-  if (rc == 0) {
+  if (ended.code == 0) {
     write_output_file(out + ".sources", stamp);  // as it was before the export began
     *note = "exported now into " + out + " (log " + log + ")";
     return out;
   }
   std::string why = last_line(log);
-  if (rc == 77) throw InputError("model " + (n ? o.name : o.checkpoint) + ": " + why);
-  if (rc == 2) throw InputError(why.empty() ? "model: the exporter refused its arguments (log " + log + ")" : why);
-  throw InputError("model " + (n ? o.name : o.checkpoint) + ": exporting with export_model.py failed (exit " +
-                   std::to_string(rc) + ", log " + log + "): " + why);
+  if (ended.code == 77) throw InputError("model " + (n ? o.name : o.checkpoint) + ": " + why);
+  if (ended.code == 2) throw InputError(why.empty() ? "model: the exporter refused its arguments (log " + log + ")" : why);
+  throw InputError("model " + (n ? o.name : o.checkpoint) + ": exporting with export_model.py failed (" + ended.text() +
+                   ", log " + log + ")" + (why.empty() ? "" : ": " + why));
 }
 
 int model(const ModelCliOptions& o) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -53,7 +54,17 @@ std::string last_line(const std::string& path) {
   return last;
 }
 
-int run_logged(const std::vector<std::string>& argv, const std::string& log) {
+std::string ChildEnd::text() const {
+  if (code >= 0) return "exit " + std::to_string(code);
+  if (signal == 0) return "could not be started";
+  const char* abbrev = ::sigabbrev_np(signal);
+  std::string t = "killed by " + (abbrev ? "SIG" + std::string(abbrev) + ", signal " : "signal ") + std::to_string(signal);
+  // Nothing of tparity's sends SIGKILL; the kernel does when memory runs out (dmesg names the process).
+  if (signal == SIGKILL) t += ": most often the kernel's out-of-memory killer";
+  return t;
+}
+
+ChildEnd run_logged(const std::vector<std::string>& argv, const std::string& log) {
   // Opened here, not by the child: a link in its place is refused (O_NOFOLLOW), never written through;
   // a FIFO opens at once (O_NONBLOCK) to be refused, rather than waiting for a reader for ever.
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
@@ -96,7 +107,7 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   ::close(fd);
-  if (rc != 0) return -1;
+  if (rc != 0) return {};
   interrupt_kills(pid);
   int status = 0;
   int got = 0;
@@ -104,8 +115,9 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   }
   interrupt_kills(0);
   if (const int sig = interrupted()) throw Interrupted(sig);
-  if (got < 0) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (got < 0) return {};
+  if (WIFEXITED(status)) return {WEXITSTATUS(status), 0};
+  return {-1, WIFSIGNALED(status) ? WTERMSIG(status) : 0};
 }
 
 std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::string& skip) {
@@ -129,16 +141,16 @@ std::optional<std::string> pretrained_fixture(const PretrainedCase& c, std::stri
   fs::create_directories(dir, ec);
   if (ec) throw InputError("case " + c.name + ": cannot create " + dir + ": " + ec.message());
   const std::string log = dir + "/" + c.name + ".log";
-  const int rc = run_logged({python, script, "--out", dir}, log);
-  if (rc == 0) return fixture;
+  const ChildEnd end = run_logged({python, script, "--out", dir}, log);
+  if (end.code == 0) return fixture;
   std::string why = last_line(log);
   if (const size_t at = why.find("skipped: "); at != std::string::npos) why = why.substr(at + 9);
-  if (rc == 77) {
+  if (end.code == 77) {
     skip = "case " + c.name + ": skipped: " + why;
     return std::nullopt;
   }
-  throw InputError("case " + c.name + ": exporting the fixture with " + c.script + " failed (exit " +
-                   std::to_string(rc) + ", log " + log + "): " + why);
+  throw InputError("case " + c.name + ": exporting the fixture with " + c.script + " failed (" + end.text() +
+                   ", log " + log + ")" + (why.empty() ? "" : ": " + why));
 }
 
 }  // namespace tparity::cli

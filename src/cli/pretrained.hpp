@@ -40,9 +40,17 @@ std::string pretrained_dir();
 std::string models_dir();
 // The file's last non-empty line ("" when none).
 std::string last_line(const std::string& path);
-// Runs argv (argv[0] a path) with stdout to /dev/null and stderr to `log`; its exit code, or -1 when
-// it could not start or ended by a signal. InputError naming `log` when it cannot be written, a
-// symbolic link among the reasons (never written through).
-int run_logged(const std::vector<std::string>& argv, const std::string& log);
+// How a child ended: its exit code, or the signal that killed it.
+struct ChildEnd {
+  int code = -1;   // the exit code; -1 when it did not exit (a signal, or it could not be started)
+  int signal = 0;  // the signal that ended it, else 0
+  // "exit 3"; "killed by SIGKILL, signal 9: most often the kernel's out-of-memory killer" (its most
+  // likely sender); "could not be started"
+  std::string text() const;
+};
+// Runs argv (argv[0] a path) with stdout to /dev/null and stderr to `log`, and says how it ended.
+// InputError naming `log` when it cannot be written, a symbolic link among the reasons (never written
+// through).
+ChildEnd run_logged(const std::vector<std::string>& argv, const std::string& log);
 
 }  // namespace tparity::cli
