@@ -12,11 +12,46 @@
 
 #include "parallel_team.hpp"
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace tparity {
 
 namespace detail {
 
+void sleep_while(const std::atomic<unsigned>* word, unsigned expected) {
+#if defined(__linux__)
+  // The kernel compares *word with expected and sleeps only if they match, atomically with the wake.
+  static_assert(sizeof(std::atomic<unsigned>) == sizeof(unsigned), "a futex is a plain 32-bit word");
+  syscall(SYS_futex, reinterpret_cast<const unsigned*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
+#else
+  if (word->load() == expected) std::this_thread::yield();
+#endif
+}
+
+void wake_all(std::atomic<unsigned>* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<unsigned*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
 namespace {
+
+// The CPUs this process may run on (its affinity mask: taskset, a container's cpuset), else every
+// CPU the system has.
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return std::max(1, int(std::thread::hardware_concurrency()));
+}
 
 // Whether this thread is running a share of a team's job (the caller's or a worker's): a team call
 // from inside one runs on this thread alone (run_team), where it would wait for the team it is in.
@@ -29,7 +64,8 @@ struct InTeam {
 };
 
 // Threads kept for the next call: created by the first call that asks for them, then blocked on a
-// condition variable between calls, after a short spell of yielding (200 yields, about 0.1 ms) so
+// condition variable between calls, after a short spell of spinning (kSpinNanoseconds, 0.2 ms; not
+// yielding, which hands the core to any other runnable task: parallel_team.hpp) so
 // that back-to-back calls do not each pay a wake-up (43 us per call when threads were started per
 // call, 2 us with these). Idle, they take no CPU from LibTorch's pool or anyone else's. Never
 // destroyed (the process ends them). One call at a time: concurrent callers take turns.
@@ -55,17 +91,20 @@ class Workers {
       ++started_;
     }
     const int n = std::min(threads, started_ + 1);
+    // More threads than CPUs: a waiter sleeps at once, its CPU left to a member that has not arrived.
+    static const int cpus = usable_cpus();
+    const int64_t spin = n > cpus ? 0 : kSpinNanoseconds;
     Barrier barrier;
-    barrier.reset(n);
+    barrier.reset(n, spin);
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      job_ = job, ctx_ = ctx, barrier_ = &barrier, team_ = n;
+      job_ = job, ctx_ = ctx, barrier_ = &barrier, team_ = n, spin_ = spin;
       pending_.store(n - 1);
       generation_.fetch_add(1);
     }
     wake_.notify_all();
     share(job, ctx, 0, n, &barrier);
-    for (int spins = 0; spins < kSpins && pending_.load() != 0; ++spins) std::this_thread::yield();
+    spin_until([&] { return pending_.load() == 0; }, spin);
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return pending_.load() == 0; });
     // What a share threw (out of memory in a share's own buffers), thrown here once every share is
@@ -75,11 +114,9 @@ class Workers {
   }
 
  private:
-  static constexpr int kSpins = 200;
-
   void loop(int tid, uint64_t seen) {
     for (;;) {
-      for (int spins = 0; spins < kSpins && generation_.load() == seen; ++spins) std::this_thread::yield();
+      spin_until([&] { return generation_.load() != seen; }, spin_.load());
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return generation_.load() != seen; });
       seen = generation_.load();
@@ -120,6 +157,7 @@ class Workers {
   const void* ctx_ = nullptr;
   Barrier* barrier_ = nullptr;
   int team_ = 1;
+  std::atomic<int64_t> spin_{kSpinNanoseconds};  // the last call's: how long an idle worker spins for the next
 };
 
 }  // namespace
