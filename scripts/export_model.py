@@ -1041,22 +1041,32 @@ def available_memory():
 
 def cgroup_memory_room(proc_cgroup="/proc/self/cgroup", root="/sys/fs/cgroup"):
     """The room the memory cgroups of this process leave it, as (bytes, the limit), the tightest of them; None
-    where no limit is set or none can be read. Each cgroup from this process's up to its hierarchy's root (in a
-    container, the container's own, whatever /proc/self/cgroup names) counts: its limit (cgroup v2's
-    memory.max, v1's memory.limit_in_bytes) less what it holds (memory.current, memory.usage_in_bytes), the
-    page cache among that (active_file, inactive_file) counted as room, since the kernel takes it back
-    before it kills anything, as MemAvailable counts it."""
+    where no limit is set or none can be read. Each cgroup from this process's up to its hierarchy's root counts
+    (in a container with a cgroup namespace, the container's own is that root; without one, the walk from the
+    host's path finds the container's own at the mount's root, though not a cgroup the container made below
+    it): its limit (cgroup v2's memory.max, v1's memory.limit_in_bytes) less what it holds (memory.current,
+    memory.usage_in_bytes), the page cache among that (active_file, inactive_file; none where memory.stat
+    cannot be read) counted as room, since the kernel takes it back before it kills anything (MemAvailable
+    counts some of it so)."""
     def read(path):
-        with open(path) as f:
+        # A cgroup's name may hold any bytes: kept as they are, never a decoding error.
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
             return f.read()
 
-    def stat_file_pages(path, prefix):
-        pages = 0
-        for line in read(path).splitlines():
+    def file_cache(path, prefix):
+        try:
+            text = read(path)
+        except OSError:
+            return 0
+        cache = 0
+        for line in text.splitlines():
             key, _, value = line.partition(" ")
             if key in (prefix + "active_file", prefix + "inactive_file"):
-                pages += int(value)
-        return pages
+                try:
+                    cache += int(value)
+                except ValueError:
+                    return 0
+        return cache
 
     try:
         lines = read(proc_cgroup).splitlines()
@@ -1077,19 +1087,20 @@ def cgroup_memory_room(proc_cgroup="/proc/self/cgroup", root="/sys/fs/cgroup"):
         else:
             continue
         limit_name, usage_name, stat_name, prefix = files
-        parts = [p for p in path.split("/") if p and p not in (".", "..")]
-        for depth in range(len(parts), -1, -1):
-            folder = os.path.join(base, *parts[:depth])
+        names = [p for p in path.split("/") if p and p != "."]
+        if ".." in names:  # a cgroup outside this namespace's root: not under this mount
+            continue
+        for depth in range(len(names), -1, -1):
+            folder = os.path.join(base, *names[:depth])
             try:
                 text = read(os.path.join(folder, limit_name)).strip()
                 if text == "max" or int(text) >= 1 << 62:  # no limit (v1 writes one near 2^63)
                     continue
                 limit = int(text)
                 used = int(read(os.path.join(folder, usage_name)).strip())
-                cache = stat_file_pages(os.path.join(folder, stat_name), prefix)
             except (OSError, ValueError):
                 continue
-            room = max(0, limit - used + cache)
+            room = max(0, limit - used + file_cache(os.path.join(folder, stat_name), prefix))
             if tightest is None or room < tightest[0]:
                 tightest = (room, limit)
     return tightest

@@ -530,6 +530,17 @@ def test_the_room_a_memory_cgroup_leaves_is_the_tightest_limit_less_what_it_hold
     cgroup_tree(work / "cg2n", {"memory.max": "lots\n"})
     assert room(str(proc2), v2_none) is None
     assert room(str(work / "no_proc_file"), v2) is None
+    # a limit without a memory.stat still counts (no page cache counted as room)
+    cgroup_tree(work / "cg2n", {"memory.max": "3000000000\n"})
+    os.remove(work / "cg2n" / "memory.stat")
+    assert room(str(proc2), v2_none) == (2_999_999_995, 3_000_000_000)
+    # a cgroup name of bytes that are not UTF-8 is read, not a traceback; one above this namespace's root
+    # ("..") is not looked for under this mount, where another cgroup of that name would be found
+    (work / "cg2" / b"a/b/\xff".decode("utf-8", "surrogateescape")).mkdir()
+    (work / "cgroup_bytes").write_bytes(b"0::/a/b/\xff\n")
+    assert room(str(work / "cgroup_bytes"), v2) == (0, 1_000_000_000)
+    (work / "cgroup_above").write_text("0::/../a\n")
+    assert room(str(work / "cgroup_above"), v2) is None
 
 
 def test_an_existing_folder_that_is_not_an_export_is_refused(work, tokens_file, capsys):
