@@ -1,4 +1,6 @@
 // The hand core's threads: parallel_for covers its range exactly once, whatever the thread count.
+#include <time.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -159,4 +161,26 @@ TEST_CASE("parallel: a member late by milliseconds finds the others asleep at th
     REQUIRE(done.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
     CHECK(done.get() == 0);
   }
+}
+
+TEST_CASE("parallel: a member waiting a long while at the barrier sleeps, not spinning or yielding", "[parallel]") {
+  // The caller is 300 ms late; the worker's own CPU time over its wait is what it burnt waiting: 0.2 ms
+  // of spinning, then nothing asleep. A waiter that kept spinning, or yielding on an idle core, burns
+  // the whole 300 ms (on a busy machine it gets less, never more).
+  std::atomic<int64_t> burnt_ns{-1};
+  detail::run_on_threads(2, [&](int tid, int n, detail::Barrier* barrier) {
+    if (n < 2) return;  // the system refused a thread: nothing waits
+    if (tid == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      detail::barrier_wait(barrier);
+      return;
+    }
+    timespec t0{}, t1{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    detail::barrier_wait(barrier);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    burnt_ns = (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+  });
+  REQUIRE(burnt_ns.load() >= 0);
+  CHECK(burnt_ns.load() < 50000000);  // 50 ms: the spin's 0.2 ms, and a wake-up, with room
 }

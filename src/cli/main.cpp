@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -47,6 +48,10 @@ int main(int argc, char** argv) {
   // 2 MiB; its larger tensors are kept by the core itself, likewise (core/tensor.hpp).
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // SIGCHLD at its default, whatever it came as: left ignored by whoever started tparity (ignored
+  // signals stay so across exec), it has the kernel reap tparity's children unseen, and waitpid fails
+  // (ECHILD): an exporter's, a program's or the other reference's end would be lost.
+  std::signal(SIGCHLD, SIG_DFL);
   // The reference computes on one thread unless a subcommand says otherwise (bench): its float32
   // results, hence the float32 gates' reference figures, depend on how its products split their work.
   set_torch_threads(1);

@@ -56,10 +56,11 @@ std::string last_line(const std::string& path) {
 
 std::string ChildEnd::text() const {
   if (code >= 0) return "exit " + std::to_string(code);
-  if (signal == 0) return "could not be started";
+  if (signal == 0) return error.empty() ? "its end could not be learned" : error;
   const char* abbrev = ::sigabbrev_np(signal);
   std::string t = "killed by " + (abbrev ? "SIG" + std::string(abbrev) + ", signal " : "signal ") + std::to_string(signal);
-  // Nothing of tparity's sends SIGKILL; the kernel does when memory runs out (dmesg names the process).
+  // tparity sends SIGKILL only when it is itself interrupted (Interrupted, reported apart); the kernel
+  // does when memory runs out (dmesg names the process).
   if (signal == SIGKILL) t += ": most often the kernel's out-of-memory killer";
   return t;
 }
@@ -107,15 +108,17 @@ ChildEnd run_logged(const std::vector<std::string>& argv, const std::string& log
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   ::close(fd);
-  if (rc != 0) return {};
+  if (rc != 0) return {-1, 0, "could not be started: " + argv[0] + ": " + std::strerror(rc)};
   interrupt_kills(pid);
   int status = 0;
   int got = 0;
   while ((got = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
+  const int wait_error = errno;
   interrupt_kills(0);
   if (const int sig = interrupted()) throw Interrupted(sig);
-  if (got < 0) return {};
+  // ECHILD when tparity's parent left SIGCHLD ignored (inherited): the child was reaped unseen.
+  if (got < 0) return {-1, 0, std::string("its end could not be learned: waitpid: ") + std::strerror(wait_error)};
   if (WIFEXITED(status)) return {WEXITSTATUS(status), 0};
   return {-1, WIFSIGNALED(status) ? WTERMSIG(status) : 0};
 }

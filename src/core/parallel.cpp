@@ -64,8 +64,8 @@ struct InTeam {
 };
 
 // Threads kept for the next call: created by the first call that asks for them, then blocked on a
-// condition variable between calls, after a short spell of spinning (kSpinNanoseconds, 0.2 ms; not
-// yielding, which hands the core to any other runnable task: parallel_team.hpp) so
+// condition variable between calls, after a short spell of spinning (kSpinNanoseconds, 0.2 ms, for
+// the last call's members when the team did not outnumber the CPUs; else none. Not yielding, which hands the core to any other runnable task: parallel_team.hpp) so
 // that back-to-back calls do not each pay a wake-up (43 us per call when threads were started per
 // call, 2 us with these). Idle, they take no CPU from LibTorch's pool or anyone else's. Never
 // destroyed (the process ends them). One call at a time: concurrent callers take turns.
@@ -115,12 +115,19 @@ class Workers {
 
  private:
   void loop(int tid, uint64_t seen) {
+    // How long to spin for the next call: the last call's spin when this worker was in its team;
+    // none when it was left out (it would spin on a CPU that the team's members need).
+    int64_t spin = kSpinNanoseconds;
     for (;;) {
-      spin_until([&] { return generation_.load() != seen; }, spin_.load());
+      spin_until([&] { return generation_.load() != seen; }, spin);
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return generation_.load() != seen; });
       seen = generation_.load();
-      if (tid >= team_) continue;
+      if (tid >= team_) {
+        spin = 0;
+        continue;
+      }
+      spin = spin_;
       const Job job = job_;
       const void* const ctx = ctx_;
       Barrier* const barrier = barrier_;
@@ -157,7 +164,7 @@ class Workers {
   const void* ctx_ = nullptr;
   Barrier* barrier_ = nullptr;
   int team_ = 1;
-  std::atomic<int64_t> spin_{kSpinNanoseconds};  // the last call's: how long an idle worker spins for the next
+  int64_t spin_ = kSpinNanoseconds;  // the current call's: how long its members spin at its barrier and for the next call
 };
 
 }  // namespace
