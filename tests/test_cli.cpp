@@ -805,7 +805,8 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
               tparity_bin() + " run --case minilm");
     CHECK(r.code == 2);
     CHECK(one_line(r.err));
-    CHECK_THAT(r.err, Catch::Contains("case minilm: exporting the fixture with export_pretrained.py failed (" + said));
+    CHECK_THAT(r.err,
+               Catch::Contains("case minilm: exporting the fixture with export_pretrained.py failed (" + said));
     CHECK_FALSE(fs::exists(dir / "minilm_l6.json"));
   }
   // Sizes belong to the checkpoint.

@@ -212,7 +212,8 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   }
   std::string why = last_line(log);
   if (ended.code == 77) throw InputError("model " + (n ? o.name : o.checkpoint) + ": " + why);
-  if (ended.code == 2) throw InputError(why.empty() ? "model: the exporter refused its arguments (log " + log + ")" : why);
+  if (ended.code == 2)
+    throw InputError(why.empty() ? "model: the exporter refused its arguments (log " + log + ")" : why);
   throw InputError("model " + (n ? o.name : o.checkpoint) + ": exporting with export_model.py failed (" + ended.text() +
                    ", log " + log + ")" + (why.empty() ? "" : ": " + why));
 }

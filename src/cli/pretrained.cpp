@@ -58,7 +58,8 @@ std::string ChildEnd::text() const {
   if (code >= 0) return "exit " + std::to_string(code);
   if (signal == 0) return error.empty() ? "its end could not be learned" : error;
   const char* abbrev = ::sigabbrev_np(signal);
-  std::string t = "killed by " + (abbrev ? "SIG" + std::string(abbrev) + ", signal " : "signal ") + std::to_string(signal);
+  std::string t =
+      "killed by " + (abbrev ? "SIG" + std::string(abbrev) + ", signal " : "signal ") + std::to_string(signal);
   // tparity sends SIGKILL only when it is itself interrupted (Interrupted, reported apart); the kernel
   // does when memory runs out (dmesg names the process).
   if (signal == SIGKILL) t += ": most often the kernel's out-of-memory killer";

@@ -65,10 +65,11 @@ struct InTeam {
 
 // Threads kept for the next call: created by the first call that asks for them, then blocked on a
 // condition variable between calls, after a short spell of spinning (kSpinNanoseconds, 0.2 ms, for
-// the last call's members when the team did not outnumber the CPUs; else none. Not yielding, which hands the core to any other runnable task: parallel_team.hpp) so
-// that back-to-back calls do not each pay a wake-up (43 us per call when threads were started per
-// call, 2 us with these). Idle, they take no CPU from LibTorch's pool or anyone else's. Never
-// destroyed (the process ends them). One call at a time: concurrent callers take turns.
+// the last call's members when the team did not outnumber the CPUs; else none; never yielding, which
+// hands the core to any other runnable task: parallel_team.hpp) so that back-to-back calls do not
+// each pay a wake-up (43 us per call when threads were started per call, 2 us with these). Idle,
+// they take no CPU from LibTorch's pool or anyone else's. Never destroyed (the process ends them).
+// One call at a time: concurrent callers take turns.
 class Workers {
  public:
   using Job = void (*)(const void* ctx, int tid, int nthreads, Barrier* barrier);
@@ -164,7 +165,7 @@ class Workers {
   const void* ctx_ = nullptr;
   Barrier* barrier_ = nullptr;
   int team_ = 1;
-  int64_t spin_ = kSpinNanoseconds;  // the current call's: how long its members spin at its barrier and for the next call
+  int64_t spin_ = kSpinNanoseconds;  // the current call's: its members' spin at its barrier and for the next
 };
 
 }  // namespace
