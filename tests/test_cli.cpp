@@ -793,10 +793,10 @@ TEST_CASE("pretrained: skipped with one line where Python or the model's package
   // So too when tparity was started with SIGCHLD ignored (inherited across exec: the kernel would reap
   // the exporter unseen, and its end be lost).
   for (const auto& [sig, said, start] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"KILL", "killed by SIGKILL, signal 9: most often the kernel's out-of-memory killer", ""},
-           {"SEGV", "killed by SIGSEGV, signal 11,", ""},
+           {"KILL", "killed by signal 9 (Killed: most often the kernel's out-of-memory killer), log", ""},
+           {"SEGV", "killed by signal 11 (Segmentation fault), log", ""},
            // perl (Debian's essential perl-base): dash does not pass an ignored SIGCHLD on
-           {"KILL", "killed by SIGKILL, signal 9:", "perl -e '$SIG{CHLD} = \"IGNORE\"; exec @ARGV' "}}) {
+           {"KILL", "killed by signal 9 (Killed:", "perl -e '$SIG{CHLD} = \"IGNORE\"; exec @ARGV' "}}) {
     CAPTURE(sig, start);
     const fs::path killed = scratch() / ("python-killed-" + sig);
     std::ofstream(killed) << "#!/bin/sh\nulimit -c 0\nkill -" << sig << " $$\n";  // no core file left

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -56,14 +55,8 @@ std::string last_line(const std::string& path) {
 
 std::string ChildEnd::text() const {
   if (code >= 0) return "exit " + std::to_string(code);
-  if (signal == 0) return error.empty() ? "its end could not be learned" : error;
-  const char* abbrev = ::sigabbrev_np(signal);
-  std::string t =
-      "killed by " + (abbrev ? "SIG" + std::string(abbrev) + ", signal " : "signal ") + std::to_string(signal);
-  // tparity sends SIGKILL only when it is itself interrupted (Interrupted, reported apart); the kernel
-  // does when memory runs out (dmesg names the process).
-  if (signal == SIGKILL) t += ": most often the kernel's out-of-memory killer";
-  return t;
+  if (signal != 0) return killed_by_signal(signal);
+  return error.empty() ? "its end could not be learned" : error;
 }
 
 ChildEnd run_logged(const std::vector<std::string>& argv, const std::string& log) {

@@ -45,8 +45,8 @@ struct ChildEnd {
   int code = -1;      // the exit code; -1 when it did not exit (a signal, or it could not be started)
   int signal = 0;     // the signal that ended it, else 0
   std::string error;  // else what went wrong: "could not be started: PATH: REASON", or its end not learned
-  // "exit 3"; "killed by SIGKILL, signal 9: most often the kernel's out-of-memory killer" (its most
-  // likely sender); else the error
+  // "exit 3"; "killed by signal 9 (Killed: most often the kernel's out-of-memory killer)"
+  // (killed_by_signal, eval/foreign.hpp); else the error
   std::string text() const;
 };
 // Runs argv (argv[0] a path) with stdout to /dev/null and stderr to `log`, and says how it ended.

@@ -190,6 +190,14 @@ InterruptGuard::~InterruptGuard() {
 
 int interrupted() { return g_signal; }
 
+std::string killed_by_signal(int sig) {
+  const char* name = strsignal(sig);
+  // tparity sends SIGKILL only to what it ends itself (a timeout, an interruption: reported apart); the
+  // kernel sends it when memory runs out (dmesg names the process).
+  return fmt::format("killed by signal {} ({}{})", sig, name ? name : "unknown",
+                     sig == SIGKILL ? ": most often the kernel's out-of-memory killer" : "");
+}
+
 void interrupt_kills(pid_t group) {
   g_program = group;
   if (group > 0 && g_signal) kill(-group, SIGKILL);  // a signal before the group was known
@@ -291,7 +299,7 @@ ProgramRun run_program(const std::vector<std::string>& argv_template, const std:
   else if (timed_out)
     r.status = fmt::format("timed out after {:g} s and was killed", timeout_s);
   else if (WIFSIGNALED(status))
-    r.status = fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    r.status = "was " + killed_by_signal(WTERMSIG(status));
   else if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
     r.status = fmt::format("exited with code {}", WEXITSTATUS(status));
   else

@@ -29,6 +29,11 @@ Problem with_reference(const Problem& p, const std::string& where);
 // leaves running when it ends or is killed (in its group or in a session of its own) is killed too,
 // and counted. A SIGINT, SIGTERM or SIGHUP to tparity while an InterruptGuard lives kills the program
 // at once and stops the run (interrupted).
+// How tparity says that a child ended by a signal, wherever it runs one (a program, an exporter, the
+// other reference): "killed by signal 11 (Segmentation fault)"; SIGKILL names its likeliest sender,
+// "killed by signal 9 (Killed: most often the kernel's out-of-memory killer)".
+std::string killed_by_signal(int sig);
+
 struct ProgramRun {
   bool ok = false;     // exited with code 0 in time
   std::string status;  // otherwise one line: "exited with code 3", "was killed by signal 11 (Segmentation

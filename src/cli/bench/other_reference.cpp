@@ -216,7 +216,7 @@ OtherTimes time_other_reference(const Options& o, const std::vector<BenchCase>& 
         "option --other-reference: expected a tparity built against LibTorch (its \"bench --torch-only\" prints "
         "JSON), got \"{}\" {}{}",
         o.other,
-        WIFSIGNALED(status) ? fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)))
+        WIFSIGNALED(status) ? killed_by_signal(WTERMSIG(status))
         : WIFEXITED(status) && WEXITSTATUS(status) == 127 && out.empty()
             ? std::string("that could not be run")
             : fmt::format("exiting with code {}", WIFEXITED(status) ? WEXITSTATUS(status) : -1),
