@@ -24,6 +24,11 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# In this process, as test_export_model.py does: a process of its own per architecture paid
+# transformers' import (about 5 CPU seconds) six times over.
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import make_checkpoint  # noqa: E402
+
 TPARITY = os.environ.get("TPARITY_BIN", os.path.join(ROOT, "build", "tparity"))
 PYTHON = sys.executable
 pytestmark = pytest.mark.skipif(not os.access(TPARITY, os.X_OK), reason="build/tparity is not built")
@@ -65,8 +70,7 @@ def exports(work):
     out = {}
     for arch in ARCHS:
         ck = work / f"ck_{arch}"
-        subprocess.run([PYTHON, os.path.join(ROOT, "scripts", "make_checkpoint.py"), "--arch", arch, "--shape", "tiny",
-                        "--out", str(ck)], check=True, capture_output=True)
+        assert make_checkpoint.main(["--arch", arch, "--shape", "tiny", "--out", str(ck)]) == 0
         args = ["model", "--checkpoint", str(ck), "--tokens", str(tokens), "--format", "json"]
         if arch != "bert":
             args += ["--generate", "3"]
