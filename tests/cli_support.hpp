@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "temp_dir.hpp"
 
@@ -52,6 +53,35 @@ const std::string& tparity_bin();
 inline Result cli(const std::string& args) { return shell(tparity_bin() + " " + args); }
 
 inline bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
+
+// What a terminal shows of `raw` (a pseudo-terminal's capture: "\r\n" for each line's end): its
+// non-blank lines, each carriage return sending what follows back over the line's start.
+inline std::vector<std::string> terminal_lines(const std::string& raw) {
+  std::vector<std::string> lines;
+  std::string row;
+  size_t col = 0;
+  auto end_row = [&] {
+    const size_t last = row.find_last_not_of(' ');
+    if (last != std::string::npos) lines.push_back(row.substr(0, last + 1));
+    row.clear();
+    col = 0;
+  };
+  for (char ch : raw) {
+    if (ch == '\n') {
+      end_row();
+    } else if (ch == '\r') {
+      col = 0;
+    } else {
+      if (col < row.size())
+        row[col] = ch;
+      else
+        row += ch;
+      ++col;
+    }
+  }
+  end_row();
+  return lines;
+}
 
 // Whether tparity was built with LibTorch: the tests are built with it, in the same tree (asking the
 // binary's --version instead cost a process, 0.25-0.5 s of LibTorch's start-up, in every test that

@@ -1057,6 +1057,15 @@ TEST_CASE("cli: bench's other reference failing or interrupted: one line, or 128
   CHECK_THAT(failed.err, Catch::Contains("exiting with code 3: broken: cannot load its LibTorch"));
   CHECK(fs::is_empty(tmp));  // its standard error's folder removed
 
+  // At a terminal the bench draws which case it times, erased before the refusal: what stays on the
+  // screen is the refusal's one line. (script runs it on a pseudo-terminal, standard output to a file.)
+  const Result tty = shell("script -qec '" + bench + " >" + (scratch() / "tty_stdout").string() + "' /dev/null");
+  CHECK_THAT(tty.out, Catch::Contains("bench seed_block ..."));  // drawn, so the terminal's path ran
+  const std::vector<std::string> seen = terminal_lines(tty.out);
+  REQUIRE(seen.size() == 1);
+  CHECK_THAT(seen[0], Catch::StartsWith("tparity: option --other-reference:"));
+  CHECK_THAT(seen[0], Catch::EndsWith("exiting with code 3: broken: cannot load its LibTorch"));
+
   // No temporary folder for its standard error: TMPDIR named.
   const Result no_tmp = shell("TMPDIR=" + (scratch() / "no-such-folder").string() + " " + tparity_bin() +
                               " bench --quick --reps 1 --no-check --case seed_block --other-reference " + fake.string());

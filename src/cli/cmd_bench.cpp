@@ -60,8 +60,14 @@ int run_bench(const bench::Options& o) {
   bool any_memory_bound = false;
   for (const bench::BenchCase& c : chosen) any_memory_bound = any_memory_bound || c.memory_bound;
   run.limits.measure(any_memory_bound);
+  // Which case is being timed, for a person at a terminal (the table's, not JSON's), erased before the
+  // report, or by a refusal's one line.
+  StatusLine status;
+  auto progress = [&](const std::string& line) {
+    if (o.format == Format::Table) status.show(line);
+  };
   for (const bench::BenchCase& c : chosen) {
-    if (o.format == Format::Table && isatty(2)) std::fprintf(stderr, "bench %s ...\n", c.name.c_str());
+    progress("bench " + c.name + " ...");
     run.results.push_back(bench::measure_case(c, o));
     run.limits.measure(any_memory_bound);
   }
@@ -70,8 +76,7 @@ int run_bench(const bench::Options& o) {
   // The other reference after every case here, in its own process (its LibTorch cannot load beside
   // this one's): the same cases, threads and repetitions.
   if (!o.other.empty()) {
-    if (o.format == Format::Table && isatty(2))
-      std::fprintf(stderr, "bench: the other reference (%s) ...\n", o.other.c_str());
+    progress("bench: the other reference (" + o.other + ") ...");
     run.other = bench::time_other_reference(o, chosen);
     for (bench::Result& r : run.results)
       if (auto it = run.other->torch.find(r.c.name); it != run.other->torch.end()) {
@@ -79,6 +84,7 @@ int run_bench(const bench::Options& o) {
         if (auto h = run.other->hand.find(r.c.name); h != run.other->hand.end()) r.other_hand = h->second;
       }
   }
+  status.clear();
   run.dropped = std::getenv("TPARITY_BENCH_UNSET");
   run.pinned = std::getenv("TPARITY_BENCH_PINNED");
   run.heap = bench::heap_pages();

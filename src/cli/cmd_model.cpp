@@ -188,14 +188,16 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   // Not part of the export's key: the same export, whatever the cap; the exporter refuses, before its
   // first layer's run, a batch whose fixtures tparity would then refuse to read.
   argv.insert(argv.end(), {"--max-elements", std::to_string(max_elements())});
-  // Progress for a person at a terminal; elsewhere the report's note says it (standard error holds
-  // one line, the refusal, when the export fails).
-  if (isatty(2))
-    std::cerr << "model: exporting " << (n ? o.name : o.checkpoint) << " with transformers (log " << log << ")\n";
+  // Progress for a person at a terminal, erased when the exporter ends; elsewhere the report's note
+  // says it. Standard error holds one line, the refusal, when the export fails.
+  StatusLine status;
+  status.show("model: exporting " + (n ? o.name : o.checkpoint) + " with transformers (log " + log + ")");
   ChildEnd ended;
   try {
     ended = run_logged(argv, log);
+    status.clear();
   } catch (const Interrupted&) {
+    status.clear();
     // The exporter killed: its temporary folder beside the export is removed (this run holds the lock,
     // so no other run's export is under way there).
     std::error_code rm;

@@ -1,8 +1,6 @@
 // tparity sweep: one case over a grid of sizes, every component's error on every leg, as CSV and JSON.
 // Points are the cartesian product of the axes in a fixed order; --shard I/N runs one contiguous slice.
 #include <fmt/format.h>
-#include <sys/ioctl.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
@@ -108,33 +106,18 @@ int64_t kv_of(const CaseSpec& s) { return s.kv_seq ? s.kv_seq : s.seq; }
 // A bar on stderr, rewritten in place, only when stderr is a terminal.
 class Progress {
  public:
-  explicit Progress(size_t total) : on_(::isatty(2) == 1), total_(total) {}
-  ~Progress() { clear(); }
+  explicit Progress(size_t total) : total_(total) {}
   void show(size_t done, const std::string& what) {
-    if (!on_) return;
     constexpr size_t kWidth = 24;
     const size_t fill = total_ ? done * kWidth / total_ : kWidth;
     std::string bar(fill, '=');
     if (fill < kWidth) bar += '>' + std::string(kWidth - fill - 1, ' ');
-    std::string line = fmt::format("[{}] {}/{} {}", bar, done + 1, total_, what);
-    winsize ws{};
-    if (::ioctl(2, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && line.size() >= ws.ws_col) line.resize(ws.ws_col - 1u);
-    const size_t pad = shown_ > line.size() ? shown_ - line.size() : 0;
-    std::fputs(("\r" + line + std::string(pad, ' ')).c_str(), stderr);
-    std::fflush(stderr);
-    shown_ = line.size();
-  }
-  void clear() {
-    if (!on_ || !shown_) return;
-    std::fputs(("\r" + std::string(shown_, ' ') + "\r").c_str(), stderr);
-    std::fflush(stderr);
-    shown_ = 0;
+    line_.show(fmt::format("[{}] {}/{} {}", bar, done + 1, total_, what));
   }
 
  private:
-  bool on_;
+  StatusLine line_;
   size_t total_;
-  size_t shown_ = 0;
 };
 
 // The CSV's header: the point, the component, per leg its rel_l2 (and bound when gated; and l2, the

@@ -1,6 +1,8 @@
 #include "common.hpp"
 
 #include <fmt/format.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -22,6 +24,30 @@ namespace tparity::cli {
 int g_argc = 0;
 char** g_argv = nullptr;
 std::vector<std::string> g_after_separator;
+
+StatusLine::StatusLine() : on_(::isatty(2) == 1) {}
+
+void StatusLine::show(std::string line) {
+  if (!on_) return;
+  line = show_text(line, std::string::npos);  // a path's control characters escaped: one line, drawn over itself
+  winsize ws{};
+  if (::ioctl(2, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && line.size() >= ws.ws_col) {
+    size_t cut = ws.ws_col - 1u;
+    while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    line.resize(cut);
+  }
+  const size_t pad = shown_ > line.size() ? shown_ - line.size() : 0;
+  std::fputs(("\r" + line + std::string(pad, ' ')).c_str(), stderr);
+  std::fflush(stderr);
+  shown_ = line.size();
+}
+
+void StatusLine::clear() {
+  if (!on_ || !shown_) return;
+  std::fputs(("\r" + std::string(shown_, ' ') + "\r").c_str(), stderr);
+  std::fflush(stderr);
+  shown_ = 0;
+}
 
 void add_format_option(CLI::App& cmd, Format& format) {
   cmd.add_option("--format", format, "Output: table (human) or json (one document)")

@@ -153,6 +153,24 @@ void add_report_options(CLI::App& cmd, ReportOptions& o);
 // Applies --accept to each report (before a baseline's ratchet judges them).
 void apply_accept(std::vector<CaseReport>& reports, const ReportOptions& o);
 
+// Progress for a person at a terminal: one line on standard error, drawn over itself (cut to the
+// terminal's width, so that the carriage return reaches its start) and erased by clear() or when the
+// object goes, so that what a failed run leaves on standard error is its one line. Nothing when
+// standard error is not a terminal. (sweep's bar, model's export, bench's cases)
+class StatusLine {
+ public:
+  StatusLine();
+  ~StatusLine() { clear(); }
+  StatusLine(const StatusLine&) = delete;
+  StatusLine& operator=(const StatusLine&) = delete;
+  void show(std::string line);
+  void clear();
+
+ private:
+  bool on_;
+  size_t shown_ = 0;
+};
+
 // Prints the reports (each case's summary line and findings, or with `full` its table, then the line
 // "N case(s): ..."; or one JSON document) and returns the exit code.
 int emit(const std::vector<CaseReport>& reports, Format format, bool full = false);

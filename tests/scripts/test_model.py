@@ -11,6 +11,7 @@ SmolLM2's 30.
 """
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -645,3 +646,46 @@ def test_smollm2_a_defect_at_layer_17_of_30(work):
     ex = named_model_export(models, "smollm2")
     r = tparity(["model", "--export", ex, "--defect", "rmsnorm-eps-outside", "--defect-layer", "17"])
     assert r.returncode == 1 and "first diverging layer 17: input_layernorm" in r.stdout, r.stdout[-1500:]
+
+
+def terminal_lines(raw):
+    """What a terminal shows of raw output (a pseudo-terminal's capture): its non-blank lines, each
+    carriage return sending what follows back over the line's start."""
+    lines = []
+    for segment in raw.split("\n"):
+        row, col = [], 0
+        for ch in segment:
+            if ch == "\r":
+                col = 0
+                continue
+            if col < len(row):
+                row[col] = ch
+            else:
+                row.append(ch)
+            col += 1
+        line = "".join(row).rstrip(" ")
+        if line:
+            lines.append(line)
+    return lines
+
+
+def test_at_a_terminal_a_failed_export_leaves_its_one_line(work, exports):
+    """At a terminal, the export's progress is drawn and erased when the exporter ends: what stays of a
+    refusal on the screen is its one line (it used to stay below the progress line, two lines). script
+    runs tparity on a pseudo-terminal, standard output to a file."""
+    ck = work / "ck_heads_5"
+    shutil.copytree(work / "ck_llama", ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["num_attention_heads"] = 5  # hidden size 64: transformers refuses the config
+    (ck / "config.json").write_text(json.dumps(cfg))
+    command = shlex.join([TPARITY, "model", "--checkpoint", str(ck), "--tokens", str(work / "tokens.json")])
+    env = dict(os.environ, TPARITY_PYTHON=PYTHON, TPARITY_MODELS_DIR=str(work / "models_tty"))
+    r = subprocess.run(["script", "-qec", command + " >" + shlex.quote(str(work / "tty_stdout")), "/dev/null"],
+                       capture_output=True, env=env, timeout=900)
+    raw = r.stdout.decode("utf-8", "replace")  # as it came: text mode would take each "\r" for a line's end
+    assert r.returncode == 2, raw
+    assert "model: exporting " + str(ck) + " with transformers" in raw  # drawn: the terminal's path ran
+    seen = terminal_lines(raw)
+    assert len(seen) == 1, seen
+    assert seen[0].startswith("tparity: export_model: " + str(ck / "config.json")), seen
+    assert "is not a multiple of the number of attention heads (5)" in seen[0], seen
