@@ -204,7 +204,7 @@ def check_out_dir(out):
     try:
         with open(os.path.join(out, "model.json"), encoding="utf-8") as f:
             fmt = json.load(f).get("format")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         fmt = None
     if fmt != MODEL_FORMAT:
         raise UsageError(f"--out {out}: exists and is not an export of export_model.py (its model.json is not "
@@ -304,34 +304,50 @@ def is_whole(v, lo, hi):
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
-def check_supported(cfg, where):
-    """The architecture, and the choices tparity's layers implement; anything else exits 2 naming the field."""
+def rope_key(folder, gguf):
+    """The key config.json holds the rotary embedding's settings under, for the messages to name: rope_scaling
+    (Llama 3.1's own config and every config older than transformers 5) or rope_parameters (transformers 5's,
+    which reads either)."""
+    if gguf:
+        return "rope_parameters"
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return "rope_parameters"
+    return "rope_scaling" if isinstance(doc, dict) and "rope_parameters" not in doc and "rope_scaling" in doc \
+        else "rope_parameters"
+
+
+def check_supported(cfg, where, rope="rope_parameters"):
+    """The architecture, and the choices tparity's layers implement; anything else exits 2 naming the field
+    (the rotary embedding's under `rope`, the key config.json holds them under)."""
     mt = getattr(cfg, "model_type", None)
     if mt not in ARCHS:
-        raise UsageError(f"{where}: model_type {mt!r} is not supported (expected one of {', '.join(ARCHS)})")
+        raise UsageError(f"{where}: model_type {shown(mt)} is not supported (expected one of {', '.join(ARCHS)})")
 
     def need(field, got, want):
         if got not in want:
-            raise UsageError(f"{where}: {field} {got!r} is not supported for {mt} (expected "
+            raise UsageError(f"{where}: {field} {shown(got)} is not supported for {mt} (expected "
                              f"{' or '.join(repr(w) for w in want)})")
     if mt in LLAMA_FAMILY:
         rp = cfg.rope_parameters or {}
-        need("rope_parameters.rope_type", rp.get("rope_type", "default"), ("default", "llama3") if mt == "llama"
+        need(f"{rope}.rope_type", rp.get("rope_type", "default"), ("default", "llama3") if mt == "llama"
              else ("default",))
         if rp.get("rope_type") == "llama3":  # what tparity's fixtures hold (harness/llm.cpp), as transformers
             # warns of outside these ranges; a fraction of a position is not a count
             def number(k, ok, expected):
                 v = rp.get(k)
                 if not (is_number(v) and ok(v) and v <= 1e6):
-                    raise UsageError(f"{where}: rope_scaling.{k}: expected {expected} up to 1e6, got {v!r}")
+                    raise UsageError(f"{where}: {rope}.{k}: expected {expected} up to 1e6, got {shown(v)}")
             number("factor", lambda v: v >= 1, "a number from 1")
             low = rp.get("low_freq_factor")
             number("low_freq_factor", lambda v: v > 0, "a positive number")
-            number("high_freq_factor", lambda v: v > low, f"a number above low_freq_factor {low!r}")
+            number("high_freq_factor", lambda v: v > low, f"a number above low_freq_factor {shown(low)}")
             n = rp.get("original_max_position_embeddings")
             if not is_whole(n, 1, 2 ** 31):
-                raise UsageError(f"{where}: rope_scaling.original_max_position_embeddings: expected a whole number "
-                                 f"from 1 to 2^31, got {n!r}")
+                raise UsageError(f"{where}: {rope}.original_max_position_embeddings: expected a whole number "
+                                 f"from 1 to 2^31, got {shown(n)}")
         need("hidden_act" if mt != "gemma2" else "hidden_activation",
              cfg.hidden_act if mt != "gemma2" else cfg.hidden_activation,
              ("silu",) if mt != "gemma2" else ("gelu_pytorch_tanh",))
@@ -371,6 +387,23 @@ def shown_name(n):
     return text if len(text) <= 256 else text[:253] + "..."
 
 
+def shown(v, most=80):
+    """A stranger's value as a message quotes it, Python's repr cut at `most` characters (a string of
+    megabytes in config.json was quoted whole)."""
+    text = repr(v)
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def shown_value(v, most=80):
+    """A stranger's JSON value as a message quotes it: its JSON text, non-ASCII escaped, cut at `most`
+    characters (a list nested 900 deep, or a string of megabytes, was quoted whole)."""
+    try:
+        text = json.dumps(v)
+    except (RecursionError, ValueError):
+        text = f"a {type(v).__name__}"
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
 def check_sizes(cfg, where):
     """Each size a whole number within what tparity reads, named as the config file names it (GPT-2's
     n_layer for num_hidden_layers: transformers' attribute_map)."""
@@ -380,7 +413,7 @@ def check_sizes(cfg, where):
             continue  # not every architecture has it (GPT-2, BERT), or transformers derives it
         key = getattr(cfg, "attribute_map", {}).get(field, field)
         if not is_whole(got, 1, most):
-            raise UsageError(f"{where}: {key}: expected a whole number from 1 to {most}, got {got!r}")
+            raise UsageError(f"{where}: {key}: expected a whole number from 1 to {most}, got {shown(got)}")
 
 
 def check_values(cfg, where, mt):
@@ -396,19 +429,20 @@ def check_values(cfg, where, mt):
         if not ok:
             span = f"{'(' if low_open else '['}{lo:g}, {hi:g}]" if hi != math.inf else f"above {lo:g}"
             raise UsageError(f"{where}: {field}: expected a number {'in ' if hi != math.inf else ''}{span}"
-                             f"{' or null' if null else ''}, got {got!r}")
+                             f"{' or null' if null else ''}, got {shown(got)}")
     if mt in LLAMA_FAMILY:
         number("rms_norm_eps", 0, 1, low_open=True)
         theta = (cfg.rope_parameters or {}).get("rope_theta")
         if not (is_number(theta) and 0 < theta < math.inf):
-            raise UsageError(f"{where}: rope_theta: expected a positive number, got {theta!r}")
+            raise UsageError(f"{where}: rope_theta: expected a positive number, got {shown(theta)}")
         w = getattr(cfg, "sliding_window", None)
         kv = getattr(cfg, "num_key_value_heads", None)
         if kv is not None and cfg.num_attention_heads % kv:
             raise UsageError(f"{where}: num_key_value_heads: expected a divisor of num_attention_heads "
                              f"{cfg.num_attention_heads}, got {kv}")
         if mt != "llama" and w is not None and not is_whole(w, 1, 2 ** 31):
-            raise UsageError(f"{where}: sliding_window: expected a whole number from 1 to 2^31 or null, got {w!r}")
+            raise UsageError(f"{where}: sliding_window: expected a whole number from 1 to 2^31 or null, got "
+                             f"{shown(w)}")
         sliding = [k for k, t in enumerate(getattr(cfg, "layer_types", None) or ()) if t == "sliding_attention"]
         if mt in ("qwen3", "gemma2") and sliding and w is None:  # masking_utils fails on the whole model
             raise UsageError(f"{where}: layer_types: layer {sliding[0]} is sliding_attention but sliding_window is "
@@ -434,9 +468,10 @@ def check_rotary(cfg, where, mt):
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if rotated != head_dim:
         rp = cfg.rope_parameters or {}
-        raise UsageError(f"{where}: partial_rotary_factor {rp.get('partial_rotary_factor')!r} is not supported for "
-                         f"{mt} with rope_type {rp.get('rope_type')!r}: expected one that turns all {head_dim} dims "
-                         f"of a head (transformers' rotary embedding turns {rotated}, which its attention does not run)")
+        raise UsageError(f"{where}: partial_rotary_factor {shown(rp.get('partial_rotary_factor'))} is not "
+                         f"supported for {mt} with rope_type {shown(rp.get('rope_type'))}: expected one that turns "
+                         f"all {head_dim} dims of a head (transformers' rotary embedding turns {rotated}, which its "
+                         f"attention does not run)")
 
 
 def parse_layers(spec, L):
@@ -464,7 +499,7 @@ class CheckpointTensors:
                 with open(index, encoding="utf-8") as f:
                     weight_map = json.load(f)["weight_map"]
                 assert isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())
-            except (OSError, ValueError, KeyError, AssertionError, TypeError):
+            except (OSError, ValueError, KeyError, AssertionError, TypeError, RecursionError):
                 raise UsageError(f"{index}: weight_map: expected an object of tensor name -> shard file") from None
             shards = sorted(set(weight_map.values()))
         else:
@@ -472,7 +507,7 @@ class CheckpointTensors:
         handles = {}
         for s in shards:
             if not isinstance(s, str) or "/" in s or not os.path.isfile(os.path.join(folder, s)):
-                raise UsageError(f"{index}: weight_map: shard {s!r} is not a file in {folder}")
+                raise UsageError(f"{index}: weight_map: shard {shown(s)} is not a file in {folder}")
             try:
                 handles[s] = safe_open(os.path.join(folder, s), "pt")
             except Exception as e:  # safetensors raises its own error types
@@ -789,20 +824,30 @@ def unique_keys(pairs):
     seen = set()
     for k, _ in pairs:
         if k in seen:
-            raise ValueError(f"the key {k!r} comes twice in one object")
+            raise ValueError(f"the key {shown(k)} comes twice in one object")
         seen.add(k)
     return dict(pairs)
 
 
+def too_deep(what):
+    """The refusal of a JSON document nested past what Python's reader (and transformers') can follow: it
+    raises RecursionError, which was a traceback and exit 1."""
+    return UsageError(f"{what}: its arrays and objects nest too deeply for Python's JSON reader (about "
+                      f"{sys.getrecursionlimit()} levels); expected a plain document")
+
+
 def check_json_keys(path):
     """A stranger's JSON file that transformers or safetensors will read with the last of each duplicated key:
-    refused when a key comes twice (config.json's num_hidden_layers twice left a layer's weights unread)."""
+    refused when a key comes twice (config.json's num_hidden_layers twice left a layer's weights unread), or
+    when it nests too deeply for any Python reader."""
     try:
         with open(path, encoding="utf-8") as f:
             json.load(f, object_pairs_hook=unique_keys)
     except ValueError as e:
         if "comes twice" in str(e):
             raise UsageError(f"{path}: {e}") from None
+    except RecursionError:
+        raise too_deep(path) from None
     except OSError:
         pass  # its reader says why
 
@@ -846,6 +891,8 @@ def read_tokens(path, vocab, max_positions):
         raise ValueError(f"{c} is not JSON")
     try:
         doc = json.loads(text, parse_constant=no_constant, object_pairs_hook=unique_keys)
+    except RecursionError:
+        raise too_deep(f"--tokens {path}") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"--tokens {path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
@@ -874,7 +921,7 @@ def read_tokens(path, vocab, max_positions):
                 bad(f"{field}[{b}]", f"expected {width} values as in row 0 (rows are rectangular), got {len(row)}")
             for t, x in enumerate(row):
                 if not isinstance(x, int) or isinstance(x, bool):
-                    bad(f"{field}[{b}][{t}]", f"expected an integer, got {json.dumps(x)}")
+                    bad(f"{field}[{b}][{t}]", f"expected an integer, got {shown_value(x)}")
                 if not lo <= x < hi:
                     bad(f"{field}[{b}][{t}]", f"expected {what}, got {x}")
         return v
@@ -1429,7 +1476,7 @@ def export(a, tmp, log):
                                                                   os.path.join(folder, "config.json"))
     # What the weights' own faults are named by: the checkpoint, not its config.json.
     weights_where = where if gguf or a.smollm2 or a.minilm else f"--checkpoint {folder}"
-    arch = check_supported(cfg, where)
+    arch = check_supported(cfg, where, rope_key(folder, gguf))
     check_sizes(cfg, where)
     check_values(cfg, where, arch)
     check_rotary(cfg, where, arch)

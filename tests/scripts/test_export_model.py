@@ -361,6 +361,10 @@ BAD_TOKENS = [
     ("mask value", '{"input_ids": [[1, 2]], "attention_mask": [[1, 2]]}', "attention_mask[0][1]"),
     ("too long", json.dumps({"input_ids": [[1] * 257]}), "input_ids"),
     ("a key twice", '{"input_ids": [[5, 3]], "input_ids": [[1, 2]]}', "the key 'input_ids' comes twice"),
+    # RecursionError in Python's reader: a traceback and exit 1 before
+    ("nested deep", '{"input_ids": ' + "[" * 5000 + "]" * 5000 + "}", "nest too deeply for Python's JSON reader"),
+    # a value quoted cut, not whole (900 levels: within the reader)
+    ("nested 900", '{"input_ids": ' + "[" * 900 + "]" * 900 + "}", "expected an integer, got " + "[" * 77 + "..."),
 ]
 
 
@@ -716,11 +720,19 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
         shutil.copytree(ck, twice)
         text = (twice / "config.json").read_text()
         (twice / "config.json").write_text(text.replace("{", '{"num_hidden_layers": 2, ', 1))
+    # nested deeper than Python's JSON reader goes (RecursionError, a traceback and exit 1 before): refused
+    # naming the file
+    deep = work / "config_deep"
+    if not deep.exists():
+        shutil.copytree(ck, deep)
+        text = (deep / "config.json").read_text()
+        (deep / "config.json").write_text(text.replace("{", '{"x": ' + "[" * 5000 + "]" * 5000 + ", ", 1))
     both = work / "both_files"
     if not both.exists():
         shutil.copytree(ck, both)
         (both / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
     sized = [(str(twice), "the key 'num_hidden_layers' comes twice in one object"),
+             (str(deep), "config.json: its arrays and objects nest too deeply for Python's JSON reader"),
              (str(both), "both model.safetensors and model.safetensors.index.json"),
              (with_config("layers_80000", num_hidden_layers=80000), "num_hidden_layers: expected a whole number "
               "from 1 to 4096, got 80000"),
@@ -736,14 +748,26 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
              # GPT-2's sizes by its own keys: n_layer for num_hidden_layers; n_inner (None: 4 x n_embd)
              (with_config_of(gpt2, "gpt2_layers", n_layer=80000), "config.json: n_layer: expected a whole number"),
              (with_config_of(gpt2, "gpt2_inner", n_inner=2 ** 34), "config.json: n_inner: expected a whole number"),
-             # rope scaling: Llama 3's on LLaMA only, its numbers as transformers warns outside them
+             # rope scaling: Llama 3's on LLaMA only, its numbers as transformers warns outside them; named
+             # by the key config.json holds them under (rope_scaling in Llama 3.1's own, rope_parameters in
+             # what transformers 5 writes)
              (with_rope(work, "llama", "yarn", {"rope_type": "yarn", "factor": 2.0,
                                                 "original_max_position_embeddings": 64}),
-              "rope_parameters.rope_type 'yarn' is not supported for llama (expected 'default' or 'llama3')"),
+              "config.json: rope_scaling.rope_type 'yarn' is not supported for llama (expected 'default' or 'llama3')"),
+             (with_config("rope_parameters_yarn", rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta":
+                                                                   10000.0, "original_max_position_embeddings": 64}),
+              "config.json: rope_parameters.rope_type 'yarn' is not supported for llama (expected 'default' or "
+              "'llama3')"),
              (with_rope(work, "mistral", "mistral_llama3", LLAMA3_ROPE),
-              "rope_parameters.rope_type 'llama3' is not supported for mistral (expected 'default')"),
+              "rope_scaling.rope_type 'llama3' is not supported for mistral (expected 'default')"),
+             (with_config("rope_parameters_factor", rope_parameters={**LLAMA3_ROPE, "factor": 0.5, "rope_theta":
+                                                                     10000.0}),
+              "config.json: rope_parameters.factor: expected a number from 1 up to 1e6, got 0.5"),
              (with_rope(work, "llama", "factor_half", {**LLAMA3_ROPE, "factor": 0.5}),
               "rope_scaling.factor: expected a number from 1 up to 1e6, got 0.5"),
+             # a stranger's value quoted, not whole: a megabyte's string cut at 80 characters
+             (with_rope(work, "llama", "factor_huge", {**LLAMA3_ROPE, "factor": "x" * 1000000}),
+              "rope_scaling.factor: expected a number from 1 up to 1e6, got '" + "x" * 76 + "...\n"),
              (with_rope(work, "llama", "high_low", {**LLAMA3_ROPE, "high_freq_factor": 1.0}),
               "rope_scaling.high_freq_factor: expected a number above low_freq_factor 1.0 up to 1e6, got 1.0"),
              (with_rope(work, "llama", "original_half", {**LLAMA3_ROPE, "original_max_position_embeddings": 64.5}),
