@@ -21,6 +21,15 @@ namespace fs = std::filesystem;
 
 using namespace clitest;
 
+TEST_CASE("cli: a census naming no kernel setting is refused, not a census of no point that passes", "[cli]") {
+  // "--kernels ," named none: 0 points, 0 false alarms, exit 0 (without LibTorch: no census at all)
+  const Result r = cli("census --points 2 --kernels ,");
+  CHECK(r.code == 2);
+  CHECK(one_line(r.err));
+  CHECK_THAT(r.err, Catch::Contains(with_torch() ? "option --kernels: expected all or a list of"
+                                                 : "census compares against LibTorch"));
+}
+
 TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
   struct Bad {
     std::string args, mention;
@@ -38,6 +47,14 @@ TEST_CASE("cli: usage errors exit 2 with one line naming the option", "[cli]") {
            {"run --accept everything", "--accept"},
            {"check --fixture " + kFixtures + "/mha_single.json --accept precision", "--accept"},
            {"gate --accept nan", "--accept"},
+           // an option given "" (a variable unset) is refused, not taken for one not given: gate --junit ""
+           // wrote no JUnit and passed; census --kernels "" (or ",") ran no point and passed
+           {"gate --junit ''", "--junit: expected a file to write, got an empty value"},
+           {"census --points 2 --kernels ''", "--kernels: expected kernel settings, got an empty value"},
+           {"exec --case sdpa --junit '' -- true {problem}", "--junit: expected a file to write, got an empty value"},
+           {"exec --case sdpa --baseline '' -- true {problem}", "--baseline: expected a baseline file, got an empty"},
+           {"exec --case sdpa --keep '' -- true {problem}", "--keep: expected a folder, got an empty value"},
+           {"exec --case sdpa --name '' -- true {problem}", "--name: expected a name, got an empty value"},
            {"run --case nope",
             "option --case: expected one of single, batched, multihead, block, sdpa, encoder, decoder, embed, vit, "
             "matmul, bmm, softmax, layernorm, selfattn_v1, book_mha, llama, gpt2, mistral, qwen3, gemma2, softmax_hot, "

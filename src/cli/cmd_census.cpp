@@ -402,6 +402,10 @@ int census(const CensusOptions& given) {
   }
   for (const KernelSetting& k : kernel_settings())
     if (o.kernels == "all" || std::find(wanted.begin(), wanted.end(), k.name) != wanted.end()) settings.push_back(k);
+  // (a list of commas alone names none: a census of no point raises no alarm, and says nothing)
+  if (settings.empty())
+    throw InputError("option --kernels: expected all or a list of " + names + ", got \"" + show_text(o.kernels) +
+                     "\" (no kernel setting)");
   (void)chosen_isas(o.isas);  // refused now rather than in every worker
   nlohmann::json workers = nlohmann::json::array();
   std::vector<std::pair<std::string, nlohmann::json>> docs;
@@ -435,6 +439,7 @@ void register_census(CLI::App& app, Action& action) {
   cmd->add_option("--kernels", o->kernels,
                   "Kernel settings of the reference, comma-separated (OpenBLAS: native, Haswell, SkylakeX, Zen, "
                   "Sandybridge, Prescott; MKL/oneDNN: unlimited, avx2, compatible) or all")
+      ->check(not_empty("kernel settings"))
       ->capture_default_str();
   cmd->add_option("--isa", o->isas, "Instruction sets of the hand core, comma-separated (avx512, avx2, scalar) or all")
       ->capture_default_str();

@@ -308,8 +308,10 @@ int judge(const JudgeOptions& o) {
 void add_judging_options(CLI::App& cmd, Judging& j) {
   add_format_option(cmd, j.format);
   add_report_options(cmd, j.report);
-  cmd.add_option("--junit", j.junit, "Also write JUnit XML here (one testcase per case and component)");
-  cmd.add_option("--baseline", j.baseline, "Fail when an error grows beyond --factor times this baseline's");
+  cmd.add_option("--junit", j.junit, "Also write JUnit XML here (one testcase per case and component)")
+      ->check(not_empty("a file to write"));
+  cmd.add_option("--baseline", j.baseline, "Fail when an error grows beyond --factor times this baseline's")
+      ->check(not_empty("a baseline file"));
   cmd.add_flag("--update-baseline", j.update, "Record this run in --baseline (only when every gate passes)");
   cmd.add_option("--factor", j.factor, "The ratchet's factor")->capture_default_str();
 }
@@ -333,8 +335,10 @@ void register_exec(CLI::App& app, Action& action) {
   cmd->add_option("--tensors", o->tensors, "Problem files' tensors: inline or safetensors")
       ->check(CLI::IsMember({"inline", "safetensors"}))
       ->capture_default_str();
-  cmd->add_option("--keep", o->keep, "Keep the problem and outputs files in this directory");
-  cmd->add_option("--name", o->name, "The implementation's name in the reports (default: the command)");
+  cmd->add_option("--keep", o->keep, "Keep the problem and outputs files in this directory")
+      ->check(not_empty("a folder"));
+  cmd->add_option("--name", o->name, "The implementation's name in the reports (default: the command)")
+      ->check(not_empty("a name"));
   cmd->add_option("command", o->command, "The program and its arguments, after --");
   add_judging_options(*cmd, o->judging);
   cmd->callback([o, &action] {
@@ -348,7 +352,9 @@ void register_exec(CLI::App& app, Action& action) {
       "judge", "Judge outputs your program wrote elsewhere against a problem file from tparity export");
   jc->add_option("--problem", j->problem, "The problem file (tparity export)")->required();
   jc->add_option("--outputs", j->outputs, "Outputs file(s), one per precision")->required();
-  jc->add_option("--name", j->name, "The implementation's name in the reports")->capture_default_str();
+  jc->add_option("--name", j->name, "The implementation's name in the reports")
+      ->check(not_empty("a name"))
+      ->capture_default_str();
   add_max_elements_option(*jc);
   add_judging_options(*jc, j->judging);
   jc->callback([j, &action] { action = [j] { return judge(*j); }; });

@@ -189,7 +189,8 @@ void register_gate(CLI::App& app, Action& action) {
       "gate", "CI regression gate: default cases and committed fixtures against their gates and a recorded baseline");
   cmd->add_option("--baseline", o->baseline, "Baseline file")->capture_default_str();
   cmd->add_option("--fixtures", o->fixtures, "Directory of fixtures to check")->capture_default_str();
-  cmd->add_option("--junit", o->junit, "Also write JUnit XML here (one testcase per case and component)");
+  cmd->add_option("--junit", o->junit, "Also write JUnit XML here (one testcase per case and component)")
+      ->check(not_empty("a file to write"));
   cmd->add_flag("--update-baseline", o->update, "Record this run as the baseline (only when every gate passes)");
   cmd->add_option("--factor", o->factor, "Fail when an error grows beyond this factor of its baseline")
       ->capture_default_str();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -24,6 +27,24 @@ namespace tparity::cli {
 int g_argc = 0;
 char** g_argv = nullptr;
 std::vector<std::string> g_after_separator;
+
+void check_export_folder(const std::string& dir, const std::string& what) {
+  const std::string named = what + " " + show_text(dir);
+  // "link/", "link/." and "link/./" resolve through the link: its own name, lexically
+  std::string d = std::filesystem::path(dir).lexically_normal().string();
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  struct stat st {};
+  if (::lstat(d.c_str(), &st) != 0) throw InputError(named + ": " + std::strerror(errno));
+  if (S_ISLNK(st.st_mode))
+    throw InputError(named + ": it is a symbolic link (tparity reads no file through a link: name the folder itself)");
+  if (!S_ISDIR(st.st_mode))
+    throw InputError(named + ": expected an export's folder, got " + (S_ISREG(st.st_mode) ? "a file" : "a special file"));
+  // "link/.." names the link's target's parent, not the folder its letters name
+  struct stat as_given {};
+  if (::stat(dir.c_str(), &as_given) != 0 || as_given.st_dev != st.st_dev || as_given.st_ino != st.st_ino)
+    throw InputError(named + ": it resolves through a symbolic link (tparity reads no file through a link: name the "
+                     "folder itself)");
+}
 
 StatusLine::StatusLine() : on_(::isatty(2) == 1) {}
 
@@ -480,6 +501,12 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
         return "expected a whole number " + (huge ? fmt::format("from {} to 2^62-1", lo) : range) + ", " + came(v);
       },
       hi >= kNoUpperBound ? fmt::format("INT >= {}", lo) : fmt::format("INT in [{} - {}]", lo, hi), kWholeNumber);
+}
+
+CLI::Validator not_empty(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& v) { return v.empty() ? "expected " + what + ", got an empty value" : std::string(); },
+      "", "not empty");
 }
 
 void decimal_numbers(CLI::App& app) {

@@ -105,6 +105,9 @@ CLI::Option* add_seed_option(CLI::App& cmd, std::optional<uint64_t>& seed, const
 // refuses it given with check()). hi = kNoUpperBound: none.
 constexpr int64_t kNoUpperBound = std::numeric_limits<int64_t>::max() / 2;
 CLI::Validator whole_number_in(int64_t lo, int64_t hi);
+// A path or text option given an empty value ("--dump \"$DUMP\"" with DUMP unset): refused, "expected
+// `what`, got an empty value", where the option's empty default would otherwise take it for not given.
+CLI::Validator not_empty(const std::string& what);
 // The same rule for a number inside an option's text (--positions-offset, --shard I/N): decimal digits
 // with an optional sign, from lo to hi; nullopt otherwise (" 7", "7junk", "0x10").
 std::optional<int64_t> whole_number_text(const std::string& text, int64_t lo, int64_t hi);
@@ -152,6 +155,11 @@ struct ReportOptions {
 void add_report_options(CLI::App& cmd, ReportOptions& o);
 // Applies --accept to each report (before a baseline's ratchet judges them).
 void apply_accept(std::vector<CaseReport>& reports, const ReportOptions& o);
+
+// The folder of a model's export named on the command line (`what`: "model: --export", "option --model"),
+// as every file in it: a symbolic link is refused, not followed, and so is a path that resolves through
+// one ("link/.", "link/.."); anything but a folder is refused. InputError naming it otherwise.
+void check_export_folder(const std::string& dir, const std::string& what);
 
 // Progress for a person at a terminal: one line on standard error, drawn over itself (cut to the
 // terminal's width, so that the carriage return reaches its start) and erased by clear() or when the
