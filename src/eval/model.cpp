@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fmt/format.h>
 #include <set>
 #include <tuple>
@@ -103,6 +104,8 @@ Shape ids_shape(const ModelExport& m) {
   const StEntry* e = m.tensors->find("input_ids");
   return e ? e->shape : Shape{};
 }
+
+void check_float32_reference(const ModelExport& m, const std::string& where);  // below, beside the measures
 
 }  // namespace
 
@@ -290,6 +293,7 @@ ModelExport read_model_export(const std::string& dir) {
       (void)tensor_of(m, "embed_tokens.weight", DType::Float32, {m.vocab, m.hidden});
     }
   }
+  check_float32_reference(m, where);
   return m;
 }
 
@@ -305,6 +309,31 @@ double rel_l2(const A& a, const B& b) {
   const Metrics mm = measure(ta, tb);
   if (mm.nonfinite_mismatch) return std::numeric_limits<double>::infinity();
   return mm.rel_l2;
+}
+
+// transformers' own float32 error is what every float32 bound is made of. Above this rel_l2 against the
+// float64 truth it measures nothing (float32 overflowing where float64 does not, or a crafted export's
+// zeroed states): the exporter refuses such a checkpoint (export_model.py's FLOAT32_REFERENCE_MOST), and
+// the reader refuses such an export, made anywhere (a random engine's dump passed against zeroed float32
+// hidden states and logits). Real models' float32 error is 1e-7 to 1e-4.
+constexpr double kFloat32ReferenceMost = 0.1;
+
+std::vector<double> real_part(const DTensor& x, const ModelExport& m);
+
+void check_float32_reference(const ModelExport& m, const std::string& where) {
+  auto check = [&](const std::string& ref_name, const std::string& truth_name, bool by_token) {
+    const DTensor ref = m.tensors->tensor(ref_name), truth = m.tensors->tensor(truth_name);
+    const double err = by_token ? rel_l2(real_part(ref, m), real_part(truth, m)) : rel_l2(ref.data, truth.data);
+    if (!(err <= kFloat32ReferenceMost))
+      throw InputError(fmt::format("{}: {}: transformers' own float32 result is no reference: rel_l2 {:.3g} against "
+                                   "the float64 truth {} (expected at most {}, as the exporter writes), so no float32 "
+                                   "result can be judged against it",
+                                   where, ref_name, err, truth_name, kFloat32ReferenceMost));
+  };
+  for (int64_t k = m.first + 1; k <= m.last; ++k)
+    check("hidden_float32." + std::to_string(k), "hidden." + std::to_string(k), true);
+  if (m.has_head()) check("logits_float32", "logits", true);
+  if (m.generate_steps) check("generation.logits_float32", "generation.logits", false);
 }
 
 // A tensor's elements at the real tokens (attention_mask 1), in order: its token axis is the one after
@@ -463,8 +492,45 @@ void perturb(Problem& p, const ModelOptions& o, int64_t layer) {
   std::vector<double> d(w.size());
   double wn = 0, dn = 0;
   for (size_t i = 0; i < w.size(); ++i) d[i] = rng.normal(), wn += w[i] * w[i], dn += d[i] * d[i];
+  // noise relative to an all-zero weight is none: the run would check the true weights, said moved
+  if (!(wn > 0))
+    throw InputError("model: --perturb: layer " + std::to_string(layer) + "'s " + show_text(o.perturb_weight) +
+                     " is all zeros: noise of a size relative to it moves nothing (choose another weight)");
   const double scale = dn > 0 ? o.perturb_size * std::sqrt(wn / dn) : 0;
   for (size_t i = 0; i < w.size(); ++i) w[i] += scale * d[i];
+}
+
+// A defect that the layer's code never reads (another architecture's, the book's classes') plants
+// nothing, and a run that passed was reported as one with it planted. Refused unless it moves the hand
+// core's output on the layer's own inputs beyond rounding: float64 (or its KV-cache decode, where the
+// cache's defects live) beyond the semantic gate, or float32 (the numeric defects) beyond 1e-5, ten
+// times float32's own rounding of a layer; a defect that only takes another code path moves the last
+// bits and no more (kv-repeat-interleaved on GPT-2's equal head counts: 560 of 1024 values).
+void require_effect(const ModelExport& m, const Problem& p, const ModelOptions& o, const ModelLayerEntry& e) {
+  const int64_t T = ids_shape(m)[1];
+  const bool decode = llm_module(p.module) && p.decode_steps == 0 && T > 1;
+  auto output = [&](bool planted, DType dtype, bool decoding) {
+    std::optional<ScopedDefect> d;
+    if (planted) d.emplace(o.defect);
+    Problem q = p;
+    if (decoding) q.decode_steps = std::min<int64_t>(3, T - 1);
+    const RunResult r = run_hand(q, dtype, false, e.fixture);
+    auto it = r.outputs.find("output");
+    if (it == r.outputs.end()) throw InputError(e.fixture + ": the layer returned no output");
+    return real_part(it->second, m);
+  };
+  auto moved = [&](DType dtype, bool decoding) {
+    return rel_l2(output(true, dtype, decoding), output(false, dtype, decoding));
+  };
+  const double full64 = moved(DType::Float64, false), full32 = moved(DType::Float32, false);
+  const double decode64 = decode ? moved(DType::Float64, true) : 0;
+  if (full64 > o.policy.semantic_rel || decode64 > o.policy.semantic_rel || full32 > 1e-5) return;
+  throw InputError(fmt::format(
+      "model: --defect {}: changes nothing beyond rounding in layer {} (a {}: rel_l2 with it against without "
+      "{:.2e} in float64, {:.2e} in float32{}): not a defect of this architecture's code, or not one its inputs "
+      "can show",
+      defect_name(o.defect), e.index, module_name(p.module), full64, full32,
+      decode ? fmt::format(", {:.2e} in the KV-cache decode", decode64) : std::string()));
 }
 
 // The hand core on the layer with o's perturbation (the reference's runs keep the true weights).
@@ -724,7 +790,10 @@ ModelReport check_model(const ModelExport& m, const ModelOptions& o) {
     Problem p = read_fixture(e.fixture);
     check_layer_fixture(m, p, e);
     std::optional<ScopedDefect> planted;
-    if (o.defect != Defect::None && e.index == o.defect_layer) planted.emplace(o.defect);
+    if (o.defect != Defect::None && e.index == o.defect_layer) {
+      require_effect(m, p, o, e);
+      planted.emplace(o.defect);
+    }
     if (o.local) {
       l.local = e.index == o.perturb_layer ? check_fixture(p, e.fixture, o.policy, perturbed_hand_core(o, e.index))
                                            : check_fixture(p, e.fixture, o.policy);
@@ -927,8 +996,10 @@ ModelReport judge_dump(const ModelExport& m, const std::string& dump) {
 // ---- rendering ---------------------------------------------------------------------------------------
 
 std::string render_model(const ModelReport& r, bool full) {
-  std::string s = fmt::format("model {}: {}\n", r.name, r.description);
-  if (!r.dump.empty()) s += "  judging the engine's dump " + r.dump + " (h64 / h32: its float64 / float32 outputs)\n";
+  // (the description is the export's text: escaped, so that it holds no line or terminal control of its own)
+  std::string s = fmt::format("model {}: {}\n", r.name, show_text(r.description, 400));
+  if (!r.dump.empty())
+    s += "  judging the engine's dump " + show_text(r.dump, 400) + " (h64 / h32: its float64 / float32 outputs)\n";
   s += fmt::format("  {:>5}  {:<6} {:<28} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6}  {}\n", "layer", "local",
                    "first divergence", "chain h64", "chain h32", "bound", "t32 own", "n_eff", "ratio", "verdict");
   for (const ModelLayerResult& l : r.layers) {

@@ -53,7 +53,8 @@ DEFECTS = [
 
 
 def tparity(args, env_extra=None, timeout=900):
-    env = dict(os.environ, TPARITY_PYTHON=PYTHON, **(env_extra or {}))
+    env = dict(os.environ, TPARITY_PYTHON=PYTHON)
+    env.update(env_extra or {})  # TPARITY_PYTHON among them: a stand-in for the exporter's Python
     return subprocess.run([TPARITY] + args, capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -533,6 +534,22 @@ def _not_finite(name, index, value):
     return f
 
 
+def _zeroed(names):
+    """transformers' float32 results zeroed (a crafted export): the yardstick of every float32 bound gone, so
+    that a random engine's dump passed every layer."""
+    def f(doc, dst):
+        t = load_file(str(dst / "model.safetensors"))
+        for n in names:
+            t[n] = torch.zeros_like(t[n])
+        save_file(t, str(dst / "model.safetensors"))
+        return False
+    return f
+
+
+def _description(doc, _):
+    doc["description"] = "x\n\u001b[2JPASS  model ck_llama  forged"
+
+
 def _nan_head_and_truth(doc, dst):
     """The head's row 7, the truth's and transformers' logits at 7 all NaN: NaN met NaN and passed."""
     t = load_file(str(dst / "model.safetensors"))
@@ -575,6 +592,12 @@ CRAFTED = [
     ("unused count negative", _set("unused_tensors", {"count": -1, "first": []}), "unused_tensors: count"),
     ("unused count past 2^30", _set("unused_tensors", {"count": 2 ** 40, "first": []}), "unused_tensors: count"),
     ("unused not an object", _set("unused_tensors", [3]), "unused_tensors: expected {"),
+    ("float32 states zeroed", _zeroed(["hidden_float32.1", "hidden_float32.2", "hidden_float32.3"]),
+     "hidden_float32.1: transformers' own float32 result is no reference: rel_l2 1 against the float64 truth"),
+    ("float32 logits zeroed", _zeroed(["logits_float32"]), "logits_float32: transformers' own float32 result is "
+     "no reference"),
+    ("float32 generation logits zeroed", _zeroed(["generation.logits_float32"]), "generation.logits_float32: "
+     "transformers' own float32 result is no reference"),
 ]
 
 
@@ -586,6 +609,138 @@ def test_a_crafted_export_is_refused_with_one_line(work, exports, name, edit, fi
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0], r.stderr
+
+
+def test_a_random_dump_against_an_export_whose_float32_results_are_zeroed_is_refused(work, exports):
+    """The tester's case: with transformers' float32 hidden states and logits zeroed, a random engine's dump
+    passed every layer (its bounds made of a reference error of 1), exit 0."""
+    d = crafted(work, exports, "zeroed_for_dump", _zeroed(["hidden_float32.1", "hidden_float32.2", "hidden_float32.3",
+                                                            "logits_float32"]))
+    t = load_file(os.path.join(d, "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    dump = {f"layers.{k}.output": torch.randn(t["hidden.1"].shape, generator=g, dtype=torch.float32)
+            for k in range(3)}
+    dump["logits"] = torch.randn(t["logits"].shape, generator=g, dtype=torch.float32)
+    path = work / "dump_random.safetensors"
+    save_file(dump, str(path))
+    r = tparity(["model", "--export", d, "--dump", str(path)])
+    assert r.returncode == 2 and r.stdout == "", r.stdout[-800:] + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "is no reference" in r.stderr, r.stderr
+    # the same dump against the export as made: judged, and failed
+    assert tparity(["model", "--export", exports["llama"]["dir"], "--dump", str(path)]).returncode == 1
+
+
+def test_an_export_s_description_reaches_the_report_escaped(work, exports):
+    """model.json's description is a stranger's text: a newline or a terminal control in it would forge a
+    line of the report ("PASS  model ...") or clear the screen above a FAIL."""
+    d = crafted(work, exports, "description", _description)
+    r = tparity(["model", "--export", d, "--defect", "kv-repeat-interleaved", "--defect-layer", "1"])
+    assert r.returncode == 1, r.stdout[-800:] + r.stderr
+    assert "\x1b" not in r.stdout and "x\\n\\x1b[2JPASS  model ck_llama  forged" in r.stdout, r.stdout[:300]
+    assert not [line for line in r.stdout.splitlines() if line.startswith("PASS")], r.stdout[-800:]
+
+
+def test_a_defect_the_architecture_s_code_does_not_read_is_refused(work, exports):
+    """A defect planted where the layer's code never reads it changed nothing, and the report said it was
+    planted and passed: refused, whichever way it comes (another architecture's; GPT-2's equal head counts,
+    where kv-repeat-interleaved only takes another path, moving the last bits)."""
+    for arch, defect in [("llama", "swap-qk"), ("llama", "gemma-norm-weight"), ("llama", "ignore-mask"),
+                         ("gpt2", "kv-repeat-interleaved"), ("bert", "rope-convention")]:
+        r = tparity(["model", "--export", exports[arch]["dir"], "--defect", defect, "--defect-layer", "1"])
+        assert r.returncode == 2 and r.stdout == "", (arch, defect, r.stdout[-500:], r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"--defect {defect}: changes nothing beyond rounding in layer 1" in lines[0], lines
+
+
+def test_a_perturbation_of_an_all_zero_weight_is_refused(work, exports):
+    """Noise relative to a weight of norm 0 is none: the run checked the true weights and said the weight was
+    moved."""
+    ck = work / "ck_gpt2_zero_bias"
+    if not ck.exists():
+        shutil.copytree(work / "ck_gpt2", ck)
+        t = load_file(str(ck / "model.safetensors"))
+        t["transformer.h.1.attn.c_proj.bias"] = torch.zeros_like(t["transformer.h.1.attn.c_proj.bias"])
+        save_file(t, str(ck / "model.safetensors"), metadata={"format": "pt"})
+    r = tparity(["model", "--checkpoint", str(ck), "--tokens", str(work / "tokens.json"), "--perturb",
+                 "1:attn.c_proj.bias:1"], {"TPARITY_MODELS_DIR": str(work / "models_zero_bias")})
+    assert r.returncode == 2 and r.stdout == "", r.stdout[-500:] + r.stderr
+    assert "--perturb: layer 1's attn.c_proj.bias is all zeros" in r.stderr, r.stderr
+
+
+def test_an_empty_option_value_is_refused_not_taken_for_none(work, exports):
+    """`--dump "$DUMP"` with DUMP unset checked the hand core and passed; each option given "" is refused."""
+    ex = exports["llama"]["dir"]
+    for option in ["--dump", "--layers", "--gguf-file", "--tokens", "--perturb", "--defect", "--prompt"]:
+        r = tparity(["model", "--export", ex, option, ""])
+        assert r.returncode == 2 and r.stdout == "", (option, r.stdout[-300:])
+        assert len(r.stderr.strip().splitlines()) == 1 and f"{option}: expected " in r.stderr \
+            and "got an empty value" in r.stderr, (option, r.stderr)
+    for args in (["model", "--export", ""], ["model", "--checkpoint", ""], ["model", ""]):
+        r = tparity(args)
+        assert r.returncode == 2 and "got an empty value" in r.stderr, (args, r.stderr)
+
+
+def test_bench_reads_no_export_through_a_link(work, exports):
+    link = work / "export_link_for_bench"
+    if not link.is_symlink():
+        os.symlink(exports["llama"]["dir"], link)
+    for given in (str(link), str(link) + "/", str(link) + "/."):
+        r = tparity(["bench", "--model", given, "--reps", "1"])
+        assert r.returncode == 2 and r.stdout == "", (given, r.stdout[-300:])
+        assert len(r.stderr.strip().splitlines()) == 1 and "option --model" in r.stderr and "symbolic link" in r.stderr, \
+            (given, r.stderr)
+
+
+def test_an_exporter_killed_leaves_no_temporary_folder(work, exports):
+    """An exporter ended by a signal (the kernel's out-of-memory killer) left its temporary folder, layers
+    and all, beside the export for good: tparity, which holds the export's lock, removes it whatever ended
+    the child. A stand-in for the exporter makes the folder as export_model.py does, then is killed."""
+    fake = work / "fake_python_killed"
+    fake.write_text('#!/bin/sh\n'
+                    'while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
+                    'tmp="$(dirname "$out")/.$(basename "$out").tmp-fake"\n'
+                    'mkdir -p "$tmp" && echo layer > "$tmp/layer_000.json"\n'
+                    'kill -KILL $$\n')
+    fake.chmod(0o755)
+    models = work / "models_killed"
+    r = tparity(["model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(work / "tokens.json")],
+                {"TPARITY_MODELS_DIR": str(models), "TPARITY_PYTHON": str(fake)})
+    assert r.returncode == 2 and "killed by signal 9" in r.stderr, r.stderr
+    assert not [n for n in os.listdir(models) if ".tmp-" in n], os.listdir(models)
+
+
+def test_the_export_stays_locked_while_it_is_checked(work, exports):
+    """A run released the export's lock before it read the export, layer by layer: a second run could make
+    the export again under the first's check, and a good model got a wrong verdict. The first run, stopped
+    once it has the export open, must still hold the lock."""
+    models = work / "models_locked"
+    env = {"TPARITY_MODELS_DIR": str(models)}
+    args = ["model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(work / "tokens.json")]
+    assert tparity(args, env).returncode == 0  # made once: the run below reuses it
+    lock = [n for n in os.listdir(models) if n.endswith(".lock")]
+    assert len(lock) == 1, os.listdir(models)
+    run = subprocess.Popen([TPARITY] + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=dict(os.environ, TPARITY_PYTHON=PYTHON, **env))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run.poll() is None:
+            try:
+                maps = open(f"/proc/{run.pid}/maps").read()
+            except OSError:
+                maps = ""
+            if "layer_000.safetensors" in maps or "model.safetensors" in maps:
+                break
+            time.sleep(0.005)
+        assert run.poll() is None, "the run ended before it was seen reading the export"
+        run.send_signal(signal.SIGSTOP)
+        held = subprocess.run(["flock", "-n", str(models / lock[0]), "true"]).returncode != 0
+        run.send_signal(signal.SIGCONT)
+        assert held, "the export's lock was free while a run was reading the export"
+        assert run.wait(timeout=300) == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
 
 
 def test_usage_errors_exit_2_with_one_line(work, exports):

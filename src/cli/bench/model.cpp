@@ -43,6 +43,7 @@ int bench_model(const Options& o, const std::string& dir) {
   set_num_threads(1);
   set_torch_threads(1);
   const int64_t rss_start = status_bytes("VmRSS:");
+  check_export_folder(dir, "option --model");
   const ModelExport m = read_model_export(dir);
   const std::vector<double> hf = reference_ms(m, "transformers_float32_layer_ms");
   struct Row {
