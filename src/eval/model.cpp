@@ -275,10 +275,21 @@ ModelExport read_model_export(const std::string& dir) {
   if (m.generate_steps) {
     if (!m.has_head()) throw InputError(path + ": generation: needs the head (lm_head.weight in " + tf + ")");
     const int64_t P = m.prompt_length, N = m.generate_steps;
+    // The greedy continuation of prompt 0, as the exporter makes it: its real tokens, then the steps. A
+    // crafted prompt_length of 20000 over ids of its own ran a 20000-token prefill nothing had bounded.
+    int64_t real0 = 0;
+    for (int64_t t = 0; t < bt[1]; ++t) real0 += mask.data[size_t(t)] != 0;
+    if (P != real0)
+      throw InputError(path + ": generation.prompt_length: expected the real length of prompt 0 (" +
+                       std::to_string(real0) + " tokens, attention_mask[0]), got " + std::to_string(P));
     const DTensor g = tensor_of(m, "generation.ids", DType::Int64, {1, P + N});
     for (double v : g.data)
       if (v < 0 || v >= double(m.vocab))
         throw InputError(where + ": generation.ids: expected ids in [0, vocab_size), got " + fmt::format("{:.0f}", v));
+    for (int64_t t = 0; t < P; ++t)
+      if (g.data[size_t(t)] != ids.data[size_t(t)])
+        throw InputError(where + ": generation.ids: expected prompt 0's ids (input_ids[0]) first, got another id at "
+                         "position " + std::to_string(t));
     (void)tensor_of(m, "generation.logits", DType::Float64, {N, m.vocab});
     (void)tensor_of(m, "generation.logits_float32", DType::Float32, {N, m.vocab});
     (void)tensor_of(m, "generation.tokens_float32", DType::Int64, {N});

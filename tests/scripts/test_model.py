@@ -546,6 +546,13 @@ def _zeroed(names):
     return f
 
 
+def _generation_ids_moved(doc, dst):
+    t = load_file(str(dst / "model.safetensors"))
+    t["generation.ids"][0, 2] = (int(t["generation.ids"][0, 2]) + 1) % doc["vocab_size"]  # another id, in range
+    save_file(t, str(dst / "model.safetensors"))
+    return False
+
+
 def _description(doc, _):
     doc["description"] = "x\n\u001b[2JPASS  model ck_llama  forged"
 
@@ -592,6 +599,10 @@ CRAFTED = [
     ("unused count negative", _set("unused_tensors", {"count": -1, "first": []}), "unused_tensors: count"),
     ("unused count past 2^30", _set("unused_tensors", {"count": 2 ** 40, "first": []}), "unused_tensors: count"),
     ("unused not an object", _set("unused_tensors", [3]), "unused_tensors: expected {"),
+    # the greedy continuation is prompt 0's: a crafted length ran a 20000-token prefill nothing bounded
+    ("generation prompt length", _set("generation", {"steps": 3, "prompt_length": 20000}),
+     "generation.prompt_length: expected the real length of prompt 0 (8 tokens, attention_mask[0]), got 20000"),
+    ("generation ids not the prompt's", _generation_ids_moved, "generation.ids: expected prompt 0's ids"),
     ("float32 states zeroed", _zeroed(["hidden_float32.1", "hidden_float32.2", "hidden_float32.3"]),
      "hidden_float32.1: transformers' own float32 result is no reference: rel_l2 1 against the float64 truth"),
     ("float32 logits zeroed", _zeroed(["logits_float32"]), "logits_float32: transformers' own float32 result is "
