@@ -387,6 +387,12 @@ def shown_name(n):
     return text if len(text) <= 256 else text[:253] + "..."
 
 
+def natural(n):
+    """A tensor name's sort key: its numbers as numbers (layers.2 before layers.10), then the name itself (w.01
+    and w.1 in one order on every run)."""
+    return [int(t) if t.isascii() and t.isdigit() else t for t in re.split(r"([0-9]+)", n)], n
+
+
 def shown(v, most=80):
     """A stranger's value as a message quotes it, Python's repr cut at `most` characters (a string of
     megabytes in config.json was quoted whole)."""
@@ -585,10 +591,13 @@ def check_gguf_holds(folder, gguf, arch, cfg):
     memory-mapped, nothing dequantized) holds fewer elements (a quantized block counts its elements) than the
     parameters the export reads."""
     from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import read_field
     try:
-        tensors = GGUFReader(os.path.join(folder, gguf), "r").tensors
+        reader = GGUFReader(os.path.join(folder, gguf), "r")
+        tensors = reader.tensors
         held = sum(int(t.n_elements) for t in tensors)
-        names = {str(t.name) for t in tensors}
+        names = [str(t.name) for t in tensors]
+        gguf_arch = read_field(reader, "general.architecture")[0]
     except (OSError, ValueError, IndexError, KeyError, struct.error) as e:
         raise UsageError(f"--gguf-file {gguf}: the gguf package cannot read its tensor list: "
                          f"{' '.join(str(e).split())[:200]}") from None
@@ -600,6 +609,34 @@ def check_gguf_holds(folder, gguf, arch, cfg):
     if held < need:
         raise UsageError(f"--gguf-file {gguf}: its tensors hold {held:,} elements, fewer than the {need:,} "
                          f"parameters of the model its metadata describes: expected that model's weights")
+    return names, gguf_arch
+
+
+def gguf_names_loaded(model, gguf_arch):
+    """{a GGUF tensor name: the model's parameter it loads as}, by transformers' own mapping
+    (modeling_gguf_pytorch_utils.get_gguf_hf_weights_map with the architecture's tensor processor, as
+    load_gguf_checkpoint builds it): its loader drops every tensor of the file that is not a key of it. The
+    processors of the architectures read here keep a tensor's name (GPT-2's moves output.weight to lm_head,
+    which the mapping names so too)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+    return get_gguf_hf_weights_map(model, TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)())
+
+
+def check_gguf_loaded(gguf, model, info, names, gguf_arch):
+    """A parameter from_pretrained did not find in the GGUF file is refused: transformers fills it with random
+    values and says so in its log only (a file of one tensor named junk, of the model's element count, or the
+    real weights with blk.1.ffn_down.weight renamed, exported a random model and passed). Returns the file's
+    tensors the model reads none of, in natural order, as the safetensors path counts its own."""
+    loads = gguf_names_loaded(model, gguf_arch)
+    missing = set(info.get("missing_keys") or ()) | set(info.get("mismatched_keys") or ())
+    for n in model.state_dict():  # the model's own order: the embeddings first
+        if n in missing:
+            held_as = [g for g, h in loads.items() if h == n]
+            as_named = f" (GGUF tensor {shown_name(held_as[0])})" if held_as else ""
+            raise UsageError(f"--gguf-file {gguf}: tensor {n}{as_named} is missing from the checkpoint")
+    if missing:  # not a name of the state_dict: should not happen, but a random parameter is never judged
+        raise UsageError(f"--gguf-file {gguf}: tensor {sorted(missing)[0]} is missing from the checkpoint")
+    return sorted((n for n in set(names) if n not in loads), key=natural)
 
 
 def make_truth(m64, arch, cfg):
@@ -614,15 +651,19 @@ def make_truth(m64, arch, cfg):
 class WholeSource:
     """The model loaded whole by from_pretrained (float32), with its float64 truth copy."""
 
-    def __init__(self, folder, gguf, arch, cfg):
+    def __init__(self, folder, gguf, arch, cfg, gguf_names=None):
         import torch
         kw = {"gguf_file": gguf} if gguf else {}
         try:
-            self.m32 = model_class(arch).from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
-                                                         **kw).eval()
+            self.m32, info = model_class(arch).from_pretrained(folder, dtype=torch.float32,
+                                                               attn_implementation="eager", output_loading_info=True,
+                                                               **kw)
+            self.m32.eval()
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             what = f"--gguf-file {gguf}" if gguf else f"--checkpoint {folder}"
             raise UsageError(f"{what}: transformers cannot load the model: {str(e).splitlines()[0][:200]}") from None
+        # the GGUF file's tensors the model reads none of (a safetensors checkpoint's: StreamedSource.unused)
+        self.unused = check_gguf_loaded(gguf, self.m32, info, *gguf_names) if gguf else None
         self.cfg = self.m32.config
         check(next(self.m32.parameters()).dtype == torch.float32, "the loaded model is not float32")
         # from_pretrained's weights lie where the file put them (8 bytes past a 64-byte line, say), and MKL's
@@ -743,8 +784,6 @@ class StreamedSource:
         def own(n):
             return any(n == e or n.endswith("." + e) for e in ends) or any(r.search(n) for r in ignored)
 
-        def natural(n):  # then the name itself: w.01 and w.1 in one order on every run
-            return [int(t) if t.isascii() and t.isdigit() else t for t in re.split(r"([0-9]+)", n)], n
         return sorted((n for n in self.stored - used if not own(n)), key=natural)
 
     def materialize(self, meta_module):
@@ -1514,15 +1553,15 @@ def export(a, tmp, log):
     # Nothing large is built before the checkpoint is seen to hold the model's weights (check_gguf_holds,
     # StreamedSource.check_shapes).
     whole = gguf is not None or a.generate > 0
+    gguf_names = None
     if gguf:
-        check_gguf_holds(folder, gguf, arch, cfg)
+        gguf_names = check_gguf_holds(folder, gguf, arch, cfg)
         stream = None
     else:
         stream = StreamedSource(folder, arch, cfg)
-    src = WholeSource(folder, gguf, arch, cfg) if whole else stream
+    src = WholeSource(folder, gguf, arch, cfg, gguf_names) if whole else stream
     cfg = src.cfg
-    # A GGUF file's tensors go by llama.cpp's names, not the model's: not looked at.
-    unused = None if gguf else stream.unused()
+    unused = src.unused if gguf else stream.unused()
     t_load = time.monotonic()
     run = Runner(arch, cfg, ids, mask)
     check_cost(a, src, arch, cfg, ids, (A, B), tmp, whole or count_params(src) < WHOLE_CHECK_PARAMS, weights_where)

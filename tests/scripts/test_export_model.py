@@ -896,6 +896,78 @@ def test_weights_that_are_not_the_config_s_model_are_refused_before_it_is_built(
     assert not any((work / o).exists() for o in ("o_gguf", "o_big", "o_swapped"))
 
 
+GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+              "post_attention_layernorm": "ffn_norm"}
+
+
+def llama_gguf(work, name, tensors, head_count=4):
+    """A GGUF file of the tiny llama's metadata (gguf's GGUFWriter) holding `tensors`, {GGUF name: array}, in a
+    folder of its own; or, for tensors None, the tiny llama checkpoint's weights under llama.cpp's names. The
+    q and k weights are not permuted as llama.cpp permutes them (transformers un-permutes them on load): a
+    model of its own, which only has to be whole."""
+    gguf = pytest.importorskip("gguf")
+    if tensors is None:
+        tensors = {}
+        for k, v in checkpoint_tensors(make(work, "llama")).items():
+            p = k.split(".")
+            tensors[GGUF_NAMES[k] if k in GGUF_NAMES else f"blk.{p[2]}.{GGUF_NAMES['.'.join(p[3:-1])]}.weight"] = \
+                v.numpy()
+    folder = work / f"gguf_{name}"
+    folder.mkdir(exist_ok=True)
+    w = gguf.GGUFWriter(str(folder / f"{name}.gguf"), "llama")
+    w.add_context_length(256), w.add_embedding_length(64), w.add_feed_forward_length(128), w.add_block_count(3)
+    w.add_head_count(head_count), w.add_head_count_kv(2), w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6), w.add_rope_dimension_count(16), w.add_vocab_size(256)
+    for n, v in tensors.items():
+        w.add_tensor(n, v)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return ["--checkpoint", str(folder), "--gguf-file", f"{name}.gguf"]
+
+
+def quiet_gguf_loader(monkeypatch):
+    """transformers' GGUF loader draws a progress bar with tqdm, which the exporter turns off by TQDM_DISABLE
+    before transformers is imported; in this process tqdm was imported first."""
+    import transformers.modeling_gguf_pytorch_utils as G
+    monkeypatch.setattr(G, "tqdm", lambda it, **kw: it)
+
+
+def test_a_gguf_file_missing_a_tensor_of_the_model_is_refused_and_one_it_does_not_read_is_counted(work, tokens_file,
+                                                                                                 capsys, monkeypatch):
+    # transformers' GGUF loader fills a parameter it does not find with random values and says so in its log
+    # only: a file of one tensor of the model's element count, or the weights with one tensor renamed, exported
+    # and passed, the hand core checked against a random model
+    import numpy as np
+    quiet_gguf_loader(monkeypatch)
+    whole = llama_gguf(work, "whole", None)
+    ok = os.path.join(whole[1], "whole.gguf")
+    from gguf import GGUFReader
+    weights = {str(t.name): np.array(t.data).reshape(list(reversed([int(d) for d in t.shape])))
+               for t in GGUFReader(ok).tensors}
+    junk = llama_gguf(work, "junk", {"junk": np.random.default_rng(0).standard_normal(
+        sum(v.size for v in weights.values())).astype(np.float32)})
+    renamed = llama_gguf(work, "renamed", {("blk.1.ffn_dowX.weight" if n == "blk.1.ffn_down.weight" else n): v
+                                           for n, v in weights.items()})
+    for argv, name, missing in ((junk, "junk", "model.embed_tokens.weight (GGUF tensor token_embd.weight)"),
+                                (renamed, "renamed", "model.layers.1.mlp.down_proj.weight (GGUF tensor "
+                                                     "blk.1.ffn_down.weight)")):
+        rc, stdout, err = export(argv + ["--tokens", tokens_file, "--out", str(work / "o_gguf_missing")], capsys)
+        assert rc == 2 and stdout == "" and err.count("\n") == 1, err
+        assert err == f"export_model: --gguf-file {name}.gguf: tensor {missing} is missing from the checkpoint\n"
+    assert not (work / "o_gguf_missing").exists()
+    # the whole file exports, every tensor read; one more tensor is counted and named as a safetensors
+    # checkpoint's are
+    extra = llama_gguf(work, "extra", {**weights, "blk.9.spare.weight": np.ones(4, dtype=np.float32)})
+    for argv, unused in ((whole, {"count": 0, "first": []}), (extra, {"count": 1, "first": ["blk.9.spare.weight"]})):
+        out = work / f"o_{os.path.basename(argv[1])}"
+        rc, _, err = export(argv + ["--tokens", tokens_file, "--out", str(out)], capsys)
+        assert rc == 0, err
+        assert model_of(out)[0]["unused_tensors"] == unused
+    assert "1 tensor(s) of the checkpoint the config's model does not read: blk.9.spare.weight" in err
+
+
 def test_the_program(work, tokens_file):
     """As a program: exit 0, nothing on standard output, the summary on standard error."""
     ck = make(work, "qwen3")
