@@ -259,22 +259,37 @@ def resolve_checkpoint(a):
         raise UsageError(f"--checkpoint {a.checkpoint}: not a folder")
     if a.gguf_file is not None:
         path = os.path.join(folder, a.gguf_file)
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise UsageError(f"--gguf-file {a.gguf_file}: no such file in {folder}")
+        open_plain(path, "--gguf-file", follow=True).close()
+        check_generation_config(folder)
         return folder, a.gguf_file, os.path.splitext(a.gguf_file)[0], a.gguf_file
-    if not os.path.isfile(os.path.join(folder, "config.json")):
+    if not os.path.lexists(os.path.join(folder, "config.json")):
         raise UsageError(f"--checkpoint {folder}: no config.json")
-    single = os.path.isfile(os.path.join(folder, "model.safetensors"))
-    index = os.path.isfile(os.path.join(folder, "model.safetensors.index.json"))
+    # what is there, whatever it is (a FIFO is refused as one, not taken for no file)
+    single = os.path.lexists(os.path.join(folder, "model.safetensors"))
+    index = os.path.lexists(os.path.join(folder, "model.safetensors.index.json"))
     if not (single or index):
         raise UsageError(f"--checkpoint {folder}: neither model.safetensors nor model.safetensors.index.json")
     if single and index:  # transformers loads one, the layers would be read from the other
         raise UsageError(f"--checkpoint {folder}: both model.safetensors and model.safetensors.index.json; expected "
                          f"one (which weights are the checkpoint's?)")
-    for name in ("config.json", "model.safetensors.index.json"):
-        check_json_keys(os.path.join(folder, name))
+    read_checkpoint_json(os.path.join(folder, "config.json"))
+    if index:
+        read_checkpoint_json(os.path.join(folder, "model.safetensors.index.json"))
+    else:
+        open_plain(os.path.join(folder, "model.safetensors"), "", follow=True).close()
+    check_generation_config(folder)
     base = os.path.basename(os.path.abspath(folder))
     return folder, None, base, base
+
+
+def check_generation_config(folder):
+    """generation_config.json, which from_pretrained reads for a whole model: read here first (a list there was
+    a TypeError in transformers, a traceback)."""
+    path = os.path.join(folder, "generation_config.json")
+    if os.path.lexists(path):
+        read_checkpoint_json(path, keys_once=False)
 
 
 def load_config(folder, gguf):
@@ -310,13 +325,8 @@ def rope_key(folder, gguf):
     which reads either)."""
     if gguf:
         return "rope_parameters"
-    try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return "rope_parameters"
-    return "rope_scaling" if isinstance(doc, dict) and "rope_parameters" not in doc and "rope_scaling" in doc \
-        else "rope_parameters"
+    doc = read_checkpoint_json(os.path.join(folder, "config.json"))
+    return "rope_scaling" if "rope_parameters" not in doc and "rope_scaling" in doc else "rope_parameters"
 
 
 def check_supported(cfg, where, rope="rope_parameters"):
@@ -500,13 +510,10 @@ class CheckpointTensors:
         from safetensors import safe_open
         index = os.path.join(folder, "model.safetensors.index.json")
         self.files = {}
-        if os.path.isfile(index):
-            try:
-                with open(index, encoding="utf-8") as f:
-                    weight_map = json.load(f)["weight_map"]
-                assert isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())
-            except (OSError, ValueError, KeyError, AssertionError, TypeError, RecursionError):
-                raise UsageError(f"{index}: weight_map: expected an object of tensor name -> shard file") from None
+        if os.path.lexists(index):
+            weight_map = read_checkpoint_json(index).get("weight_map")
+            if not (isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())):
+                raise UsageError(f"{index}: weight_map: expected an object of tensor name -> shard file")
             shards = sorted(set(weight_map.values()))
         else:
             weight_map, shards = None, ["model.safetensors"]
@@ -875,41 +882,74 @@ def too_deep(what):
                       f"{sys.getrecursionlimit()} levels); expected a plain document")
 
 
-def check_json_keys(path):
-    """A stranger's JSON file that transformers or safetensors will read with the last of each duplicated key:
-    refused when a key comes twice (config.json's num_hidden_layers twice left a layer's weights unread), or
-    when it nests too deeply for any Python reader."""
+# The most a JSON file of a checkpoint's folder read here may hold: config.json, the shard index and
+# generation_config.json are kilobytes, a tokenizer's tokenizer.json or vocab.json a few to some tens of
+# megabytes. An 8 GB sparse config.json was read whole, until memory ran out.
+JSON_MOST = 64 << 20
+TOKENIZER_JSON_MOST = 512 << 20
+# The tokenizer's JSON files transformers reads with Python's reader, and the most each may hold
+TOKENIZER_JSON = {"tokenizer_config.json": JSON_MOST, "special_tokens_map.json": JSON_MOST,
+                  "added_tokens.json": JSON_MOST, "tokenizer.json": TOKENIZER_JSON_MOST,
+                  "vocab.json": TOKENIZER_JSON_MOST}
+
+
+def read_checkpoint_json(path, most=JSON_MOST, keys_once=True):
+    """A JSON file of a stranger's checkpoint folder, read before transformers or safetensors reads it, as a
+    JSON object. Refused: what is not a plain file once links are followed (a Hugging Face cache's snapshot is
+    links to its blobs), at once (a FIFO blocked for ever, a link to /dev/zero read until memory ran out); a
+    file over `most` bytes; what is not JSON, nests too deeply for any Python reader (RecursionError, a
+    traceback) or is not an object (a tokenizer_config.json of [] or 3 was an AttributeError in transformers);
+    with keys_once, a key twice in one object (transformers reads the last: config.json's num_hidden_layers
+    twice left a layer's weights unread)."""
+    with open_plain(path, "", follow=True) as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            text = f.read(most + 1) if size <= most else None
+        except OSError as e:
+            raise UsageError(f"{path}: cannot read it: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}: not UTF-8 text") from None
+    if text is None or len(text) > most:  # or grown since the fstat
+        raise UsageError(f"{path}: holds {gb(max(size, most + 1))}, more than the {most >> 20} MiB expected of "
+                         f"this file")
     try:
-        with open(path, encoding="utf-8") as f:
-            json.load(f, object_pairs_hook=unique_keys)
-    except ValueError as e:
-        if "comes twice" in str(e):
-            raise UsageError(f"{path}: {e}") from None
+        doc = json.loads(text, object_pairs_hook=unique_keys if keys_once else None)
     except RecursionError:
         raise too_deep(path) from None
-    except OSError:
-        pass  # its reader says why
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:
+        raise UsageError(f"{path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: expected a JSON object, got {shown_value(doc)}")
+    return doc
 
 
-def open_plain(path, option):
+FILE_KINDS = {stat.S_IFLNK: "a symbolic link (a file handed to the export is never read through one: name the "
+                            "file itself)", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder",
+              stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def open_plain(path, option, follow=False):
     """A plain file handed to the export, opened for reading as UTF-8 text: a symbolic link is refused, never
     followed (as --out; tparity model --export), and a FIFO, device or folder is refused at once, not waited
-    on (opening a FIFO blocked until a writer came, for ever)."""
-    kinds = {stat.S_IFLNK: "a symbolic link (a file handed to the export is never read through one: name the "
-                           "file itself)", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder",
-             stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+    on (opening a FIFO blocked until a writer came, for ever). With `follow`, a symbolic link is followed to
+    what it names, which must be a plain file (a checkpoint's files in a Hugging Face cache). Messages begin
+    with the option and the path, or the path alone for an option of ""."""
+    what = f"{option} {path}" if option else path
     try:
-        st = os.lstat(path)
+        st = os.stat(path) if follow else os.lstat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{option} {path}: is {kinds.get(stat.S_IFMT(st.st_mode), 'not a plain file')}, "
+            raise UsageError(f"{what}: is {FILE_KINDS.get(stat.S_IFMT(st.st_mode), 'not a plain file')}, "
                              f"expected a plain file")
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_NOCTTY |
+                     os.O_CLOEXEC)
     except OSError as e:
-        raise UsageError(f"{option} {path}: cannot read it: {e.strerror}") from None
+        raise UsageError(f"{what}: cannot read it: {e.strerror}") from None
     f = os.fdopen(fd, encoding="utf-8")
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since the lstat
         f.close()
-        raise UsageError(f"{option} {path}: is not a plain file (it changed while it was opened)")
+        raise UsageError(f"{what}: is not a plain file (it changed while it was opened)")
     return f
 
 
@@ -1202,9 +1242,12 @@ def has_tokenizer(folder, gguf):
 def load_tokenizer(folder, gguf):
     from transformers import AutoTokenizer
     kw = {"gguf_file": gguf} if gguf else {}
+    for name, most in TOKENIZER_JSON.items():
+        if os.path.lexists(os.path.join(folder, name)):
+            read_checkpoint_json(os.path.join(folder, name), most, keys_once=False)
     try:
         tok = AutoTokenizer.from_pretrained(folder, **kw)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise UsageError(f"--checkpoint {folder}: transformers cannot load its tokenizer: "
                          f"{str(e).splitlines()[0][:200]}") from None
     tok.padding_side = "right"

@@ -383,6 +383,68 @@ def test_bad_tokens_exit_2_with_one_line(work, capsys, what, text, field):
     assert not [n for n in os.listdir(work) if n.startswith(f".{out.name}.")]
 
 
+def with_tokenizer(work, name, words=250):
+    """A copy of the tiny llama checkpoint with a word-level tokenizer (tokenizers' WordLevel, saved by
+    transformers): w0 .. w{words-1} are ids 0 .. words-1, then [UNK] and [PAD]."""
+    ck = work / f"tok_{name}"
+    if not ck.exists():
+        tokenizers = pytest.importorskip("tokenizers")
+        from transformers import PreTrainedTokenizerFast
+        shutil.copytree(make(work, "llama"), ck)
+        vocab = {f"w{i}": i for i in range(words)}
+        vocab.update({"[UNK]": words, "[PAD]": words + 1})
+        t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+        t.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(ck)
+    return ck
+
+
+# a tokenizer's file replaced: (case, file, its text or a function making it, what the one line says after the
+# file's path). AttributeError and RecursionError in transformers' tokenizer load, tracebacks before; a FIFO
+# transformers passes over, loading another tokenizer than the checkpoint's
+BAD_TOKENIZER = [
+    ("config list", "tokenizer_config.json", "[]", "expected a JSON object, got []"),
+    ("config number", "tokenizer_config.json", "3", "expected a JSON object, got 3"),
+    ("special tokens list", "special_tokens_map.json", "[]", "expected a JSON object, got []"),
+    ("nested deep", "tokenizer.json", "[" * 100000 + "]" * 100000,
+     "its arrays and objects nest too deeply for Python's JSON reader"),
+    ("not json", "tokenizer_config.json", "{", "not JSON: Expecting property name enclosed in double quotes"),
+    ("config fifo", "tokenizer_config.json", os.mkfifo, "is a FIFO, expected a plain file"),
+    ("tokenizer zero", "tokenizer.json", lambda p: p.symlink_to("/dev/zero"), "is a character device, expected a "
+                                                                              "plain file"),
+]
+
+
+@pytest.mark.parametrize("what,file,text,message", BAD_TOKENIZER, ids=[b[0] for b in BAD_TOKENIZER])
+def test_a_bad_tokenizer_file_exits_2_with_one_line(work, capsys, what, file, text, message):
+    ck = work / f"tok_bad_{what.replace(' ', '_')}"
+    if not ck.exists():
+        shutil.copytree(with_tokenizer(work, "plain"), ck)
+        if os.path.lexists(ck / file):
+            os.remove(ck / file)
+        text(ck / file) if callable(text) else (ck / file).write_text(text)
+    out = work / "never_tok"
+    rc, stdout, err = export(["--checkpoint", str(ck), "--prompt", "w1 w2", "--out", str(out)], capsys)
+    assert rc == 2 and stdout == "" and err.count("\n") == 1, err
+    assert err.startswith(f"export_model: {ck / file}: {message}"), err
+    assert not out.exists()
+
+
+def test_a_checkpoint_s_files_as_links_to_blobs_as_a_hugging_face_cache_holds_them_are_read(work, tokens_file,
+                                                                                           capsys):
+    # a Hugging Face cache's snapshot is links to its blobs: followed, for the weights, config.json, the
+    # generation config and the tokenizer's files alike (what they name is a plain file)
+    blobs, snap = work / "hf_blobs", work / "hf_snapshot"
+    if not snap.exists():
+        shutil.copytree(with_tokenizer(work, "plain"), blobs)
+        snap.mkdir()
+        for n in os.listdir(blobs):
+            (snap / n).symlink_to(blobs / n)
+    rc, _, err = export(["--checkpoint", str(snap), "--prompt", "w1 w2", "--out", str(work / "o_snap"), "--generate",
+                         "2"], capsys)
+    assert rc == 0, err
+
+
 def test_tokens_that_are_not_a_plain_file_are_refused_never_followed_or_waited_on(work, tokens_file, capsys):
     ck = make(work, "llama")
     link = work / "tokens_link.json"
@@ -811,6 +873,38 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
     sized.append((with_config_of(qwen3, "qwen3_no_window", use_sliding_window=False,
                                  layer_types=["sliding_attention", "full_attention", "full_attention"]),
                   "config.json: layer_types: layer 0 is sliding_attention but sliding_window is null"))
+    # a checkpoint's JSON files read before transformers reads them: a FIFO (opening it waited for a writer, for
+    # ever), a link to /dev/zero (read until memory ran out), a sparse file past the cap (read whole), a list
+    # where an object goes (a TypeError in from_pretrained); a FIFO for the weights (safetensors waited on it)
+    def with_file(name, file, make_it, src=ck):
+        dst = work / f"file_{name}"
+        if not dst.exists():
+            shutil.copytree(src, dst)
+            if os.path.lexists(dst / file):
+                os.remove(dst / file)
+            make_it(dst / file)
+        return str(dst)
+
+    def sparse(path):
+        with open(path, "w") as f:
+            f.write('{"pad": "')
+            f.truncate(100 << 20)
+    sharded = make(work, "llama", 0, "sharded", shard="40KB")
+    sized += [(with_file("config_fifo", "config.json", os.mkfifo), "config.json: is a FIFO, expected a plain file"),
+              (with_file("config_zero", "config.json", lambda p: p.symlink_to("/dev/zero")),
+               "config.json: is a character device, expected a plain file"),
+              (with_file("config_sparse", "config.json", sparse), "config.json: holds 105 MB, more than the 64 MiB "
+               "expected of this file"),
+              (with_file("config_list", "config.json", lambda p: p.write_text("[]")),
+               "config.json: expected a JSON object, got []"),
+              (with_file("index_fifo", "model.safetensors.index.json", os.mkfifo, sharded),
+               "model.safetensors.index.json: is a FIFO, expected a plain file"),
+              (with_file("weights_fifo", "model.safetensors", os.mkfifo), "model.safetensors: is a FIFO, expected a "
+               "plain file"),
+              (with_file("generation_list", "generation_config.json", lambda p: p.write_text("[]")),
+               "generation_config.json: expected a JSON object, got []"),
+              (with_file("generation_zero", "generation_config.json", lambda p: p.symlink_to("/dev/zero")),
+               "generation_config.json: is a character device, expected a plain file")]
     # a GGUF file cut short in its header (its key-value count promised, no key): struct.error
     cut = work / "gguf_cut"
     cut.mkdir(exist_ok=True)
