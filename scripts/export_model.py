@@ -302,12 +302,46 @@ def load_config(folder, gguf):
         if gguf:
             return AutoConfig.from_pretrained(folder, gguf_file=gguf)
         return AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError, struct.error) as e:
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError, struct.error, ArithmeticError) as e:
         # struct.error: a GGUF file cut short in its header
         what = f"--gguf-file {gguf}" if gguf else os.path.join(folder, "config.json")
+        zero = zero_size(folder, gguf) if isinstance(e, ZeroDivisionError) else None
+        if zero is not None:
+            raise UsageError(f"{what}: {zero[0]}: expected a whole number from 1 to {zero[1]}, got 0") from None
         text = " ".join(str(e).split())
         text = text if len(text) <= 240 else text[:237] + "..."
+        if isinstance(e, ArithmeticError):  # "integer modulo by zero" says too little alone
+            text = f"{type(e).__name__}: {text}"
         raise UsageError(f"{what}: transformers cannot read its config: {text}") from None
+
+
+def zero_size(folder, gguf):
+    """(the key, the most it may be) of the first size of the config that is 0, as its file names it (a GGUF
+    file's metadata key, or config.json's own key: GPT-2's n_head), or None. transformers' config validation
+    divides by the head count before check_sizes can look at it: a ZeroDivisionError, a traceback."""
+    most = dict(SIZE_FIELDS)
+    try:
+        if gguf:
+            from gguf import GGUFReader
+            from transformers.integrations import GGUF_CONFIG_MAPPING
+            from transformers.modeling_gguf_pytorch_utils import read_field
+            reader = GGUFReader(os.path.join(folder, gguf), "r")
+            arch = read_field(reader, "general.architecture")[0]
+            fields = {f"{arch}.{k}": field for k, field in GGUF_CONFIG_MAPPING.get(arch, {}).items()}
+            values = {k: read_field(reader, k) for k in fields}
+            values = {k: v[0] for k, v in values.items() if len(v) == 1}
+        else:
+            from transformers import CONFIG_MAPPING
+            values = read_checkpoint_json(os.path.join(folder, "config.json"))
+            alias = getattr(CONFIG_MAPPING.get(values.get("model_type"), None), "attribute_map", {}) \
+                if values.get("model_type") in CONFIG_MAPPING else {}
+            fields = {k: alias.get(k, k) for k in values}
+    except (OSError, ValueError, IndexError, KeyError, struct.error):
+        return None
+    for key, field in fields.items():
+        if field in most and key in values and is_whole(values[key], 0, 0):
+            return key, most[field]
+    return None
 
 
 def is_number(v):
@@ -587,8 +621,14 @@ def meta_model(arch, cfg, where):
     try:
         with torch.device("meta"):
             return model_class(arch).from_config(cfg, attn_implementation="eager")
-    except ValueError as e:
-        raise UsageError(f"{where}: transformers cannot build its model: {' '.join(str(e).split())[:240]}") from None
+    except (ValueError, AssertionError, ArithmeticError) as e:
+        # AssertionError: torch's Embedding given a pad_token_id past vocab_size ("Padding_idx must be within
+        # num_embeddings"), a traceback; named by its fields
+        text = " ".join(str(e).split())[:240]
+        if "Padding_idx" in text:
+            text += (f" (pad_token_id {shown(getattr(cfg, 'pad_token_id', None))}, vocab_size "
+                     f"{shown(getattr(cfg, 'vocab_size', None))})")
+        raise UsageError(f"{where}: transformers cannot build its model: {text}") from None
 
 
 def check_gguf_holds(folder, gguf, arch, cfg):
@@ -1258,7 +1298,9 @@ def load_tokenizer(folder, gguf):
     return tok
 
 
-def tokenize(tok, prompts, vocab, max_positions):
+def tokenize(tok, prompts, vocab, max_positions, who):
+    """The prompts' ids and mask. An id outside the model's vocabulary is the tokenizer's fault, refused naming
+    `who` (the checkpoint's option) and the id: it is a tokenizer of another model."""
     import torch
     enc = tok(prompts, padding=True, return_tensors="pt")
     ids, mask = enc["input_ids"].to(torch.int64), enc["attention_mask"].to(torch.int64)
@@ -1266,7 +1308,13 @@ def tokenize(tok, prompts, vocab, max_positions):
         n = int(mask[b].sum())
         check(n > 0 and bool((mask[b, :n] == 1).all()) and bool((mask[b, n:] == 0).all()),
               f"the tokenizer's attention_mask row {b} is not 1s then 0s")
-    check(bool(((ids >= 0) & (ids < vocab)).all()), "the tokenizer gives ids outside vocab_size")
+    outside = (ids < 0) | (ids >= vocab)
+    if bool(outside.any()):  # a real token's first; padding's too (the embeddings look it up)
+        real = outside & (mask == 1)
+        b, t = (real if bool(real.any()) else outside).nonzero()[0].tolist()
+        raise UsageError(f"{who}: its tokenizer gives id {int(ids[b, t])} (prompt {b}, "
+                         f"{'token' if mask[b, t] else 'padding at'} {t}), outside the model's vocab_size {vocab}: "
+                         f"expected the model's own tokenizer")
     if ids.shape[1] > max_positions:
         raise UsageError(f"--prompt: {ids.shape[1]} tokens, more than the model's {max_positions} positions")
     return ids, mask
@@ -1585,7 +1633,7 @@ def export(a, tmp, log):
             raise UsageError(f"--checkpoint {folder}: has no tokenizer; give the ids with --tokens FILE.json")
         tok = load_tokenizer(folder, gguf)
         prompts = a.prompt if a.prompt is not None else DEFAULT_PROMPTS
-        ids, mask = tokenize(tok, prompts, vocab, max_pos)
+        ids, mask = tokenize(tok, prompts, vocab, max_pos, weights_where)
     lengths = [int(x) for x in mask.sum(1)]
     if a.generate and lengths[0] + a.generate > max_pos:
         raise UsageError(f"--generate {a.generate}: prompt 0's {lengths[0]} tokens and {a.generate} more exceed "

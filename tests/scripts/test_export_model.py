@@ -430,6 +430,26 @@ def test_a_bad_tokenizer_file_exits_2_with_one_line(work, capsys, what, file, te
     assert not out.exists()
 
 
+def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_id(work, capsys):
+    # ids past vocab_size were "FAILED: the tokenizer gives ids outside vocab_size", exit 1: bad input
+    ck = with_tokenizer(work, "words_300", words=300)
+    rc, stdout, err = export(["--checkpoint", str(ck), "--prompt", "w1 w2 w260", "--out", str(work / "o_tok300")],
+                             capsys)
+    assert rc == 2 and stdout == "", err
+    assert err == (f"export_model: --checkpoint {ck}: its tokenizer gives id 260 (prompt 0, token 2), outside the "
+                   f"model's vocab_size 256: expected the model's own tokenizer\n"), err
+    # its padding, past the vocabulary too, is looked up by the embeddings all the same
+    rc, stdout, err = export(["--checkpoint", str(ck), "--prompt", "w1 w2", "w3", "--out", str(work / "o_tok300")],
+                             capsys)
+    assert rc == 2 and "its tokenizer gives id 301 (prompt 1, padding at 1), outside" in err, err
+    assert not (work / "o_tok300").exists()
+    # within the vocabulary, the same tokenizer exports
+    rc, _, err = export(["--checkpoint", str(with_tokenizer(work, "plain")), "--prompt", "w1 w2 w249", "w3", "--out",
+                         str(work / "o_tok250")], capsys)
+    assert rc == 0, err
+    assert model_of(work / "o_tok250")[1]["input_ids"].tolist() == [[1, 2, 249], [3, 251, 251]]
+
+
 def test_a_checkpoint_s_files_as_links_to_blobs_as_a_hugging_face_cache_holds_them_are_read(work, tokens_file,
                                                                                            capsys):
     # a Hugging Face cache's snapshot is links to its blobs: followed, for the weights, config.json, the
@@ -864,7 +884,13 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
          # transformers' own refusals when it builds the model, one line
          ("gpt2", "n_head", 3, "transformers cannot build its model: `embed_dim` must be divisible by num_heads"),
          ("bert", "num_attention_heads", 3, "transformers cannot build its model: The hidden size (64) is not a "
-          "multiple of the number of attention heads (3)")]
+          "multiple of the number of attention heads (3)"),
+         # transformers' config divides by the head count first (ZeroDivisionError), torch's Embedding asserts
+         # the padding id (AssertionError): tracebacks and exit 1 before
+         ("llama", "num_attention_heads", 0, "num_attention_heads: expected a whole number from 1 to 65536, got 0"),
+         ("llama", "num_key_value_heads", 0, "num_key_value_heads: expected a whole number from 1 to 65536, got 0"),
+         ("llama", "pad_token_id", 999, "transformers cannot build its model: Padding_idx must be within "
+          "num_embeddings (pad_token_id 999, vocab_size 256)")]
     sources = {"llama": ck, "mistral": mistral, "gemma2": gemma2, "gpt2": gpt2, "bert": bert}
     for i, (arch, field, value, message) in enumerate(values):
         sized.append((with_config_of(sources[arch], f"value_{i}_{arch}_{field}", **{field: value}),
@@ -912,6 +938,11 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
                                    (1).to_bytes(8, "little"))
     gguf_cut = (["--checkpoint", str(cut), "--gguf-file", "cut.gguf", "--tokens", tokens_file, "--out",
                  str(work / "o1")], "--gguf-file cut.gguf: transformers cannot read its config: ")
+    # a GGUF file's head count of 0: transformers' config divides by it (ZeroDivisionError)
+    gguf_heads = (llama_gguf(work, "heads_0", None, head_count=0) + ["--tokens", tokens_file, "--out",
+                                                                     str(work / "o1")],
+                  "--gguf-file heads_0.gguf: llama.attention.head_count: expected a whole number from 1 to 65536, "
+                  "got 0")
     cases = [
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "2:9"], "--layers"),
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "x"], "--layers"),
@@ -928,7 +959,7 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
         (["--checkpoint", ck, "--gguf-file", "none.gguf", "--out", str(work / "o1")], "--gguf-file"),
         (["--tokens", tokens_file, "--out", str(work / "o1")], "--checkpoint"),
     ] + [(["--checkpoint", c, "--tokens", tokens_file, "--out", str(work / "o1")], field) for c, field in sized] + \
-        [gguf_cut]
+        [gguf_cut, gguf_heads]
     for argv, field in cases:
         rc, stdout, err = export(argv, capsys)
         assert rc == 2 and stdout == "", (argv, err)
