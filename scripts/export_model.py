@@ -2023,13 +2023,15 @@ def generate(src, run, arch, cfg, prompt, N):
     def patch():
         return truth_patch() if arch in LLAMA_FAMILY else contextlib.nullcontext()
     toks64, logits64 = loop(src.m64, patch())
-    # exactly N tokens, EOS or not: generate() fills the fields left None from the model's generation_config, so
-    # its eos_token_id is cleared for the call (min_new_tokens would instead mask EOS out of the argmax)
+    # Plain greedy decoding, exactly N tokens, EOS or not: generate() fills every field left None from the
+    # model's generation_config, the checkpoint's generation_config.json, whose logits processors then apply
+    # (suppress_tokens or bad_words_ids changed its tokens, and a valid checkpoint failed this check; its
+    # eos_token_id stopped it early, and min_new_tokens would mask EOS out of the argmax). The model's is a
+    # fresh GenerationConfig for the call: transformers' defaults and nothing of the checkpoint's.
     gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=N, pad_token_id=0, output_logits=True,
                           return_dict_in_generate=True)
     saved = src.m64.generation_config
-    src.m64.generation_config = copy.deepcopy(saved)
-    src.m64.generation_config.eos_token_id = None
+    src.m64.generation_config = GenerationConfig()
     try:
         with torch.no_grad(), patch():
             g = src.m64.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=gc)

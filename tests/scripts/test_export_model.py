@@ -342,6 +342,33 @@ def test_generation(work, tokens_file, capsys, arch):
     assert torch.allclose(t["generation.logits"][0], t["logits"][0, 7], rtol=0, atol=1e-12)
 
 
+def test_generation_is_plain_greedy_whatever_the_checkpoint_s_generation_config_says(work, tokens_file, capsys):
+    # model.generate took the checkpoint's generation_config.json's logits processors: suppress_tokens or
+    # bad_words_ids naming a greedy token made its tokens differ from the KV-cache loop's, and a valid
+    # checkpoint failed the export's self-check
+    ck = make(work, "llama")
+    plain = work / "gen_plain"
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(plain), "--generate", "3"], capsys)
+    assert rc == 0, err
+    ids = model_of(plain)[1]["generation.ids"]
+    greedy = ids[0, 8:].tolist()
+    for name, fields in (("suppress", {"suppress_tokens": [greedy[1]]}),
+                         ("bad_words", {"bad_words_ids": [[greedy[1]]]}),
+                         ("begin_suppress", {"begin_suppress_tokens": [greedy[0]]}),
+                         ("eos", {"eos_token_id": greedy[0], "repetition_penalty": 5.0})):
+        d = work / f"gen_config_{name}"
+        if not d.exists():
+            shutil.copytree(ck, d)
+            doc = json.loads((d / "generation_config.json").read_text())
+            doc.update(fields)
+            (d / "generation_config.json").write_text(json.dumps(doc))
+        out = work / f"gen_config_{name}_out"
+        rc, _, err = export(["--checkpoint", str(d), "--tokens", tokens_file, "--out", str(out), "--generate", "3"],
+                            capsys)
+        assert rc == 0, (name, err)
+        assert torch.equal(model_of(out)[1]["generation.ids"], ids), name
+
+
 # ---- refusals ------------------------------------------------------------------------------------------------
 
 BAD_TOKENS = [
