@@ -181,8 +181,16 @@ def own_file(name):
 
 def check_out_dir(out):
     """The folder is refused unless it is absent, empty, or an earlier export of this script (its own files and
-    nothing else, model.json of format tparity.model); it is never a symbolic link."""
+    nothing else, model.json of format tparity.model); it is never a symbolic link. A last component of . or ..
+    (or /, or nothing) is refused before anything is looked at: plink/. is the folder a link names, which
+    islink does not see, and a folder named so cannot be renamed onto (the whole export ran, wrote its
+    temporary folder in the link's target and failed at the rename, exit 1)."""
+    raw = out
     out = out.rstrip("/") or "/"
+    last = os.path.basename(out)
+    if last in ("", ".", ".."):
+        raise UsageError(f"--out {raw or repr(raw)}: expected a path ending in the output folder's own name, got "
+                         f"{shown(last or raw)} as its last component (name the folder itself)")
     if os.path.islink(out):
         raise UsageError(f"--out {out}: is a symbolic link (the output folder is never reached through one)")
     parent = os.path.dirname(out) or "."

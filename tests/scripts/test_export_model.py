@@ -679,6 +679,27 @@ def test_an_existing_folder_that_is_not_an_export_is_refused(work, tokens_file, 
     assert rc == 2 and "symbolic link" in err and os.listdir(target) == []
 
 
+def test_an_out_folder_named_by_dot_or_dot_dot_is_refused_before_anything_is_written(work, tokens_file, capsys,
+                                                                                    monkeypatch):
+    # link/. is the folder the link names, which islink does not see: the whole export ran, wrote its temporary
+    # folder in the link's target, and the rename onto link/. (or emptydir/., or .) failed, exit 1
+    ck = make(work, "llama")
+    target, empty = work / "dot_target", work / "dot_empty"
+    target.mkdir(exist_ok=True)
+    (empty / "inner").mkdir(parents=True, exist_ok=True)
+    link = work / "dot_link"
+    if not link.is_symlink():
+        link.symlink_to(target)
+    monkeypatch.chdir(empty / "inner")
+    for out, last in ((f"{link}/.", "."), (f"{link}/./", "."), (f"{empty}/.", "."), (f"{empty}/inner/..", ".."),
+                      (".", "."), ("..", "..")):
+        rc, stdout, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", out], capsys)
+        assert rc == 2 and stdout == "" and err.count("\n") == 1, (out, err)
+        assert err.startswith(f"export_model: --out {out}: expected a path ending in the output "
+                              f"folder's own name, got '{last}' as its last component"), (out, err)
+        assert os.listdir(target) == [] and os.listdir(empty) == ["inner"] and os.listdir(empty / "inner") == []
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_tensors_the_config_leaves_unread_are_counted_and_named(work, tokens_file, capsys, arch):
     # A config of one layer on a checkpoint of three: transformers builds and loads the one-layer model, the
