@@ -477,6 +477,19 @@ def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_id(work, capsys
     assert model_of(work / "o_tok250")[1]["input_ids"].tolist() == [[1, 2, 249], [3, 251, 251]]
 
 
+def test_a_prompt_beginning_with_a_dash_is_given_as_prompt_equals_text(work, capsys):
+    # --prompt -h is two words, the second taken for an option: a prompt that begins with "-" is passed as one
+    # word, --prompt=TEXT (as tparity model passes every prompt)
+    ck = str(with_tokenizer(work, "plain"))
+    out = work / "o_dash"
+    rc, stdout, err = export(["--checkpoint", ck, "--prompt", "-h", "--out", str(out)], capsys)
+    assert rc == 2 and stdout == "" and err == "export_model: argument --prompt: expected at least one argument\n"
+    rc, _, err = export(["--checkpoint", ck, "--prompt=-h", "--prompt=--help", "--prompt=w1 -w2", "--out", str(out)],
+                        capsys)
+    assert rc == 0, err
+    assert model_of(out)[0]["prompts"] == ["-h", "--help", "w1 -w2"]
+
+
 def test_a_checkpoint_s_files_as_links_to_blobs_as_a_hugging_face_cache_holds_them_are_read(work, tokens_file,
                                                                                            capsys):
     # a Hugging Face cache's snapshot is links to its blobs: followed, for the weights, config.json, the
