@@ -181,8 +181,16 @@ def own_file(name):
 
 def check_out_dir(out):
     """The folder is refused unless it is absent, empty, or an earlier export of this script (its own files and
-    nothing else, model.json of format tparity.model); it is never a symbolic link."""
+    nothing else, model.json of format tparity.model); it is never a symbolic link. A last component of . or ..
+    (or /, or nothing) is refused before anything is looked at: plink/. is the folder a link names, which
+    islink does not see, and a folder named so cannot be renamed onto (the whole export ran, wrote its
+    temporary folder in the link's target and failed at the rename, exit 1)."""
+    raw = out
     out = out.rstrip("/") or "/"
+    last = os.path.basename(out)
+    if last in ("", ".", ".."):
+        raise UsageError(f"--out {raw or repr(raw)}: expected a path ending in the output folder's own name, got "
+                         f"{shown(last or raw)} as its last component (name the folder itself)")
     if os.path.islink(out):
         raise UsageError(f"--out {out}: is a symbolic link (the output folder is never reached through one)")
     parent = os.path.dirname(out) or "."
@@ -259,22 +267,37 @@ def resolve_checkpoint(a):
         raise UsageError(f"--checkpoint {a.checkpoint}: not a folder")
     if a.gguf_file is not None:
         path = os.path.join(folder, a.gguf_file)
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise UsageError(f"--gguf-file {a.gguf_file}: no such file in {folder}")
+        open_plain(path, "--gguf-file", follow=True).close()
+        check_generation_config(folder)
         return folder, a.gguf_file, os.path.splitext(a.gguf_file)[0], a.gguf_file
-    if not os.path.isfile(os.path.join(folder, "config.json")):
+    if not os.path.lexists(os.path.join(folder, "config.json")):
         raise UsageError(f"--checkpoint {folder}: no config.json")
-    single = os.path.isfile(os.path.join(folder, "model.safetensors"))
-    index = os.path.isfile(os.path.join(folder, "model.safetensors.index.json"))
+    # what is there, whatever it is (a FIFO is refused as one, not taken for no file)
+    single = os.path.lexists(os.path.join(folder, "model.safetensors"))
+    index = os.path.lexists(os.path.join(folder, "model.safetensors.index.json"))
     if not (single or index):
         raise UsageError(f"--checkpoint {folder}: neither model.safetensors nor model.safetensors.index.json")
     if single and index:  # transformers loads one, the layers would be read from the other
         raise UsageError(f"--checkpoint {folder}: both model.safetensors and model.safetensors.index.json; expected "
                          f"one (which weights are the checkpoint's?)")
-    for name in ("config.json", "model.safetensors.index.json"):
-        check_json_keys(os.path.join(folder, name))
+    read_checkpoint_json(os.path.join(folder, "config.json"))
+    if index:
+        read_checkpoint_json(os.path.join(folder, "model.safetensors.index.json"))
+    else:
+        open_plain(os.path.join(folder, "model.safetensors"), "", follow=True).close()
+    check_generation_config(folder)
     base = os.path.basename(os.path.abspath(folder))
     return folder, None, base, base
+
+
+def check_generation_config(folder):
+    """generation_config.json, which from_pretrained reads for a whole model: read here first (a list there was
+    a TypeError in transformers, a traceback)."""
+    path = os.path.join(folder, "generation_config.json")
+    if os.path.lexists(path):
+        read_checkpoint_json(path, keys_once=False)
 
 
 def load_config(folder, gguf):
@@ -287,12 +310,46 @@ def load_config(folder, gguf):
         if gguf:
             return AutoConfig.from_pretrained(folder, gguf_file=gguf)
         return AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError, struct.error) as e:
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError, struct.error, ArithmeticError) as e:
         # struct.error: a GGUF file cut short in its header
         what = f"--gguf-file {gguf}" if gguf else os.path.join(folder, "config.json")
+        zero = zero_size(folder, gguf) if isinstance(e, ZeroDivisionError) else None
+        if zero is not None:
+            raise UsageError(f"{what}: {zero[0]}: expected a whole number from 1 to {zero[1]}, got 0") from None
         text = " ".join(str(e).split())
         text = text if len(text) <= 240 else text[:237] + "..."
+        if isinstance(e, ArithmeticError):  # "integer modulo by zero" says too little alone
+            text = f"{type(e).__name__}: {text}"
         raise UsageError(f"{what}: transformers cannot read its config: {text}") from None
+
+
+def zero_size(folder, gguf):
+    """(the key, the most it may be) of the first size of the config that is 0, as its file names it (a GGUF
+    file's metadata key, or config.json's own key: GPT-2's n_head), or None. transformers' config validation
+    divides by the head count before check_sizes can look at it: a ZeroDivisionError, a traceback."""
+    most = dict(SIZE_FIELDS)
+    try:
+        if gguf:
+            from gguf import GGUFReader
+            from transformers.integrations import GGUF_CONFIG_MAPPING
+            from transformers.modeling_gguf_pytorch_utils import read_field
+            reader = GGUFReader(os.path.join(folder, gguf), "r")
+            arch = read_field(reader, "general.architecture")[0]
+            fields = {f"{arch}.{k}": field for k, field in GGUF_CONFIG_MAPPING.get(arch, {}).items()}
+            values = {k: read_field(reader, k) for k in fields}
+            values = {k: v[0] for k, v in values.items() if len(v) == 1}
+        else:
+            from transformers import CONFIG_MAPPING
+            values = read_checkpoint_json(os.path.join(folder, "config.json"))
+            alias = getattr(CONFIG_MAPPING.get(values.get("model_type"), None), "attribute_map", {}) \
+                if values.get("model_type") in CONFIG_MAPPING else {}
+            fields = {k: alias.get(k, k) for k in values}
+    except (OSError, ValueError, IndexError, KeyError, struct.error):
+        return None
+    for key, field in fields.items():
+        if field in most and key in values and is_whole(values[key], 0, 0):
+            return key, most[field]
+    return None
 
 
 def is_number(v):
@@ -310,13 +367,8 @@ def rope_key(folder, gguf):
     which reads either)."""
     if gguf:
         return "rope_parameters"
-    try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return "rope_parameters"
-    return "rope_scaling" if isinstance(doc, dict) and "rope_parameters" not in doc and "rope_scaling" in doc \
-        else "rope_parameters"
+    doc = read_checkpoint_json(os.path.join(folder, "config.json"))
+    return "rope_scaling" if "rope_parameters" not in doc and "rope_scaling" in doc else "rope_parameters"
 
 
 def check_supported(cfg, where, rope="rope_parameters"):
@@ -385,6 +437,12 @@ def shown_name(n):
     every character past it escaped as Python escapes them, at most 256 bytes; the empty name as ''."""
     text = "".join(c if " " <= c <= "~" and c != "\\" else ascii(c)[1:-1] for c in n) or "''"
     return text if len(text) <= 256 else text[:253] + "..."
+
+
+def natural(n):
+    """A tensor name's sort key: its numbers as numbers (layers.2 before layers.10), then the name itself (w.01
+    and w.1 in one order on every run)."""
+    return [int(t) if t.isascii() and t.isdigit() else t for t in re.split(r"([0-9]+)", n)], n
 
 
 def shown(v, most=80):
@@ -494,13 +552,10 @@ class CheckpointTensors:
         from safetensors import safe_open
         index = os.path.join(folder, "model.safetensors.index.json")
         self.files = {}
-        if os.path.isfile(index):
-            try:
-                with open(index, encoding="utf-8") as f:
-                    weight_map = json.load(f)["weight_map"]
-                assert isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())
-            except (OSError, ValueError, KeyError, AssertionError, TypeError, RecursionError):
-                raise UsageError(f"{index}: weight_map: expected an object of tensor name -> shard file") from None
+        if os.path.lexists(index):
+            weight_map = read_checkpoint_json(index).get("weight_map")
+            if not (isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())):
+                raise UsageError(f"{index}: weight_map: expected an object of tensor name -> shard file")
             shards = sorted(set(weight_map.values()))
         else:
             weight_map, shards = None, ["model.safetensors"]
@@ -574,8 +629,14 @@ def meta_model(arch, cfg, where):
     try:
         with torch.device("meta"):
             return model_class(arch).from_config(cfg, attn_implementation="eager")
-    except ValueError as e:
-        raise UsageError(f"{where}: transformers cannot build its model: {' '.join(str(e).split())[:240]}") from None
+    except (ValueError, AssertionError, ArithmeticError) as e:
+        # AssertionError: torch's Embedding given a pad_token_id past vocab_size ("Padding_idx must be within
+        # num_embeddings"), a traceback; named by its fields
+        text = " ".join(str(e).split())[:240]
+        if "Padding_idx" in text:
+            text += (f" (pad_token_id {shown(getattr(cfg, 'pad_token_id', None))}, vocab_size "
+                     f"{shown(getattr(cfg, 'vocab_size', None))})")
+        raise UsageError(f"{where}: transformers cannot build its model: {text}") from None
 
 
 def check_gguf_holds(folder, gguf, arch, cfg):
@@ -585,10 +646,13 @@ def check_gguf_holds(folder, gguf, arch, cfg):
     memory-mapped, nothing dequantized) holds fewer elements (a quantized block counts its elements) than the
     parameters the export reads."""
     from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import read_field
     try:
-        tensors = GGUFReader(os.path.join(folder, gguf), "r").tensors
+        reader = GGUFReader(os.path.join(folder, gguf), "r")
+        tensors = reader.tensors
         held = sum(int(t.n_elements) for t in tensors)
-        names = {str(t.name) for t in tensors}
+        names = [str(t.name) for t in tensors]
+        gguf_arch = read_field(reader, "general.architecture")[0]
     except (OSError, ValueError, IndexError, KeyError, struct.error) as e:
         raise UsageError(f"--gguf-file {gguf}: the gguf package cannot read its tensor list: "
                          f"{' '.join(str(e).split())[:200]}") from None
@@ -600,6 +664,34 @@ def check_gguf_holds(folder, gguf, arch, cfg):
     if held < need:
         raise UsageError(f"--gguf-file {gguf}: its tensors hold {held:,} elements, fewer than the {need:,} "
                          f"parameters of the model its metadata describes: expected that model's weights")
+    return names, gguf_arch
+
+
+def gguf_names_loaded(model, gguf_arch):
+    """{a GGUF tensor name: the model's parameter it loads as}, by transformers' own mapping
+    (modeling_gguf_pytorch_utils.get_gguf_hf_weights_map with the architecture's tensor processor, as
+    load_gguf_checkpoint builds it): its loader drops every tensor of the file that is not a key of it. The
+    processors of the architectures read here keep a tensor's name (GPT-2's moves output.weight to lm_head,
+    which the mapping names so too)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+    return get_gguf_hf_weights_map(model, TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)())
+
+
+def check_gguf_loaded(gguf, model, info, names, gguf_arch):
+    """A parameter from_pretrained did not find in the GGUF file is refused: transformers fills it with random
+    values and says so in its log only (a file of one tensor named junk, of the model's element count, or the
+    real weights with blk.1.ffn_down.weight renamed, exported a random model and passed). Returns the file's
+    tensors the model reads none of, in natural order, as the safetensors path counts its own."""
+    loads = gguf_names_loaded(model, gguf_arch)
+    missing = set(info.get("missing_keys") or ()) | set(info.get("mismatched_keys") or ())
+    for n in model.state_dict():  # the model's own order: the embeddings first
+        if n in missing:
+            held_as = [g for g, h in loads.items() if h == n]
+            as_named = f" (GGUF tensor {shown_name(held_as[0])})" if held_as else ""
+            raise UsageError(f"--gguf-file {gguf}: tensor {n}{as_named} is missing from the checkpoint")
+    if missing:  # not a name of the state_dict: should not happen, but a random parameter is never judged
+        raise UsageError(f"--gguf-file {gguf}: tensor {sorted(missing)[0]} is missing from the checkpoint")
+    return sorted((n for n in set(names) if n not in loads), key=natural)
 
 
 def make_truth(m64, arch, cfg):
@@ -614,15 +706,19 @@ def make_truth(m64, arch, cfg):
 class WholeSource:
     """The model loaded whole by from_pretrained (float32), with its float64 truth copy."""
 
-    def __init__(self, folder, gguf, arch, cfg):
+    def __init__(self, folder, gguf, arch, cfg, gguf_names=None):
         import torch
         kw = {"gguf_file": gguf} if gguf else {}
         try:
-            self.m32 = model_class(arch).from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
-                                                         **kw).eval()
+            self.m32, info = model_class(arch).from_pretrained(folder, dtype=torch.float32,
+                                                               attn_implementation="eager", output_loading_info=True,
+                                                               **kw)
+            self.m32.eval()
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             what = f"--gguf-file {gguf}" if gguf else f"--checkpoint {folder}"
             raise UsageError(f"{what}: transformers cannot load the model: {str(e).splitlines()[0][:200]}") from None
+        # the GGUF file's tensors the model reads none of (a safetensors checkpoint's: StreamedSource.unused)
+        self.unused = check_gguf_loaded(gguf, self.m32, info, *gguf_names) if gguf else None
         self.cfg = self.m32.config
         check(next(self.m32.parameters()).dtype == torch.float32, "the loaded model is not float32")
         # from_pretrained's weights lie where the file put them (8 bytes past a 64-byte line, say), and MKL's
@@ -743,8 +839,6 @@ class StreamedSource:
         def own(n):
             return any(n == e or n.endswith("." + e) for e in ends) or any(r.search(n) for r in ignored)
 
-        def natural(n):  # then the name itself: w.01 and w.1 in one order on every run
-            return [int(t) if t.isascii() and t.isdigit() else t for t in re.split(r"([0-9]+)", n)], n
         return sorted((n for n in self.stored - used if not own(n)), key=natural)
 
     def materialize(self, meta_module):
@@ -836,41 +930,74 @@ def too_deep(what):
                       f"{sys.getrecursionlimit()} levels); expected a plain document")
 
 
-def check_json_keys(path):
-    """A stranger's JSON file that transformers or safetensors will read with the last of each duplicated key:
-    refused when a key comes twice (config.json's num_hidden_layers twice left a layer's weights unread), or
-    when it nests too deeply for any Python reader."""
+# The most a JSON file of a checkpoint's folder read here may hold: config.json, the shard index and
+# generation_config.json are kilobytes, a tokenizer's tokenizer.json or vocab.json a few to some tens of
+# megabytes. An 8 GB sparse config.json was read whole, until memory ran out.
+JSON_MOST = 64 << 20
+TOKENIZER_JSON_MOST = 512 << 20
+# The tokenizer's JSON files transformers reads with Python's reader, and the most each may hold
+TOKENIZER_JSON = {"tokenizer_config.json": JSON_MOST, "special_tokens_map.json": JSON_MOST,
+                  "added_tokens.json": JSON_MOST, "tokenizer.json": TOKENIZER_JSON_MOST,
+                  "vocab.json": TOKENIZER_JSON_MOST}
+
+
+def read_checkpoint_json(path, most=JSON_MOST, keys_once=True):
+    """A JSON file of a stranger's checkpoint folder, read before transformers or safetensors reads it, as a
+    JSON object. Refused: what is not a plain file once links are followed (a Hugging Face cache's snapshot is
+    links to its blobs), at once (a FIFO blocked for ever, a link to /dev/zero read until memory ran out); a
+    file over `most` bytes; what is not JSON, nests too deeply for any Python reader (RecursionError, a
+    traceback) or is not an object (a tokenizer_config.json of [] or 3 was an AttributeError in transformers);
+    with keys_once, a key twice in one object (transformers reads the last: config.json's num_hidden_layers
+    twice left a layer's weights unread)."""
+    with open_plain(path, "", follow=True) as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            text = f.read(most + 1) if size <= most else None
+        except OSError as e:
+            raise UsageError(f"{path}: cannot read it: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}: not UTF-8 text") from None
+    if text is None or len(text) > most:  # or grown since the fstat
+        raise UsageError(f"{path}: holds {gb(max(size, most + 1))}, more than the {most >> 20} MiB expected of "
+                         f"this file")
     try:
-        with open(path, encoding="utf-8") as f:
-            json.load(f, object_pairs_hook=unique_keys)
-    except ValueError as e:
-        if "comes twice" in str(e):
-            raise UsageError(f"{path}: {e}") from None
+        doc = json.loads(text, object_pairs_hook=unique_keys if keys_once else None)
     except RecursionError:
         raise too_deep(path) from None
-    except OSError:
-        pass  # its reader says why
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:
+        raise UsageError(f"{path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: expected a JSON object, got {shown_value(doc)}")
+    return doc
 
 
-def open_plain(path, option):
+FILE_KINDS = {stat.S_IFLNK: "a symbolic link (a file handed to the export is never read through one: name the "
+                            "file itself)", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder",
+              stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def open_plain(path, option, follow=False):
     """A plain file handed to the export, opened for reading as UTF-8 text: a symbolic link is refused, never
     followed (as --out; tparity model --export), and a FIFO, device or folder is refused at once, not waited
-    on (opening a FIFO blocked until a writer came, for ever)."""
-    kinds = {stat.S_IFLNK: "a symbolic link (a file handed to the export is never read through one: name the "
-                           "file itself)", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder",
-             stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+    on (opening a FIFO blocked until a writer came, for ever). With `follow`, a symbolic link is followed to
+    what it names, which must be a plain file (a checkpoint's files in a Hugging Face cache). Messages begin
+    with the option and the path, or the path alone for an option of ""."""
+    what = f"{option} {path}" if option else path
     try:
-        st = os.lstat(path)
+        st = os.stat(path) if follow else os.lstat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{option} {path}: is {kinds.get(stat.S_IFMT(st.st_mode), 'not a plain file')}, "
+            raise UsageError(f"{what}: is {FILE_KINDS.get(stat.S_IFMT(st.st_mode), 'not a plain file')}, "
                              f"expected a plain file")
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_NOCTTY |
+                     os.O_CLOEXEC)
     except OSError as e:
-        raise UsageError(f"{option} {path}: cannot read it: {e.strerror}") from None
+        raise UsageError(f"{what}: cannot read it: {e.strerror}") from None
     f = os.fdopen(fd, encoding="utf-8")
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since the lstat
         f.close()
-        raise UsageError(f"{option} {path}: is not a plain file (it changed while it was opened)")
+        raise UsageError(f"{what}: is not a plain file (it changed while it was opened)")
     return f
 
 
@@ -1163,9 +1290,12 @@ def has_tokenizer(folder, gguf):
 def load_tokenizer(folder, gguf):
     from transformers import AutoTokenizer
     kw = {"gguf_file": gguf} if gguf else {}
+    for name, most in TOKENIZER_JSON.items():
+        if os.path.lexists(os.path.join(folder, name)):
+            read_checkpoint_json(os.path.join(folder, name), most, keys_once=False)
     try:
         tok = AutoTokenizer.from_pretrained(folder, **kw)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise UsageError(f"--checkpoint {folder}: transformers cannot load its tokenizer: "
                          f"{str(e).splitlines()[0][:200]}") from None
     tok.padding_side = "right"
@@ -1176,7 +1306,9 @@ def load_tokenizer(folder, gguf):
     return tok
 
 
-def tokenize(tok, prompts, vocab, max_positions):
+def tokenize(tok, prompts, vocab, max_positions, who):
+    """The prompts' ids and mask. An id outside the model's vocabulary is the tokenizer's fault, refused naming
+    `who` (the checkpoint's option) and the id: it is a tokenizer of another model."""
     import torch
     enc = tok(prompts, padding=True, return_tensors="pt")
     ids, mask = enc["input_ids"].to(torch.int64), enc["attention_mask"].to(torch.int64)
@@ -1184,7 +1316,13 @@ def tokenize(tok, prompts, vocab, max_positions):
         n = int(mask[b].sum())
         check(n > 0 and bool((mask[b, :n] == 1).all()) and bool((mask[b, n:] == 0).all()),
               f"the tokenizer's attention_mask row {b} is not 1s then 0s")
-    check(bool(((ids >= 0) & (ids < vocab)).all()), "the tokenizer gives ids outside vocab_size")
+    outside = (ids < 0) | (ids >= vocab)
+    if bool(outside.any()):  # a real token's first; padding's too (the embeddings look it up)
+        real = outside & (mask == 1)
+        b, t = (real if bool(real.any()) else outside).nonzero()[0].tolist()
+        raise UsageError(f"{who}: its tokenizer gives id {int(ids[b, t])} (prompt {b}, "
+                         f"{'token' if mask[b, t] else 'padding at'} {t}), outside the model's vocab_size {vocab}: "
+                         f"expected the model's own tokenizer")
     if ids.shape[1] > max_positions:
         raise UsageError(f"--prompt: {ids.shape[1]} tokens, more than the model's {max_positions} positions")
     return ids, mask
@@ -1503,7 +1641,7 @@ def export(a, tmp, log):
             raise UsageError(f"--checkpoint {folder}: has no tokenizer; give the ids with --tokens FILE.json")
         tok = load_tokenizer(folder, gguf)
         prompts = a.prompt if a.prompt is not None else DEFAULT_PROMPTS
-        ids, mask = tokenize(tok, prompts, vocab, max_pos)
+        ids, mask = tokenize(tok, prompts, vocab, max_pos, weights_where)
     lengths = [int(x) for x in mask.sum(1)]
     if a.generate and lengths[0] + a.generate > max_pos:
         raise UsageError(f"--generate {a.generate}: prompt 0's {lengths[0]} tokens and {a.generate} more exceed "
@@ -1514,15 +1652,15 @@ def export(a, tmp, log):
     # Nothing large is built before the checkpoint is seen to hold the model's weights (check_gguf_holds,
     # StreamedSource.check_shapes).
     whole = gguf is not None or a.generate > 0
+    gguf_names = None
     if gguf:
-        check_gguf_holds(folder, gguf, arch, cfg)
+        gguf_names = check_gguf_holds(folder, gguf, arch, cfg)
         stream = None
     else:
         stream = StreamedSource(folder, arch, cfg)
-    src = WholeSource(folder, gguf, arch, cfg) if whole else stream
+    src = WholeSource(folder, gguf, arch, cfg, gguf_names) if whole else stream
     cfg = src.cfg
-    # A GGUF file's tensors go by llama.cpp's names, not the model's: not looked at.
-    unused = None if gguf else stream.unused()
+    unused = src.unused if gguf else stream.unused()
     t_load = time.monotonic()
     run = Runner(arch, cfg, ids, mask)
     check_cost(a, src, arch, cfg, ids, (A, B), tmp, whole or count_params(src) < WHOLE_CHECK_PARAMS, weights_where)
@@ -1893,13 +2031,15 @@ def generate(src, run, arch, cfg, prompt, N):
     def patch():
         return truth_patch() if arch in LLAMA_FAMILY else contextlib.nullcontext()
     toks64, logits64 = loop(src.m64, patch())
-    # exactly N tokens, EOS or not: generate() fills the fields left None from the model's generation_config, so
-    # its eos_token_id is cleared for the call (min_new_tokens would instead mask EOS out of the argmax)
+    # Plain greedy decoding, exactly N tokens, EOS or not: generate() fills every field left None from the
+    # model's generation_config, the checkpoint's generation_config.json, whose logits processors then apply
+    # (suppress_tokens or bad_words_ids changed its tokens, and a valid checkpoint failed this check; its
+    # eos_token_id stopped it early, and min_new_tokens would mask EOS out of the argmax). The model's is a
+    # fresh GenerationConfig for the call: transformers' defaults and nothing of the checkpoint's.
     gc = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=N, pad_token_id=0, output_logits=True,
                           return_dict_in_generate=True)
     saved = src.m64.generation_config
-    src.m64.generation_config = copy.deepcopy(saved)
-    src.m64.generation_config.eos_token_id = None
+    src.m64.generation_config = GenerationConfig()
     try:
         with torch.no_grad(), patch():
             g = src.m64.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=gc)

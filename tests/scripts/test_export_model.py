@@ -342,6 +342,33 @@ def test_generation(work, tokens_file, capsys, arch):
     assert torch.allclose(t["generation.logits"][0], t["logits"][0, 7], rtol=0, atol=1e-12)
 
 
+def test_generation_is_plain_greedy_whatever_the_checkpoint_s_generation_config_says(work, tokens_file, capsys):
+    # model.generate took the checkpoint's generation_config.json's logits processors: suppress_tokens or
+    # bad_words_ids naming a greedy token made its tokens differ from the KV-cache loop's, and a valid
+    # checkpoint failed the export's self-check
+    ck = make(work, "llama")
+    plain = work / "gen_plain"
+    rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(plain), "--generate", "3"], capsys)
+    assert rc == 0, err
+    ids = model_of(plain)[1]["generation.ids"]
+    greedy = ids[0, 8:].tolist()
+    for name, fields in (("suppress", {"suppress_tokens": [greedy[1]]}),
+                         ("bad_words", {"bad_words_ids": [[greedy[1]]]}),
+                         ("begin_suppress", {"begin_suppress_tokens": [greedy[0]]}),
+                         ("eos", {"eos_token_id": greedy[0], "repetition_penalty": 5.0})):
+        d = work / f"gen_config_{name}"
+        if not d.exists():
+            shutil.copytree(ck, d)
+            doc = json.loads((d / "generation_config.json").read_text())
+            doc.update(fields)
+            (d / "generation_config.json").write_text(json.dumps(doc))
+        out = work / f"gen_config_{name}_out"
+        rc, _, err = export(["--checkpoint", str(d), "--tokens", tokens_file, "--out", str(out), "--generate", "3"],
+                            capsys)
+        assert rc == 0, (name, err)
+        assert torch.equal(model_of(out)[1]["generation.ids"], ids), name
+
+
 # ---- refusals ------------------------------------------------------------------------------------------------
 
 BAD_TOKENS = [
@@ -381,6 +408,101 @@ def test_bad_tokens_exit_2_with_one_line(work, capsys, what, text, field):
     assert str(path) in lines[0] and field in lines[0], lines[0]
     assert not out.exists()
     assert not [n for n in os.listdir(work) if n.startswith(f".{out.name}.")]
+
+
+def with_tokenizer(work, name, words=250):
+    """A copy of the tiny llama checkpoint with a word-level tokenizer (tokenizers' WordLevel, saved by
+    transformers): w0 .. w{words-1} are ids 0 .. words-1, then [UNK] and [PAD]."""
+    ck = work / f"tok_{name}"
+    if not ck.exists():
+        tokenizers = pytest.importorskip("tokenizers")
+        from transformers import PreTrainedTokenizerFast
+        shutil.copytree(make(work, "llama"), ck)
+        vocab = {f"w{i}": i for i in range(words)}
+        vocab.update({"[UNK]": words, "[PAD]": words + 1})
+        t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+        t.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(ck)
+    return ck
+
+
+# a tokenizer's file replaced: (case, file, its text or a function making it, what the one line says after the
+# file's path). AttributeError and RecursionError in transformers' tokenizer load, tracebacks before; a FIFO
+# transformers passes over, loading another tokenizer than the checkpoint's
+BAD_TOKENIZER = [
+    ("config list", "tokenizer_config.json", "[]", "expected a JSON object, got []"),
+    ("config number", "tokenizer_config.json", "3", "expected a JSON object, got 3"),
+    ("special tokens list", "special_tokens_map.json", "[]", "expected a JSON object, got []"),
+    ("nested deep", "tokenizer.json", "[" * 100000 + "]" * 100000,
+     "its arrays and objects nest too deeply for Python's JSON reader"),
+    ("not json", "tokenizer_config.json", "{", "not JSON: Expecting property name enclosed in double quotes"),
+    ("config fifo", "tokenizer_config.json", os.mkfifo, "is a FIFO, expected a plain file"),
+    ("tokenizer zero", "tokenizer.json", lambda p: p.symlink_to("/dev/zero"), "is a character device, expected a "
+                                                                              "plain file"),
+]
+
+
+@pytest.mark.parametrize("what,file,text,message", BAD_TOKENIZER, ids=[b[0] for b in BAD_TOKENIZER])
+def test_a_bad_tokenizer_file_exits_2_with_one_line(work, capsys, what, file, text, message):
+    ck = work / f"tok_bad_{what.replace(' ', '_')}"
+    if not ck.exists():
+        shutil.copytree(with_tokenizer(work, "plain"), ck)
+        if os.path.lexists(ck / file):
+            os.remove(ck / file)
+        text(ck / file) if callable(text) else (ck / file).write_text(text)
+    out = work / "never_tok"
+    rc, stdout, err = export(["--checkpoint", str(ck), "--prompt", "w1 w2", "--out", str(out)], capsys)
+    assert rc == 2 and stdout == "" and err.count("\n") == 1, err
+    assert err.startswith(f"export_model: {ck / file}: {message}"), err
+    assert not out.exists()
+
+
+def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_id(work, capsys):
+    # ids past vocab_size were "FAILED: the tokenizer gives ids outside vocab_size", exit 1: bad input
+    ck = with_tokenizer(work, "words_300", words=300)
+    rc, stdout, err = export(["--checkpoint", str(ck), "--prompt", "w1 w2 w260", "--out", str(work / "o_tok300")],
+                             capsys)
+    assert rc == 2 and stdout == "", err
+    assert err == (f"export_model: --checkpoint {ck}: its tokenizer gives id 260 (prompt 0, token 2), outside the "
+                   f"model's vocab_size 256: expected the model's own tokenizer\n"), err
+    # its padding, past the vocabulary too, is looked up by the embeddings all the same
+    rc, stdout, err = export(["--checkpoint", str(ck), "--prompt", "w1 w2", "w3", "--out", str(work / "o_tok300")],
+                             capsys)
+    assert rc == 2 and "its tokenizer gives id 301 (prompt 1, padding at 1), outside" in err, err
+    assert not (work / "o_tok300").exists()
+    # within the vocabulary, the same tokenizer exports
+    rc, _, err = export(["--checkpoint", str(with_tokenizer(work, "plain")), "--prompt", "w1 w2 w249", "w3", "--out",
+                         str(work / "o_tok250")], capsys)
+    assert rc == 0, err
+    assert model_of(work / "o_tok250")[1]["input_ids"].tolist() == [[1, 2, 249], [3, 251, 251]]
+
+
+def test_a_prompt_beginning_with_a_dash_is_given_as_prompt_equals_text(work, capsys):
+    # --prompt -h is two words, the second taken for an option: a prompt that begins with "-" is passed as one
+    # word, --prompt=TEXT (as tparity model passes every prompt)
+    ck = str(with_tokenizer(work, "plain"))
+    out = work / "o_dash"
+    rc, stdout, err = export(["--checkpoint", ck, "--prompt", "-h", "--out", str(out)], capsys)
+    assert rc == 2 and stdout == "" and err == "export_model: argument --prompt: expected at least one argument\n"
+    rc, _, err = export(["--checkpoint", ck, "--prompt=-h", "--prompt=--help", "--prompt=w1 -w2", "--out", str(out)],
+                        capsys)
+    assert rc == 0, err
+    assert model_of(out)[0]["prompts"] == ["-h", "--help", "w1 -w2"]
+
+
+def test_a_checkpoint_s_files_as_links_to_blobs_as_a_hugging_face_cache_holds_them_are_read(work, tokens_file,
+                                                                                           capsys):
+    # a Hugging Face cache's snapshot is links to its blobs: followed, for the weights, config.json, the
+    # generation config and the tokenizer's files alike (what they name is a plain file)
+    blobs, snap = work / "hf_blobs", work / "hf_snapshot"
+    if not snap.exists():
+        shutil.copytree(with_tokenizer(work, "plain"), blobs)
+        snap.mkdir()
+        for n in os.listdir(blobs):
+            (snap / n).symlink_to(blobs / n)
+    rc, _, err = export(["--checkpoint", str(snap), "--prompt", "w1 w2", "--out", str(work / "o_snap"), "--generate",
+                         "2"], capsys)
+    assert rc == 0, err
 
 
 def test_tokens_that_are_not_a_plain_file_are_refused_never_followed_or_waited_on(work, tokens_file, capsys):
@@ -568,6 +690,27 @@ def test_an_existing_folder_that_is_not_an_export_is_refused(work, tokens_file, 
     link.symlink_to(target)
     rc, _, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", str(link)], capsys)
     assert rc == 2 and "symbolic link" in err and os.listdir(target) == []
+
+
+def test_an_out_folder_named_by_dot_or_dot_dot_is_refused_before_anything_is_written(work, tokens_file, capsys,
+                                                                                    monkeypatch):
+    # link/. is the folder the link names, which islink does not see: the whole export ran, wrote its temporary
+    # folder in the link's target, and the rename onto link/. (or emptydir/., or .) failed, exit 1
+    ck = make(work, "llama")
+    target, empty = work / "dot_target", work / "dot_empty"
+    target.mkdir(exist_ok=True)
+    (empty / "inner").mkdir(parents=True, exist_ok=True)
+    link = work / "dot_link"
+    if not link.is_symlink():
+        link.symlink_to(target)
+    monkeypatch.chdir(empty / "inner")
+    for out, last in ((f"{link}/.", "."), (f"{link}/./", "."), (f"{empty}/.", "."), (f"{empty}/inner/..", ".."),
+                      (".", "."), ("..", "..")):
+        rc, stdout, err = export(["--checkpoint", ck, "--tokens", tokens_file, "--out", out], capsys)
+        assert rc == 2 and stdout == "" and err.count("\n") == 1, (out, err)
+        assert err.startswith(f"export_model: --out {out}: expected a path ending in the output "
+                              f"folder's own name, got '{last}' as its last component"), (out, err)
+        assert os.listdir(target) == [] and os.listdir(empty) == ["inner"] and os.listdir(empty / "inner") == []
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -802,7 +945,13 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
          # transformers' own refusals when it builds the model, one line
          ("gpt2", "n_head", 3, "transformers cannot build its model: `embed_dim` must be divisible by num_heads"),
          ("bert", "num_attention_heads", 3, "transformers cannot build its model: The hidden size (64) is not a "
-          "multiple of the number of attention heads (3)")]
+          "multiple of the number of attention heads (3)"),
+         # transformers' config divides by the head count first (ZeroDivisionError), torch's Embedding asserts
+         # the padding id (AssertionError): tracebacks and exit 1 before
+         ("llama", "num_attention_heads", 0, "num_attention_heads: expected a whole number from 1 to 65536, got 0"),
+         ("llama", "num_key_value_heads", 0, "num_key_value_heads: expected a whole number from 1 to 65536, got 0"),
+         ("llama", "pad_token_id", 999, "transformers cannot build its model: Padding_idx must be within "
+          "num_embeddings (pad_token_id 999, vocab_size 256)")]
     sources = {"llama": ck, "mistral": mistral, "gemma2": gemma2, "gpt2": gpt2, "bert": bert}
     for i, (arch, field, value, message) in enumerate(values):
         sized.append((with_config_of(sources[arch], f"value_{i}_{arch}_{field}", **{field: value}),
@@ -811,6 +960,38 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
     sized.append((with_config_of(qwen3, "qwen3_no_window", use_sliding_window=False,
                                  layer_types=["sliding_attention", "full_attention", "full_attention"]),
                   "config.json: layer_types: layer 0 is sliding_attention but sliding_window is null"))
+    # a checkpoint's JSON files read before transformers reads them: a FIFO (opening it waited for a writer, for
+    # ever), a link to /dev/zero (read until memory ran out), a sparse file past the cap (read whole), a list
+    # where an object goes (a TypeError in from_pretrained); a FIFO for the weights (safetensors waited on it)
+    def with_file(name, file, make_it, src=ck):
+        dst = work / f"file_{name}"
+        if not dst.exists():
+            shutil.copytree(src, dst)
+            if os.path.lexists(dst / file):
+                os.remove(dst / file)
+            make_it(dst / file)
+        return str(dst)
+
+    def sparse(path):
+        with open(path, "w") as f:
+            f.write('{"pad": "')
+            f.truncate(100 << 20)
+    sharded = make(work, "llama", 0, "sharded", shard="40KB")
+    sized += [(with_file("config_fifo", "config.json", os.mkfifo), "config.json: is a FIFO, expected a plain file"),
+              (with_file("config_zero", "config.json", lambda p: p.symlink_to("/dev/zero")),
+               "config.json: is a character device, expected a plain file"),
+              (with_file("config_sparse", "config.json", sparse), "config.json: holds 105 MB, more than the 64 MiB "
+               "expected of this file"),
+              (with_file("config_list", "config.json", lambda p: p.write_text("[]")),
+               "config.json: expected a JSON object, got []"),
+              (with_file("index_fifo", "model.safetensors.index.json", os.mkfifo, sharded),
+               "model.safetensors.index.json: is a FIFO, expected a plain file"),
+              (with_file("weights_fifo", "model.safetensors", os.mkfifo), "model.safetensors: is a FIFO, expected a "
+               "plain file"),
+              (with_file("generation_list", "generation_config.json", lambda p: p.write_text("[]")),
+               "generation_config.json: expected a JSON object, got []"),
+              (with_file("generation_zero", "generation_config.json", lambda p: p.symlink_to("/dev/zero")),
+               "generation_config.json: is a character device, expected a plain file")]
     # a GGUF file cut short in its header (its key-value count promised, no key): struct.error
     cut = work / "gguf_cut"
     cut.mkdir(exist_ok=True)
@@ -818,6 +999,11 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
                                    (1).to_bytes(8, "little"))
     gguf_cut = (["--checkpoint", str(cut), "--gguf-file", "cut.gguf", "--tokens", tokens_file, "--out",
                  str(work / "o1")], "--gguf-file cut.gguf: transformers cannot read its config: ")
+    # a GGUF file's head count of 0: transformers' config divides by it (ZeroDivisionError)
+    gguf_heads = (llama_gguf(work, "heads_0", None, head_count=0) + ["--tokens", tokens_file, "--out",
+                                                                     str(work / "o1")],
+                  "--gguf-file heads_0.gguf: llama.attention.head_count: expected a whole number from 1 to 65536, "
+                  "got 0")
     cases = [
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "2:9"], "--layers"),
         (["--checkpoint", ck, "--tokens", tokens_file, "--out", str(work / "o1"), "--layers", "x"], "--layers"),
@@ -834,7 +1020,7 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
         (["--checkpoint", ck, "--gguf-file", "none.gguf", "--out", str(work / "o1")], "--gguf-file"),
         (["--tokens", tokens_file, "--out", str(work / "o1")], "--checkpoint"),
     ] + [(["--checkpoint", c, "--tokens", tokens_file, "--out", str(work / "o1")], field) for c, field in sized] + \
-        [gguf_cut]
+        [gguf_cut, gguf_heads]
     for argv, field in cases:
         rc, stdout, err = export(argv, capsys)
         assert rc == 2 and stdout == "", (argv, err)
@@ -894,6 +1080,78 @@ def test_weights_that_are_not_the_config_s_model_are_refused_before_it_is_built(
     assert rc == 2 and err.count("\n") == 1, err
     assert err == f"export_model: --checkpoint {swapped}: tensor {gone} is missing from the checkpoint\n", err
     assert not any((work / o).exists() for o in ("o_gguf", "o_big", "o_swapped"))
+
+
+GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+              "post_attention_layernorm": "ffn_norm"}
+
+
+def llama_gguf(work, name, tensors, head_count=4):
+    """A GGUF file of the tiny llama's metadata (gguf's GGUFWriter) holding `tensors`, {GGUF name: array}, in a
+    folder of its own; or, for tensors None, the tiny llama checkpoint's weights under llama.cpp's names. The
+    q and k weights are not permuted as llama.cpp permutes them (transformers un-permutes them on load): a
+    model of its own, which only has to be whole."""
+    gguf = pytest.importorskip("gguf")
+    if tensors is None:
+        tensors = {}
+        for k, v in checkpoint_tensors(make(work, "llama")).items():
+            p = k.split(".")
+            tensors[GGUF_NAMES[k] if k in GGUF_NAMES else f"blk.{p[2]}.{GGUF_NAMES['.'.join(p[3:-1])]}.weight"] = \
+                v.numpy()
+    folder = work / f"gguf_{name}"
+    folder.mkdir(exist_ok=True)
+    w = gguf.GGUFWriter(str(folder / f"{name}.gguf"), "llama")
+    w.add_context_length(256), w.add_embedding_length(64), w.add_feed_forward_length(128), w.add_block_count(3)
+    w.add_head_count(head_count), w.add_head_count_kv(2), w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6), w.add_rope_dimension_count(16), w.add_vocab_size(256)
+    for n, v in tensors.items():
+        w.add_tensor(n, v)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return ["--checkpoint", str(folder), "--gguf-file", f"{name}.gguf"]
+
+
+def quiet_gguf_loader(monkeypatch):
+    """transformers' GGUF loader draws a progress bar with tqdm, which the exporter turns off by TQDM_DISABLE
+    before transformers is imported; in this process tqdm was imported first."""
+    import transformers.modeling_gguf_pytorch_utils as G
+    monkeypatch.setattr(G, "tqdm", lambda it, **kw: it)
+
+
+def test_a_gguf_file_missing_a_tensor_of_the_model_is_refused_and_one_it_does_not_read_is_counted(work, tokens_file,
+                                                                                                 capsys, monkeypatch):
+    # transformers' GGUF loader fills a parameter it does not find with random values and says so in its log
+    # only: a file of one tensor of the model's element count, or the weights with one tensor renamed, exported
+    # and passed, the hand core checked against a random model
+    import numpy as np
+    quiet_gguf_loader(monkeypatch)
+    whole = llama_gguf(work, "whole", None)
+    ok = os.path.join(whole[1], "whole.gguf")
+    from gguf import GGUFReader
+    weights = {str(t.name): np.array(t.data).reshape(list(reversed([int(d) for d in t.shape])))
+               for t in GGUFReader(ok).tensors}
+    junk = llama_gguf(work, "junk", {"junk": np.random.default_rng(0).standard_normal(
+        sum(v.size for v in weights.values())).astype(np.float32)})
+    renamed = llama_gguf(work, "renamed", {("blk.1.ffn_dowX.weight" if n == "blk.1.ffn_down.weight" else n): v
+                                           for n, v in weights.items()})
+    for argv, name, missing in ((junk, "junk", "model.embed_tokens.weight (GGUF tensor token_embd.weight)"),
+                                (renamed, "renamed", "model.layers.1.mlp.down_proj.weight (GGUF tensor "
+                                                     "blk.1.ffn_down.weight)")):
+        rc, stdout, err = export(argv + ["--tokens", tokens_file, "--out", str(work / "o_gguf_missing")], capsys)
+        assert rc == 2 and stdout == "" and err.count("\n") == 1, err
+        assert err == f"export_model: --gguf-file {name}.gguf: tensor {missing} is missing from the checkpoint\n"
+    assert not (work / "o_gguf_missing").exists()
+    # the whole file exports, every tensor read; one more tensor is counted and named as a safetensors
+    # checkpoint's are
+    extra = llama_gguf(work, "extra", {**weights, "blk.9.spare.weight": np.ones(4, dtype=np.float32)})
+    for argv, unused in ((whole, {"count": 0, "first": []}), (extra, {"count": 1, "first": ["blk.9.spare.weight"]})):
+        out = work / f"o_{os.path.basename(argv[1])}"
+        rc, _, err = export(argv + ["--tokens", tokens_file, "--out", str(out)], capsys)
+        assert rc == 0, err
+        assert model_of(out)[0]["unused_tensors"] == unused
+    assert "1 tensor(s) of the checkpoint the config's model does not read: blk.9.spare.weight" in err
 
 
 def test_the_program(work, tokens_file):
