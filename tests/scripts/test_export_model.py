@@ -56,6 +56,16 @@ def make(work, arch, seed=0, name=None, shard=None):
     return str(out)
 
 
+def copy_edited(src, dst, file, **fields):
+    """A copy of the checkpoint folder src at dst (made once) with the JSON file `file`'s fields changed."""
+    if not dst.exists():
+        shutil.copytree(src, dst)
+        doc = json.loads((dst / file).read_text())
+        doc.update(fields)
+        (dst / file).write_text(json.dumps(doc))
+    return str(dst)
+
+
 def export(argv, capsys):
     capsys.readouterr()  # what came before (a checkpoint made by this test) is not the export's
     rc = export_model.main(argv)
@@ -356,14 +366,9 @@ def test_generation_is_plain_greedy_whatever_the_checkpoint_s_generation_config_
                          ("bad_words", {"bad_words_ids": [[greedy[1]]]}),
                          ("begin_suppress", {"begin_suppress_tokens": [greedy[0]]}),
                          ("eos", {"eos_token_id": greedy[0], "repetition_penalty": 5.0})):
-        d = work / f"gen_config_{name}"
-        if not d.exists():
-            shutil.copytree(ck, d)
-            doc = json.loads((d / "generation_config.json").read_text())
-            doc.update(fields)
-            (d / "generation_config.json").write_text(json.dumps(doc))
+        d = copy_edited(ck, work / f"gen_config_{name}", "generation_config.json", **fields)
         out = work / f"gen_config_{name}_out"
-        rc, _, err = export(["--checkpoint", str(d), "--tokens", tokens_file, "--out", str(out), "--generate", "3"],
+        rc, _, err = export(["--checkpoint", d, "--tokens", tokens_file, "--out", str(out), "--generate", "3"],
                             capsys)
         assert rc == 0, (name, err)
         assert torch.equal(model_of(out)[1]["generation.ids"], ids), name
@@ -851,13 +856,7 @@ def test_bad_options_and_checkpoints(work, tokens_file, capsys):
         return with_config_of(ck, name, **fields)
 
     def with_config_of(src, name, **fields):
-        dst = work / f"config_{name}"
-        if not dst.exists():
-            shutil.copytree(src, dst)
-            doc = json.loads((dst / "config.json").read_text())
-            doc.update(fields)
-            (dst / "config.json").write_text(json.dumps(doc))
-        return str(dst)
+        return copy_edited(src, work / f"config_{name}", "config.json", **fields)
     twice = work / "config_twice"
     if not twice.exists():
         shutil.copytree(ck, twice)
