@@ -341,9 +341,13 @@ def zero_size(folder, gguf):
         else:
             from transformers import CONFIG_MAPPING
             values = read_checkpoint_json(os.path.join(folder, "config.json"))
-            alias = getattr(CONFIG_MAPPING.get(values.get("model_type"), None), "attribute_map", {}) \
-                if values.get("model_type") in CONFIG_MAPPING else {}
-            fields = {k: alias.get(k, k) for k in values}
+            # attribute_map maps transformers' name to the file's key (GPT-2's num_attention_heads: n_head);
+            # CONFIG_MAPPING is lazy: indexed, not .get
+            mt = values.get("model_type")
+            mapped = getattr(CONFIG_MAPPING[mt], "attribute_map", {}) if isinstance(mt, str) and mt in CONFIG_MAPPING \
+                else {}
+            from_key = {key: name for name, key in mapped.items()}
+            fields = {k: from_key.get(k, k) for k in values}
     except (OSError, ValueError, IndexError, KeyError, struct.error):
         return None
     for key, field in fields.items():
@@ -368,7 +372,8 @@ def rope_key(folder, gguf):
     if gguf:
         return "rope_parameters"
     doc = read_checkpoint_json(os.path.join(folder, "config.json"))
-    return "rope_scaling" if "rope_parameters" not in doc and "rope_scaling" in doc else "rope_parameters"
+    return "rope_scaling" if doc.get("rope_parameters") is None and doc.get("rope_scaling") is not None \
+        else "rope_parameters"
 
 
 def check_supported(cfg, where, rope="rope_parameters"):
@@ -1587,13 +1592,17 @@ def rel(a, b):
 FLOAT32_REFERENCE_MOST = 0.1
 
 
-def check_float32_reference(where, hidden64, hidden32, logits64, logits32, mask, A, B):
+def check_float32_reference(where, hidden64, hidden32, logits64, logits32, mask, A, B, generation=None):
+    """generation: the greedy steps' logits (their own rows, all real), which tparity reads under the same rule."""
     import torch
     real = mask.bool()
-    pairs = [(f"the hidden state after layer {k - 1}", hidden32[k], hidden64[k]) for k in range(A + 1, B + 1)]
+    pairs = [(f"the hidden state after layer {k - 1}", hidden32[k], hidden64[k], real) for k in range(A + 1, B + 1)]
     if logits64 is not None:
-        pairs.append(("the logits", logits32, logits64))
-    for what, got, truth in pairs:
+        pairs.append(("the logits", logits32, logits64, real))
+    if generation is not None:
+        every = torch.ones(generation["logits"].shape[:-1], dtype=torch.bool)
+        pairs.append(("the generation's logits", generation["logits_float32"], generation["logits"], every))
+    for what, got, truth, real in pairs:
         # finite everywhere, padding included: tparity reads no export holding anything else
         err = rel(got[real], truth[real]) if bool(torch.isfinite(got).all()) else float("inf")  # rel skips them
         if not err <= FLOAT32_REFERENCE_MOST:
@@ -1772,6 +1781,7 @@ def export(a, tmp, log):
     gen = None
     if a.generate:
         gen = generate(src, run, arch, cfg, ids[0, :lengths[0]], a.generate)
+        check_float32_reference(weights_where, {}, {}, None, None, mask, 0, 0, gen)
     t_gen = time.monotonic()
 
     # model.json

@@ -332,6 +332,24 @@ def test_a_stale_shard_index_loads_as_from_pretrained_and_a_tensor_in_two_shards
     assert not (work / "o_twice").exists()
 
 
+def test_generation_logits_whose_float32_is_no_reference_are_refused(work, tokens_file, capsys, monkeypatch):
+    """tparity reads the generation's float32 logits under the float32-reference rule (rel_l2 0.1 from the
+    truth); the exporter applies it there too, or it wrote exports tparity then refused."""
+    real = export_model.generate
+
+    def zeroed(*args, **kwargs):
+        gen = real(*args, **kwargs)
+        gen["logits_float32"] = gen["logits_float32"] * 0
+        return gen
+    monkeypatch.setattr(export_model, "generate", zeroed)
+    out = work / "gen_zeroed"
+    rc, stdout, err = export(["--checkpoint", make(work, "llama"), "--tokens", tokens_file, "--out", str(out),
+                              "--generate", "3"], capsys)
+    assert rc == 2 and stdout == "", err
+    assert len(err.strip().splitlines()) == 1 and "no reference" in err and "the generation's logits" in err, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
 def test_generation(work, tokens_file, capsys, arch):
     ck = make(work, arch)

@@ -648,7 +648,9 @@ def test_an_export_s_description_reaches_the_report_escaped(work, exports):
     r = tparity(["model", "--export", d, "--defect", "kv-repeat-interleaved", "--defect-layer", "1"])
     assert r.returncode == 1, r.stdout[-800:] + r.stderr
     assert "\x1b" not in r.stdout and "x\\n\\x1b[2JPASS  model ck_llama  forged" in r.stdout, r.stdout[:300]
-    assert not [line for line in r.stdout.splitlines() if line.startswith("PASS")], r.stdout[-800:]
+    # the forged text stays on the description's own line: no line of its own
+    forged = [line for line in r.stdout.splitlines() if "forged" in line]
+    assert len(forged) == 1 and forged[0].startswith("model ck_llama: x\\n"), r.stdout[:300]
 
 
 def test_a_defect_the_architecture_s_code_does_not_read_is_refused(work, exports):
@@ -711,12 +713,18 @@ def test_an_exporter_killed_leaves_no_temporary_folder(work, exports):
                     'while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
                     'tmp="$(dirname "$out")/.$(basename "$out").tmp-fake"\n'
                     'mkdir -p "$tmp" && echo layer > "$tmp/layer_000.json"\n'
+                    'echo "stand-in made $tmp" >&2\n'
                     'kill -KILL $$\n')
     fake.chmod(0o755)
     models = work / "models_killed"
     r = tparity(["model", "--checkpoint", str(work / "ck_llama"), "--tokens", str(work / "tokens.json")],
                 {"TPARITY_MODELS_DIR": str(models), "TPARITY_PYTHON": str(fake)})
     assert r.returncode == 2 and "killed by signal 9" in r.stderr, r.stderr
+    # the stand-in did make its folder where the exporter makes it (its log says so), and it is gone
+    logs = [n for n in os.listdir(models) if n.endswith(".log")]
+    assert len(logs) == 1, os.listdir(models)
+    made = (models / logs[0]).read_text()
+    assert f"stand-in made {models}/.{logs[0][:-len('.log')]}.tmp-fake" in made, made
     assert not [n for n in os.listdir(models) if ".tmp-" in n], os.listdir(models)
 
 
@@ -846,8 +854,9 @@ def test_at_a_terminal_a_failed_export_leaves_its_one_line(work, exports):
     (ck / "config.json").write_text(json.dumps(cfg))
     command = shlex.join([TPARITY, "model", "--checkpoint", str(ck), "--tokens", str(work / "tokens.json")])
     env = dict(os.environ, TPARITY_PYTHON=PYTHON, TPARITY_MODELS_DIR=str(work / "models_tty"))
+    # (standard input not a terminal: script would give its pseudo-terminal the width of pytest's own)
     r = subprocess.run(["script", "-qec", command + " >" + shlex.quote(str(work / "tty_stdout")), "/dev/null"],
-                       capture_output=True, env=env, timeout=900)
+                       stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=900)
     raw = r.stdout.decode("utf-8", "replace")  # as it came: text mode would take each "\r" for a line's end
     assert r.returncode == 2, raw
     assert "model: exporting " + str(ck) + " with transformers" in raw  # drawn: the terminal's path ran
