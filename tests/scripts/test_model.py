@@ -864,3 +864,23 @@ def test_at_a_terminal_a_failed_export_leaves_its_one_line(work, exports):
     assert len(seen) == 1, seen
     assert seen[0].startswith("tparity: export_model: " + str(ck / "config.json")), seen
     assert "is not a multiple of the number of attention heads (5)" in seen[0], seen
+
+
+def test_a_prompt_that_begins_with_a_dash_is_text(work, exports):
+    """tparity handed the exporter `--prompt TEXT` as two words, and a prompt such as "-h" was taken for an
+    option ("expected at least one argument"), exit 2: it goes as one word, --prompt=TEXT. A word-level
+    tokenizer saved beside a copy of the tiny LLaMA checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    ck = work / "ck_llama_tokenizer"
+    if not ck.exists():
+        shutil.copytree(work / "ck_llama", ck)
+        vocab = {f"w{i}": i for i in range(250)}
+        vocab.update({"[UNK]": 250, "[PAD]": 251, "hello": 252, "-": 253, "h": 254})
+        tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tk.pre_tokenizer = pre_tokenizers.Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(str(ck))
+    r = tparity(["model", "--checkpoint", str(ck), "--prompt", "-h", "--prompt", "hello w7", "--format", "json"],
+                {"TPARITY_MODELS_DIR": str(work / "models_dash")})
+    assert r.returncode == 0, r.stdout[-800:] + r.stderr
+    assert json.loads(r.stdout)["config"]["batch"] == 2
