@@ -210,18 +210,17 @@ std::string exported(const ModelCliOptions& o, std::string* note, std::unique_pt
   ChildEnd ended;
   try {
     ended = run_logged(argv, log);
-    status.clear();
   } catch (const Interrupted&) {
-    status.clear();
     remove_temporaries();
-    throw;
+    throw;  // (the status line erased on the way out, before the refusal is printed)
   }
-  if (ended.code != 0) remove_temporaries();
+  status.clear();
   if (ended.code == 0) {
     write_output_file(out + ".sources", stamp);  // as it was before the export began
     *note = "exported now into " + out + " (log " + log + ")";
     return out;
   }
+  remove_temporaries();
   std::string why = last_line(log);
   if (ended.code == 77) throw InputError("model " + (n ? o.name : o.checkpoint) + ": " + why);
   if (ended.code == 2)

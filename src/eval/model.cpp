@@ -340,7 +340,7 @@ double mapped_rel_l2(const ModelExport& m, const std::string& ref_name, const st
   const uint8_t* tp = m.tensors->data(t);
   const size_t n = (r.end - r.begin) / sizeof(float), width = size_t(r.shape.back());
   const DTensor mask = by_token ? m.tensors->tensor("attention_mask") : DTensor{};
-  long double diff2 = 0, truth2 = 0;
+  Norm2 diff, truth;  // the comparator's scaled sums (a float less a finite double cannot overflow)
   for (size_t row = 0; width > 0 && row < n / width; ++row) {
     if (by_token && mask.data[row] == 0) continue;
     for (size_t i = row * width; i < (row + 1) * width; ++i) {
@@ -348,12 +348,11 @@ double mapped_rel_l2(const ModelExport& m, const std::string& ref_name, const st
       double d;
       std::memcpy(&f, rp + i * sizeof(float), sizeof f);  // not aligned in general
       std::memcpy(&d, tp + i * sizeof(double), sizeof d);
-      diff2 += (static_cast<long double>(f) - d) * (static_cast<long double>(f) - d);
-      truth2 += static_cast<long double>(d) * d;
+      diff.add(double(f) - d);
+      truth.add(d);
     }
   }
-  if (truth2 == 0) return diff2 == 0 ? 0 : std::numeric_limits<double>::infinity();
-  return double(std::sqrt(diff2 / truth2));
+  return ratio(diff.norm(), truth.norm());
 }
 
 void check_float32_reference(const ModelExport& m, const std::string& where) {
